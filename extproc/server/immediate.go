@@ -1,0 +1,53 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+)
+
+// errorBody is the OpenAI-style error shape clients of inference APIs parse.
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+// ImmediateResponse turns a rejection into an ext_proc immediate response:
+// the status, a drop-reason header, and a JSON error body.
+func ImmediateResponse(r *Rejection) *extprocv3.ProcessingResponse {
+	var eb errorBody
+	eb.Error.Message = r.Message
+	if eb.Error.Message == "" {
+		eb.Error.Message = http.StatusText(r.Status)
+	}
+	eb.Error.Type = r.Reason
+	eb.Error.Code = r.Status
+	body, _ := json.Marshal(eb) // cannot fail: strings and an int
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+		rawHeader("content-type", "application/json"),
+	}}
+	if r.Reason != "" {
+		hm.SetHeaders = append(hm.SetHeaders, rawHeader(DropReasonHeader, r.Reason))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(r.Status)},
+			Headers: hm,
+			Body:    body,
+			Details: r.Reason,
+		},
+	}}
+}
+
+func rawHeader(name, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}

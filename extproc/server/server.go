@@ -1,0 +1,229 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Health service names, as the endpoint picker protocol requires.
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// Limits bound what one request may cost.
+type Limits struct {
+	// MaxRequestBodyBytes rejects larger bodies with 413; 0 = unlimited.
+	MaxRequestBodyBytes int64
+}
+
+// Options configure the listeners of a Server. An empty address disables
+// that listener (the ext_proc one is required).
+type Options struct {
+	GRPCAddr    string
+	HealthAddr  string
+	MetricsAddr string
+	TLS         TLSOptions
+	Limits      Limits
+	// DrainTimeout bounds how long a stop waits for open streams.
+	DrainTimeout time.Duration
+	// Gatherer is served on the metrics listener.
+	Gatherer prometheus.Gatherer
+	Logger   logr.Logger
+}
+
+// Server serves one Handler over ext_proc, with health and metrics listeners.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	opts    Options
+	handler Handler
+	health  *health.Server
+
+	grpcLn, healthLn, metricsLn net.Listener
+}
+
+// New validates opts and prepares a server; call Listen then Serve.
+func New(handler Handler, opts Options) (*Server, error) {
+	if opts.GRPCAddr == "" {
+		return nil, errors.New("ext_proc listen address is required")
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
+	if opts.Gatherer == nil {
+		opts.Gatherer = prometheus.NewRegistry()
+	}
+	s := &Server{opts: opts, handler: handler, health: health.NewServer()}
+	// Liveness is the process being up; readiness waits for SetReady.
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	s.SetReady(false)
+	return s, nil
+}
+
+// SetReady flips the readiness and ext_proc health services together, as
+// the protocol requires them to agree.
+func (s *Server) SetReady(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(HealthReadiness, st)
+	s.health.SetServingStatus(HealthExtProc, st)
+	s.health.SetServingStatus("", st)
+}
+
+// Listen binds every configured listener, so that callers (and tests using
+// port 0) learn the addresses before serving starts.
+func (s *Server) Listen() error {
+	var lc net.ListenConfig
+	bind := func(name, addr string) (net.Listener, error) {
+		if addr == "" {
+			return nil, nil
+		}
+		ln, err := lc.Listen(context.Background(), "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("%s listener on %s: %w", name, addr, err)
+		}
+		return ln, nil
+	}
+	var err error
+	if s.grpcLn, err = bind("ext_proc", s.opts.GRPCAddr); err != nil {
+		return err
+	}
+	if s.healthLn, err = bind("health", s.opts.HealthAddr); err != nil {
+		s.closeListeners()
+		return err
+	}
+	if s.metricsLn, err = bind("metrics", s.opts.MetricsAddr); err != nil {
+		s.closeListeners()
+		return err
+	}
+	return nil
+}
+
+func (s *Server) closeListeners() {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+}
+
+// GRPCAddr is the bound ext_proc address (after Listen).
+func (s *Server) GRPCAddr() string { return addrOf(s.grpcLn) }
+
+// HealthAddr is the bound health address, "" if disabled.
+func (s *Server) HealthAddr() string { return addrOf(s.healthLn) }
+
+// MetricsAddr is the bound metrics address, "" if disabled.
+func (s *Server) MetricsAddr() string { return addrOf(s.metricsLn) }
+
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// Serve runs until ctx ends, then stops gracefully: readiness goes false,
+// open streams get DrainTimeout to finish, then the rest are cut.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.grpcLn == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	tlsCfg, err := s.opts.TLS.config()
+	if err != nil {
+		s.closeListeners()
+		return err
+	}
+	var gopts []grpc.ServerOption
+	if tlsCfg != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	// Proxies keep ext_proc connections open for long; let them ping.
+	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	gs := grpc.NewServer(gopts...)
+	extprocv3.RegisterExternalProcessorServer(gs, s)
+	healthpb.RegisterHealthServer(gs, s.health) // also on the main port, as gateways probe it there
+
+	hs := grpc.NewServer()
+	healthpb.RegisterHealthServer(hs, s.health)
+
+	var ms *http.Server
+	if s.metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{}))
+		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup
+	run := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s server: %w", name, err)
+			}
+		}()
+	}
+	run("ext_proc", func() error { return gs.Serve(s.grpcLn) })
+	if s.healthLn != nil {
+		run("health", func() error { return hs.Serve(s.healthLn) })
+	}
+	if ms != nil {
+		run("metrics", func() error { return ms.Serve(s.metricsLn) })
+	}
+	s.opts.Logger.Info("ext_proc server started", "grpc", s.GRPCAddr(), "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "tls", tlsCfg != nil)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	s.SetReady(false)
+	s.health.Shutdown()
+	drained := make(chan struct{})
+	go func() { gs.GracefulStop(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(s.opts.DrainTimeout):
+		s.opts.Logger.Info("drain timeout reached, closing open streams", "timeout", s.opts.DrainTimeout)
+		gs.Stop()
+	}
+	hs.Stop()
+	if ms != nil {
+		_ = ms.Close()
+	}
+	wg.Wait()
+	return serveErr
+}
+
+// Process implements the ext_proc service: one stream per HTTP request.
+func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := gs.Context()
+	ex := s.handler.NewExchange(ctx)
+	st := newStream(gs, ex, s.opts.Limits)
+	err := st.run(ctx)
+	ex.Close(ctx, st.summary(err))
+	return err
+}

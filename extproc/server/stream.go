@@ -1,0 +1,334 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// MaxChunkBytes bounds each streamed_response chunk. Some Envoy builds cap a
+// streamed chunk at 64 KiB; staying below it with margin keeps every build happy.
+const MaxChunkBytes = 62000
+
+// errRejected marks a stream that ended with an immediate response.
+var errRejected = errors.New("request answered with an immediate response")
+
+// stream is the state of one ext_proc stream (one HTTP request).
+type stream struct {
+	grpc   extprocv3.ExternalProcessor_ProcessServer
+	ex     Exchange
+	limits Limits
+
+	// Negotiated body modes. Envoy announces them in protocol_config; when it
+	// does not (older Envoy), the documented inference setup is assumed.
+	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+
+	req          Request
+	body         bytes.Buffer
+	hasBody      bool
+	respMetadata Metadata
+	respStatus   int
+}
+
+func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits Limits) *stream {
+	return &stream{
+		grpc:         gs,
+		ex:           ex,
+		limits:       limits,
+		reqMode:      filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		respMode:     filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		req:          Request{Metadata: Metadata{}},
+		respMetadata: Metadata{},
+	}
+}
+
+// run processes messages until the proxy closes the stream. It returns nil
+// on a natural end or after an immediate response.
+func (s *stream) run(ctx context.Context) error {
+	for {
+		msg, err := s.grpc.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("receive: %w", err)
+		}
+		if pc := msg.GetProtocolConfig(); pc != nil {
+			s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+		if err := s.handle(ctx, msg); err != nil {
+			if errors.Is(err, errRejected) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+func (s *stream) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) error {
+	switch r := msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
+		s.req.Headers = headersFromProto(r.RequestHeaders.GetHeaders())
+		return s.onRequestHeaders(ctx, r.RequestHeaders.GetEndOfStream())
+	case *extprocv3.ProcessingRequest_RequestBody:
+		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
+		return s.onRequestBody(ctx, r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
+		s.req.HasTrailers = true
+		return s.onRequestTrailers(ctx)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
+		return s.onResponseHeaders(ctx, r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
+		return s.onResponseBody(ctx, r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
+		return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{},
+		}})
+	default:
+		return status.Errorf(codes.InvalidArgument, "unsupported ext_proc message %T", r)
+	}
+}
+
+func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
+	switch {
+	case endOfStream || s.reqMode == filterv3.ProcessingMode_NONE:
+		// No body will come: decide now.
+		return s.answerRequest(ctx, requestPhaseHeaders)
+	case s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		// Hold the headers response until the body is in; Envoy allows it
+		// in this mode and it lets the decision see the body.
+		return nil
+	case s.reqMode == filterv3.ProcessingMode_BUFFERED || s.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// Envoy waits for the headers response before it sends the body.
+		return s.send(headersResponse(nil))
+	default:
+		return s.reject(&Rejection{Status: 500, Reason: "unsupported-processing-mode",
+			Message: fmt.Sprintf("request body mode %s is not supported; use FULL_DUPLEX_STREAMED, BUFFERED or NONE", s.reqMode)})
+	}
+}
+
+func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error {
+	s.hasBody = true
+	if s.limits.MaxRequestBodyBytes > 0 && int64(s.body.Len()+len(b.GetBody())) > s.limits.MaxRequestBodyBytes {
+		return s.reject(&Rejection{Status: 413, Reason: "request-too-large",
+			Message: fmt.Sprintf("request body exceeds the limit of %d bytes", s.limits.MaxRequestBodyBytes)})
+	}
+	s.body.Write(b.GetBody())
+	if !b.GetEndOfStream() {
+		return nil
+	}
+	if s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return s.answerRequest(ctx, requestPhaseDuplexEnd)
+	}
+	return s.answerRequest(ctx, requestPhaseBufferedBody)
+}
+
+func (s *stream) onRequestTrailers(ctx context.Context) error {
+	if s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return s.answerRequest(ctx, requestPhaseDuplexEnd)
+	}
+	return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{},
+	}})
+}
+
+// requestPhase says which message the request decision answers.
+type requestPhase int
+
+const (
+	requestPhaseHeaders      requestPhase = iota // no body: answer the headers
+	requestPhaseDuplexEnd                        // FULL_DUPLEX_STREAMED: headers, body chunks, maybe trailers
+	requestPhaseBufferedBody                     // BUFFERED: the body response carries the mutation
+)
+
+func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
+	if s.hasBody {
+		s.req.Body = s.body.Bytes()
+	}
+	d := s.ex.HandleRequest(ctx, &s.req)
+	if d == nil {
+		d = &Decision{}
+	}
+	if d.Reject != nil {
+		return s.reject(d.Reject)
+	}
+	body := s.req.Body
+	if d.Body != nil {
+		body = d.Body
+		if s.req.Headers.Get("content-length") != "" {
+			d.SetHeaders = append(d.SetHeaders, Header{Name: "content-length", Value: strconv.Itoa(len(body))})
+		}
+	}
+	switch phase {
+	case requestPhaseHeaders:
+		resp := headersResponse(d)
+		return s.send(resp)
+	case requestPhaseBufferedBody:
+		resp := &extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+				Response: commonResponse(d),
+			}},
+			DynamicMetadata: d.DynamicMetadata,
+		}
+		if d.Body != nil {
+			resp.GetRequestBody().Response.BodyMutation = &extprocv3.BodyMutation{
+				Mutation: &extprocv3.BodyMutation_Body{Body: d.Body},
+			}
+		}
+		return s.send(resp)
+	}
+	// FULL_DUPLEX_STREAMED: headers response, then the body re-emitted in
+	// bounded chunks, then the trailers response if the request had trailers.
+	if err := s.send(headersResponse(d)); err != nil {
+		return err
+	}
+	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true); err != nil {
+		return err
+	}
+	if s.req.HasTrailers {
+		return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{},
+		}})
+	}
+	return nil
+}
+
+func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders) error {
+	headers := headersFromProto(h.GetHeaders())
+	s.respStatus, _ = strconv.Atoi(headers.Get(":status"))
+	d := s.ex.HandleResponseHeaders(ctx, &Response{Headers: headers, Metadata: s.respMetadata, EndOfStream: h.GetEndOfStream()})
+	if d == nil {
+		d = &Decision{}
+	}
+	if d.Reject != nil {
+		return s.reject(d.Reject)
+	}
+	resp := headersResponse(d)
+	resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: resp.GetRequestHeaders()}
+	return s.send(resp)
+}
+
+func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
+	out := s.ex.HandleResponseBody(ctx, b.GetBody(), b.GetEndOfStream())
+	if s.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return s.sendStreamedBody(out, b.GetEndOfStream(), false)
+	}
+	resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
+	if !bytes.Equal(out, b.GetBody()) {
+		resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+	}
+	return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}})
+}
+
+// sendStreamedBody re-emits body as streamed_response chunks of at most
+// MaxChunkBytes; endOfStream is set on the last chunk only. An empty body
+// still produces one message so the end of stream reaches the proxy.
+func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool) error {
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), MaxChunkBytes)
+		chunk := body[:n]
+		body = body[n:]
+		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: endOfStream && len(body) == 0},
+			}},
+		}}
+		resp := &extprocv3.ProcessingResponse{}
+		if request {
+			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
+		} else {
+			resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}
+		}
+		if err := s.send(resp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *stream) reject(r *Rejection) error {
+	if err := s.send(ImmediateResponse(r)); err != nil {
+		return err
+	}
+	return errRejected
+}
+
+func (s *stream) send(resp *extprocv3.ProcessingResponse) error {
+	if err := s.grpc.Send(resp); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
+
+func (s *stream) summary(err error) Summary {
+	return Summary{ResponseMetadata: s.respMetadata, ResponseStatus: s.respStatus, Err: err}
+}
+
+// headersResponse builds a request-headers response from d (nil = continue
+// unchanged). Callers re-wrap it for the response path.
+func headersResponse(d *Decision) *extprocv3.ProcessingResponse {
+	if d == nil {
+		d = &Decision{}
+	}
+	hr := &extprocv3.HeadersResponse{Response: commonResponse(d)}
+	resp := &extprocv3.ProcessingResponse{
+		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr},
+		DynamicMetadata: d.DynamicMetadata,
+	}
+	return resp
+}
+
+func commonResponse(d *Decision) *extprocv3.CommonResponse {
+	cr := &extprocv3.CommonResponse{ClearRouteCache: d.ClearRouteCache}
+	if len(d.SetHeaders) > 0 || len(d.RemoveHeaders) > 0 {
+		hm := &extprocv3.HeaderMutation{RemoveHeaders: d.RemoveHeaders}
+		for _, h := range d.SetHeaders {
+			hm.SetHeaders = append(hm.SetHeaders, rawHeader(h.Name, h.Value))
+		}
+		cr.HeaderMutation = hm
+	}
+	return cr
+}
+
+func headersFromProto(hm *corev3.HeaderMap) Headers {
+	h := make(Headers, len(hm.GetHeaders()))
+	for _, hv := range hm.GetHeaders() {
+		v := hv.GetValue()
+		if len(hv.GetRawValue()) > 0 {
+			v = string(hv.GetRawValue())
+		}
+		h[strings.ToLower(hv.GetKey())] = v
+	}
+	return h
+}
+
+func mergeMetadata(dst Metadata, md *corev3.Metadata) {
+	for ns, st := range md.GetFilterMetadata() {
+		if cur, ok := dst[ns]; ok && cur != nil {
+			if cur.Fields == nil {
+				cur.Fields = map[string]*structpb.Value{}
+			}
+			for k, v := range st.GetFields() {
+				cur.Fields[k] = v
+			}
+			continue
+		}
+		dst[ns] = st
+	}
+}
