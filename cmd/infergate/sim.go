@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infergate/infergate/sim"
+)
+
+// simOptions are the sim subcommand's flags.
+type simOptions struct {
+	address             string
+	port                int
+	dataParallelSize    int
+	name                string
+	model               string
+	loraAdapters        string
+	maxLoRAs            int
+	maxNumSeqs          int
+	maxWaitingQueue     int
+	prefillOverhead     time.Duration
+	prefillTimePerToken time.Duration
+	interTokenLatency   time.Duration
+	timeScale           float64
+	kvCacheTokens       int
+	blockSize           int
+}
+
+func newSimCommand() *cobra.Command {
+	o := simOptions{}
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Run a simulated vLLM model server",
+		Long: `Run one or more simulated vLLM model servers that speak the OpenAI
+completion and chat APIs, queue requests, keep a prefix cache and export
+vLLM's Prometheus metrics, for tests, benchmarks and demos without GPUs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runSim(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.address, "address", "127.0.0.1", "address to listen on")
+	f.IntVar(&o.port, "port", 8000, "port of the first server; rank i listens on port+i (0 picks free ports)")
+	f.IntVar(&o.dataParallelSize, "data-parallel-size", 1, "number of servers, each on its own port")
+	f.StringVar(&o.name, "name", "", "server name sent in x-inference-pod; ranks get -rank<i> appended (default: host name)")
+	f.StringVar(&o.model, "model", sim.DefaultModel, "base model name")
+	f.StringVar(&o.loraAdapters, "lora-adapters", "", "comma-separated LoRA adapter names served besides the base model")
+	f.IntVar(&o.maxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "adapters that may run at once")
+	f.IntVar(&o.maxNumSeqs, "max-num-seqs", sim.DefaultMaxNumSeqs, "requests that run at once; the rest wait")
+	f.IntVar(&o.maxWaitingQueue, "max-waiting-queue", sim.DefaultMaxWaitingQueue, "waiting requests beyond which requests get 429")
+	f.DurationVar(&o.prefillOverhead, "prefill-overhead", 20*time.Millisecond, "fixed part of the time to first token")
+	f.DurationVar(&o.prefillTimePerToken, "prefill-time-per-token", 100*time.Microsecond, "time to first token per uncached prompt token")
+	f.DurationVar(&o.interTokenLatency, "inter-token-latency", 20*time.Millisecond, "time per output token after the first")
+	f.Float64Var(&o.timeScale, "time-scale", sim.DefaultTimeScale, "speed-up of simulated time: 100 runs 100x faster")
+	f.IntVar(&o.kvCacheTokens, "kv-cache-tokens", sim.DefaultKVCacheTokens, "KV cache capacity in tokens")
+	f.IntVar(&o.blockSize, "block-size", sim.DefaultBlockSize, "tokens per KV cache block")
+	return cmd
+}
+
+// check rejects flag values before they reach sim.Config, whose zero values
+// would silently mean "default".
+func (o simOptions) check() error {
+	var errs []error
+	atLeast := func(flag string, v, lo int) {
+		if v < lo {
+			errs = append(errs, fmt.Errorf("--%s must be at least %d, got %d", flag, lo, v))
+		}
+	}
+	atLeast("data-parallel-size", o.dataParallelSize, 1)
+	atLeast("max-loras", o.maxLoRAs, 1)
+	atLeast("max-num-seqs", o.maxNumSeqs, 1)
+	atLeast("max-waiting-queue", o.maxWaitingQueue, 1)
+	atLeast("kv-cache-tokens", o.kvCacheTokens, 1)
+	atLeast("block-size", o.blockSize, 1)
+	if o.port < 0 || o.port > 65535 {
+		errs = append(errs, fmt.Errorf("--port must be within 0..65535, got %d", o.port))
+	} else if o.port > 0 && o.port+o.dataParallelSize-1 > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d with --data-parallel-size %d runs past port 65535", o.port, o.dataParallelSize))
+	}
+	for flag, d := range map[string]time.Duration{
+		"prefill-overhead":       o.prefillOverhead,
+		"prefill-time-per-token": o.prefillTimePerToken,
+		"inter-token-latency":    o.interTokenLatency,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("--%s must not be negative, got %s", flag, d))
+		}
+	}
+	if !(o.timeScale > 0) {
+		errs = append(errs, fmt.Errorf("--time-scale must be greater than 0, got %g", o.timeScale))
+	}
+	seen := map[string]bool{o.model: true}
+	for _, a := range o.adapters() {
+		if seen[a] {
+			errs = append(errs, fmt.Errorf("--lora-adapters: %q is listed twice or equals --model", a))
+		}
+		seen[a] = true
+	}
+	if o.blockSize > 0 && o.kvCacheTokens < o.blockSize {
+		errs = append(errs, fmt.Errorf("--kv-cache-tokens (%d) must hold at least one block of --block-size (%d)", o.kvCacheTokens, o.blockSize))
+	}
+	return errors.Join(errs...)
+}
+
+func (o simOptions) config(rank int) sim.Config {
+	name := o.name
+	if o.dataParallelSize > 1 {
+		name = fmt.Sprintf("%s-rank%d", name, rank)
+	}
+	return sim.Config{
+		Name:                name,
+		Model:               o.model,
+		LoRAAdapters:        o.adapters(),
+		MaxLoRAs:            o.maxLoRAs,
+		MaxNumSeqs:          o.maxNumSeqs,
+		MaxWaitingQueue:     o.maxWaitingQueue,
+		PrefillOverhead:     o.prefillOverhead,
+		PrefillTimePerToken: o.prefillTimePerToken,
+		InterTokenLatency:   o.interTokenLatency,
+		TimeScale:           o.timeScale,
+		KVCacheTokens:       o.kvCacheTokens,
+		BlockSize:           o.blockSize,
+	}
+}
+
+func (o simOptions) adapters() []string {
+	var adapters []string
+	for a := range strings.SplitSeq(o.loraAdapters, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			adapters = append(adapters, a)
+		}
+	}
+	return adapters
+}
+
+func runSim(ctx context.Context, o simOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	if o.name == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = sim.DefaultName
+		}
+		o.name = host
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	// Build and bind everything first so a bad adapter list or a busy port
+	// fails the command before any server starts.
+	servers := make([]*sim.Server, o.dataParallelSize)
+	listeners := make([]net.Listener, 0, o.dataParallelSize)
+	closeAll := func() {
+		for _, ln := range listeners {
+			_ = ln.Close()
+		}
+	}
+	for i := range servers {
+		s, err := sim.New(o.config(i))
+		if err != nil {
+			closeAll()
+			return err
+		}
+		port := 0
+		if o.port != 0 {
+			port = o.port + i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(o.address, strconv.Itoa(port)))
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("--address/--port: %w", err)
+		}
+		servers[i], listeners = s, append(listeners, ln)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(servers))
+	for i, s := range servers {
+		cfg := s.Config()
+		log.Info("sim server listening", "name", cfg.Name, "address", listeners[i].Addr().String(),
+			"model", cfg.Model, "lora_adapters", strings.Join(cfg.LoRAAdapters, ","),
+			"max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale)
+		wg.Go(func() {
+			if errs[i] = s.Serve(ctx, listeners[i]); errs[i] != nil {
+				cancel() // one rank failing takes the others down
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	log.Info("sim servers stopped")
+	return nil
+}

@@ -1,0 +1,153 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults applied by Config.WithDefaults to zero-valued fields.
+const (
+	DefaultName            = "sim"
+	DefaultModel           = "meta-llama/Llama-3.1-8B-Instruct"
+	DefaultMaxLoRAs        = 1
+	DefaultMaxNumSeqs      = 5
+	DefaultMaxWaitingQueue = 1000
+	DefaultMaxTokens       = 16
+	DefaultKVCacheTokens   = 163472
+	DefaultBlockSize       = 16
+	DefaultTimeScale       = 1.0
+)
+
+// Config describes one simulated model server. Zero values mean "use the
+// default", except for the latency knobs, where zero means "no latency" so
+// that tests can ask for an instant server.
+type Config struct {
+	// Name identifies the server in the x-inference-pod header.
+	Name string
+	// Model is the base model name served and used as the model_name label.
+	Model string
+	// LoRAAdapters are served in addition to Model.
+	LoRAAdapters []string
+	// MaxLoRAs is how many distinct adapters may have running requests at
+	// once; requests for another adapter wait.
+	MaxLoRAs int
+	// MaxNumSeqs is how many requests run concurrently; the rest wait in FIFO
+	// order.
+	MaxNumSeqs int
+	// MaxWaitingQueue bounds the waiting requests; beyond it requests get 429.
+	MaxWaitingQueue int
+
+	// Time to first token is PrefillOverhead + uncached prompt tokens ×
+	// PrefillTimePerToken; each further token takes InterTokenLatency.
+	PrefillOverhead     time.Duration
+	PrefillTimePerToken time.Duration
+	InterTokenLatency   time.Duration
+	// TimeScale divides every simulated duration: 100 runs 100× faster than
+	// real time. Reported latencies (the TTFT histogram) stay in simulated
+	// time so that scrapers see realistic values.
+	TimeScale float64
+
+	// DefaultMaxTokens is the output length of requests that do not set
+	// max_tokens or max_completion_tokens.
+	DefaultMaxTokens int
+	// KVCacheTokens is the KV cache capacity; it holds KVCacheTokens/BlockSize
+	// blocks.
+	KVCacheTokens int
+	// BlockSize is the number of tokens per KV cache block.
+	BlockSize int
+}
+
+// WithDefaults returns a copy of c with zero-valued fields set to defaults.
+func (c Config) WithDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.MaxLoRAs == 0 {
+		c.MaxLoRAs = DefaultMaxLoRAs
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = DefaultMaxNumSeqs
+	}
+	if c.MaxWaitingQueue == 0 {
+		c.MaxWaitingQueue = DefaultMaxWaitingQueue
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = DefaultTimeScale
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.KVCacheTokens == 0 {
+		c.KVCacheTokens = DefaultKVCacheTokens
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	c.LoRAAdapters = append([]string(nil), c.LoRAAdapters...)
+	return c
+}
+
+// Validate reports the problems of c once defaults are applied, one per
+// offending field.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	seen := map[string]bool{c.Model: true}
+	for _, a := range c.LoRAAdapters {
+		switch {
+		case a == "":
+			bad("LoRAAdapters", "adapter names must not be empty")
+		case seen[a]:
+			bad("LoRAAdapters", "%q is listed twice or equals the base model", a)
+		}
+		seen[a] = true
+	}
+	if c.MaxLoRAs < 0 {
+		bad("MaxLoRAs", "must be positive, got %d", c.MaxLoRAs)
+	}
+	if c.MaxNumSeqs < 0 {
+		bad("MaxNumSeqs", "must be positive, got %d", c.MaxNumSeqs)
+	}
+	if c.MaxWaitingQueue < 0 {
+		bad("MaxWaitingQueue", "must be positive, got %d", c.MaxWaitingQueue)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"PrefillOverhead", c.PrefillOverhead},
+		{"PrefillTimePerToken", c.PrefillTimePerToken},
+		{"InterTokenLatency", c.InterTokenLatency},
+	} {
+		if d.v < 0 {
+			bad(d.field, "must not be negative, got %s", d.v)
+		}
+	}
+	if !(c.TimeScale > 0) { // also rejects NaN
+		bad("TimeScale", "must be greater than 0, got %g", c.TimeScale)
+	}
+	if c.DefaultMaxTokens < 0 {
+		bad("DefaultMaxTokens", "must be positive, got %d", c.DefaultMaxTokens)
+	}
+	if c.BlockSize < 0 {
+		bad("BlockSize", "must be positive, got %d", c.BlockSize)
+	}
+	if c.KVCacheTokens < 0 {
+		bad("KVCacheTokens", "must be positive, got %d", c.KVCacheTokens)
+	} else if c.BlockSize > 0 && c.KVCacheTokens < c.BlockSize {
+		bad("KVCacheTokens", "must hold at least one block of %d tokens, got %d", c.BlockSize, c.KVCacheTokens)
+	}
+	return errors.Join(errs...)
+}
+
+// scale turns a simulated duration into wall-clock time.
+func (c Config) scale(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / c.TimeScale)
+}
