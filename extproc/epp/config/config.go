@@ -1,0 +1,398 @@
+// Package config loads an EndpointPickerConfig (the upstream file shape, so
+// existing configs load unchanged), validates it with errors that name the
+// field, and builds the scheduler and the data-layer settings from it.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/infergate/infergate/extproc/epp/scheduling"
+)
+
+// Accepted apiVersions: the current group and the older one it moved from.
+const (
+	APIVersion       = "llm-d.ai/v1alpha1"
+	LegacyAPIVersion = "inference.networking.x-k8s.io/v1alpha1"
+	Kind             = "EndpointPickerConfig"
+)
+
+// EndpointPickerConfig is the file shape.
+type EndpointPickerConfig struct {
+	APIVersion         string          `json:"apiVersion"`
+	Kind               string          `json:"kind"`
+	FeatureGates       []string        `json:"featureGates,omitempty"`
+	Plugins            []PluginSpec    `json:"plugins,omitempty"`
+	SchedulingProfiles []ProfileSpec   `json:"schedulingProfiles,omitempty"`
+	DataLayer          json.RawMessage `json:"dataLayer,omitempty"`
+	FlowControl        json.RawMessage `json:"flowControl,omitempty"`
+	RequestHandler     json.RawMessage `json:"requestHandler,omitempty"`
+	SaturationDetector json.RawMessage `json:"saturationDetector,omitempty"`
+	Parser             json.RawMessage `json:"parser,omitempty"`
+}
+
+// PluginSpec declares one plugin instance.
+type PluginSpec struct {
+	Name       string          `json:"name,omitempty"`
+	Type       string          `json:"type"`
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ProfileSpec is a scheduling profile: an ordered list of plugin references.
+type ProfileSpec struct {
+	Name    string       `json:"name"`
+	Plugins []ProfileRef `json:"plugins"`
+}
+
+// ProfileRef references a plugin by name, with a weight for scorers.
+type ProfileRef struct {
+	PluginRef string   `json:"pluginRef"`
+	Weight    *float64 `json:"weight,omitempty"`
+}
+
+// DefaultConfig runs when no config is given: balance on queue depth and KV
+// cache use, and keep LoRA adapters where they are already loaded.
+const DefaultConfig = `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: lora-affinity-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: lora-affinity-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+`
+
+// DataLayer is how endpoints' metrics are scraped.
+type DataLayer struct {
+	Scheme             string
+	Path               string
+	Interval           time.Duration
+	InsecureSkipVerify bool
+	// EngineLabel names the endpoint label that selects the metric mapping.
+	EngineLabel string
+}
+
+// Saturation configures the utilization detector used for shedding.
+type Saturation struct {
+	QueueDepthThreshold  float64
+	KVCacheUtilThreshold float64
+	// MetricsStaleness: older metrics make an endpoint count as saturated.
+	MetricsStaleness time.Duration
+}
+
+// Loaded is a validated config turned into working parts.
+type Loaded struct {
+	Scheduler    *scheduling.Scheduler
+	DataLayer    DataLayer
+	Saturation   Saturation
+	FeatureGates map[string]bool
+	// Deprecated is set when the file used the legacy apiVersion.
+	Deprecated string
+}
+
+// LoadFile reads and builds a config file; errors are prefixed with the path.
+func LoadFile(path string) (*Loaded, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	l, err := Load(raw)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Load parses and builds config text (YAML or JSON).
+func Load(raw []byte) (*Loaded, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, errors.New("empty config")
+	}
+	var c EndpointPickerConfig
+	if err := yaml.UnmarshalStrict(raw, &c); err != nil {
+		return nil, err
+	}
+	return build(&c)
+}
+
+// Kinds of plugin the config knows; scheduling plugins come from
+// scheduling.Builtins, the rest configure other parts of the picker.
+const (
+	dataSourceType        = "metrics-data-source"
+	metricsExtractorType  = "core-metrics-extractor"
+	utilizationDetectorTy = "utilization-detector"
+)
+
+func build(c *EndpointPickerConfig) (*Loaded, error) {
+	l := &Loaded{
+		DataLayer:    DataLayer{Scheme: "http", Path: "/metrics", Interval: 50 * time.Millisecond, InsecureSkipVerify: true, EngineLabel: "llm-d.ai/engine-type"},
+		Saturation:   Saturation{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: 200 * time.Millisecond},
+		FeatureGates: map[string]bool{},
+	}
+	switch c.APIVersion {
+	case APIVersion:
+	case LegacyAPIVersion:
+		l.Deprecated = fmt.Sprintf("apiVersion %s is deprecated; use %s", LegacyAPIVersion, APIVersion)
+	default:
+		return nil, fmt.Errorf("apiVersion: %q (want %s or %s)", c.APIVersion, APIVersion, LegacyAPIVersion)
+	}
+	if c.Kind != Kind {
+		return nil, fmt.Errorf("kind: %q (want %s)", c.Kind, Kind)
+	}
+	for _, g := range c.FeatureGates {
+		name, off := strings.CutSuffix(g, "=false")
+		l.FeatureGates[name] = !off
+	}
+
+	builtins := scheduling.Builtins()
+	plugins := map[string]scheduling.Plugin{}
+	var handlers []scheduling.ProfileHandler
+	for i, ps := range c.Plugins {
+		field := fmt.Sprintf("plugins[%d]", i)
+		if ps.Type == "" {
+			return nil, fmt.Errorf("%s.type: required", field)
+		}
+		name := ps.Name
+		if name == "" {
+			name = ps.Type
+		}
+		if isOtherPlugin(name, c.Plugins[:i]) {
+			return nil, fmt.Errorf("%s.name: %q is used by another plugin", field, name)
+		}
+		var err error
+		switch ps.Type {
+		case dataSourceType:
+			err = l.DataLayer.applySource(ps.Parameters)
+		case metricsExtractorType:
+			err = l.DataLayer.applyExtractor(ps.Parameters)
+		case utilizationDetectorTy:
+			err = l.Saturation.apply(ps.Parameters)
+		default:
+			f, ok := builtins[ps.Type]
+			if !ok {
+				return nil, fmt.Errorf("%s.type: unknown plugin type %q (known: %s)", field, ps.Type, strings.Join(knownTypes(builtins), ", "))
+			}
+			var p scheduling.Plugin
+			if p, err = f(name, ps.Parameters); err == nil {
+				plugins[name] = p
+				if h, ok := p.(scheduling.ProfileHandler); ok {
+					handlers = append(handlers, h)
+				}
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s): %w", field, name, err)
+		}
+	}
+
+	profiles := map[string]*scheduling.Profile{}
+	for i, ps := range c.SchedulingProfiles {
+		field := fmt.Sprintf("schedulingProfiles[%d]", i)
+		if ps.Name == "" {
+			return nil, fmt.Errorf("%s.name: required", field)
+		}
+		if _, dup := profiles[ps.Name]; dup {
+			return nil, fmt.Errorf("%s.name: profile %q defined twice", field, ps.Name)
+		}
+		p, err := buildProfile(ps, plugins, builtins)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		profiles[ps.Name] = p
+	}
+	if len(profiles) == 0 {
+		return nil, errors.New("schedulingProfiles: at least one profile is required")
+	}
+
+	switch {
+	case len(handlers) > 1:
+		return nil, fmt.Errorf("plugins: %d profile handlers declared (%s and %s); use one", len(handlers), handlers[0].Name(), handlers[1].Name())
+	case len(handlers) == 0 && len(profiles) > 1:
+		return nil, fmt.Errorf("plugins: %d profiles need a profile handler that chooses between them", len(profiles))
+	case len(handlers) == 0:
+		h, _ := builtins["single-profile-handler"]("single-profile-handler", nil)
+		handlers = append(handlers, h.(scheduling.ProfileHandler))
+	case handlers[0].Type() == "single-profile-handler" && len(profiles) > 1:
+		return nil, fmt.Errorf("plugins: single-profile-handler %q cannot run %d profiles", handlers[0].Name(), len(profiles))
+	}
+	l.Scheduler = &scheduling.Scheduler{Handler: handlers[0], Profiles: profiles}
+	return l, nil
+}
+
+func isOtherPlugin(name string, earlier []PluginSpec) bool {
+	for _, ps := range earlier {
+		if ps.Name == name || (ps.Name == "" && ps.Type == name) {
+			return true
+		}
+	}
+	return false
+}
+
+func buildProfile(ps ProfileSpec, plugins map[string]scheduling.Plugin, builtins map[string]scheduling.Factory) (*scheduling.Profile, error) {
+	p := &scheduling.Profile{Name: ps.Name}
+	seen := map[string]bool{}
+	for j, ref := range ps.Plugins {
+		field := fmt.Sprintf("plugins[%d]", j)
+		if ref.Weight != nil && !(*ref.Weight > 0) { // also rejects NaN
+			return nil, fmt.Errorf("%s.weight: must be a positive number, got %v", field, *ref.Weight)
+		}
+		pl, ok := plugins[ref.PluginRef]
+		if !ok {
+			return nil, fmt.Errorf("%s.pluginRef: %q names no scheduling plugin declared under plugins", field, ref.PluginRef)
+		}
+		if seen[ref.PluginRef] {
+			return nil, fmt.Errorf("%s.pluginRef: %q referenced twice in one profile", field, ref.PluginRef)
+		}
+		seen[ref.PluginRef] = true
+		switch x := pl.(type) {
+		case scheduling.Filter:
+			p.Filters = append(p.Filters, x)
+		case scheduling.Scorer:
+			w := 1.0
+			if ref.Weight != nil {
+				w = *ref.Weight
+			}
+			p.Scorers = append(p.Scorers, scheduling.WeightedScorer{Scorer: x, Weight: w})
+		case scheduling.Picker:
+			if p.Picker != nil {
+				return nil, fmt.Errorf("%s.pluginRef: a profile takes one picker; %q and %q are both pickers", field, p.Picker.Name(), x.Name())
+			}
+			p.Picker = x
+		default:
+			return nil, fmt.Errorf("%s.pluginRef: %q is a %s, which does not belong in a profile", field, ref.PluginRef, pl.Type())
+		}
+	}
+	if p.Picker == nil {
+		pk, _ := builtins["max-score-picker"]("max-score-picker", nil)
+		p.Picker = pk.(scheduling.Picker)
+	}
+	return p, nil
+}
+
+func knownTypes(builtins map[string]scheduling.Factory) []string {
+	out := []string{dataSourceType, metricsExtractorType, utilizationDetectorTy}
+	for t := range builtins {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// duration accepts "50ms" style strings in parameters.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string like \"50ms\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if v <= 0 {
+		return fmt.Errorf("duration %q must be positive", s)
+	}
+	*d = duration(v)
+	return nil
+}
+
+func decodeStrict(params json.RawMessage, into any) error {
+	if len(params) == 0 || string(params) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		return fmt.Errorf("parameters: %w", err)
+	}
+	return nil
+}
+
+func (d *DataLayer) applySource(params json.RawMessage) error {
+	var p struct {
+		Scheme             *string   `json:"scheme"`
+		Path               *string   `json:"path"`
+		Interval           *duration `json:"interval"`
+		InsecureSkipVerify *bool     `json:"insecureSkipVerify"`
+	}
+	if err := decodeStrict(params, &p); err != nil {
+		return err
+	}
+	if p.Scheme != nil {
+		if *p.Scheme != "http" && *p.Scheme != "https" {
+			return fmt.Errorf("parameters.scheme: %q (want http or https)", *p.Scheme)
+		}
+		d.Scheme = *p.Scheme
+	}
+	if p.Path != nil {
+		if !strings.HasPrefix(*p.Path, "/") {
+			return fmt.Errorf("parameters.path: %q must start with /", *p.Path)
+		}
+		d.Path = *p.Path
+	}
+	if p.Interval != nil {
+		d.Interval = time.Duration(*p.Interval)
+	}
+	if p.InsecureSkipVerify != nil {
+		d.InsecureSkipVerify = *p.InsecureSkipVerify
+	}
+	return nil
+}
+
+func (d *DataLayer) applyExtractor(params json.RawMessage) error {
+	var p struct {
+		EngineLabelKey *string `json:"engineLabelKey"`
+	}
+	if err := decodeStrict(params, &p); err != nil {
+		return err
+	}
+	if p.EngineLabelKey != nil {
+		d.EngineLabel = *p.EngineLabelKey
+	}
+	return nil
+}
+
+func (s *Saturation) apply(params json.RawMessage) error {
+	var p struct {
+		QueueDepthThreshold       *float64  `json:"queueDepthThreshold"`
+		KVCacheUtilThreshold      *float64  `json:"kvCacheUtilThreshold"`
+		MetricsStalenessThreshold *duration `json:"metricsStalenessThreshold"`
+	}
+	if err := decodeStrict(params, &p); err != nil {
+		return err
+	}
+	if p.QueueDepthThreshold != nil {
+		if !(*p.QueueDepthThreshold > 0) {
+			return fmt.Errorf("parameters.queueDepthThreshold: must be positive, got %v", *p.QueueDepthThreshold)
+		}
+		s.QueueDepthThreshold = *p.QueueDepthThreshold
+	}
+	if p.KVCacheUtilThreshold != nil {
+		if !(*p.KVCacheUtilThreshold > 0 && *p.KVCacheUtilThreshold <= 1) {
+			return fmt.Errorf("parameters.kvCacheUtilThreshold: must be in (0,1], got %v", *p.KVCacheUtilThreshold)
+		}
+		s.KVCacheUtilThreshold = *p.KVCacheUtilThreshold
+	}
+	if p.MetricsStalenessThreshold != nil {
+		s.MetricsStaleness = time.Duration(*p.MetricsStalenessThreshold)
+	}
+	return nil
+}

@@ -1,0 +1,203 @@
+// Package datastore holds the endpoint picker's view of its pool: the
+// endpoints that may serve, their labels and engine, and their latest
+// model-server metrics. It is fed by a static pool file or by Kubernetes;
+// the scheduler reads it the same way either way.
+package datastore
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Engine names select the metric mapping for an endpoint.
+const (
+	EngineVLLM              = "vllm"
+	EngineSGLang            = "sglang"
+	EngineTRTLLMServe       = "trtllm-serve"
+	EngineTritonTensorRTLLM = "triton-tensorrt-llm"
+)
+
+// EngineLabel is the endpoint label that names its engine.
+const EngineLabel = "llm-d.ai/engine-type"
+
+// Spec describes an endpoint as a source (pool file, Kubernetes) sees it.
+type Spec struct {
+	// Address is "ip:port"; it is the endpoint's identity on the wire.
+	Address string
+	// Name is a human name (pod name, rank); defaults to Address.
+	Name   string
+	Labels map[string]string
+	// Engine selects the metric mapping; empty means vLLM.
+	Engine string
+}
+
+// Validate checks that the address is a literal ip:port.
+func (s Spec) Validate() error {
+	host, port, err := net.SplitHostPort(s.Address)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", s.Address, err)
+	}
+	if net.ParseIP(host) == nil {
+		return fmt.Errorf("address %q: host must be an IP address", s.Address)
+	}
+	if port == "" || port == "0" {
+		return fmt.Errorf("address %q: port is required", s.Address)
+	}
+	switch s.Engine {
+	case "", EngineVLLM, EngineSGLang, EngineTRTLLMServe, EngineTritonTensorRTLLM:
+	default:
+		return fmt.Errorf("endpoint %s: unknown engine %q (want %s, %s, %s or %s)", s.Address, s.Engine,
+			EngineVLLM, EngineSGLang, EngineTRTLLMServe, EngineTritonTensorRTLLM)
+	}
+	return nil
+}
+
+// Metrics is one scrape of an endpoint's model server.
+type Metrics struct {
+	WaitingQueueSize int
+	RunningRequests  int
+	// KVCacheUsage is a fraction in [0,1].
+	KVCacheUsage float64
+	// ActiveAdapters and WaitingAdapters are the LoRA adapters with running
+	// and waiting requests; MaxActiveAdapters is how many may run at once
+	// (0 when the server does not report LoRA).
+	ActiveAdapters    map[string]struct{}
+	WaitingAdapters   map[string]struct{}
+	MaxActiveAdapters int
+	// BlockSize and NumGPUBlocks describe the KV cache, 0 when unreported.
+	BlockSize    int
+	NumGPUBlocks int
+	UpdatedAt    time.Time
+}
+
+// Endpoint is one ip:port of the pool. Its identity fields never change;
+// metrics are swapped atomically by the data layer.
+type Endpoint struct {
+	Spec
+	metrics   atomic.Pointer[Metrics]
+	scrapeErr atomic.Pointer[string]
+}
+
+// Metrics returns the latest metrics, or nil if none were scraped yet.
+func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
+
+// SetMetrics publishes a new scrape and clears the scrape error.
+func (e *Endpoint) SetMetrics(m *Metrics) {
+	e.metrics.Store(m)
+	e.scrapeErr.Store(nil)
+}
+
+// SetScrapeError records why the last scrape failed; the previous metrics
+// stay until they go stale.
+func (e *Endpoint) SetScrapeError(msg string) { e.scrapeErr.Store(&msg) }
+
+// ScrapeError is the last scrape failure, "" when the last scrape worked.
+func (e *Endpoint) ScrapeError() string {
+	if p := e.scrapeErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// FreshMetrics returns the metrics if they are younger than maxAge at now,
+// else nil: stale metrics count as unknown.
+func (e *Endpoint) FreshMetrics(now time.Time, maxAge time.Duration) *Metrics {
+	m := e.metrics.Load()
+	if m == nil || (maxAge > 0 && now.Sub(m.UpdatedAt) > maxAge) {
+		return nil
+	}
+	return m
+}
+
+// IP returns the endpoint's host part.
+func (e *Endpoint) IP() string {
+	host, _, _ := net.SplitHostPort(e.Address)
+	return host
+}
+
+// Store is the set of endpoints. It is safe for concurrent use; readers get
+// immutable snapshots.
+type Store struct {
+	mu        sync.Mutex
+	byAddress map[string]*Endpoint
+	snapshot  atomic.Pointer[[]*Endpoint]
+	synced    atomic.Bool
+}
+
+// New returns an empty, unsynced store.
+func New() *Store {
+	s := &Store{byAddress: map[string]*Endpoint{}}
+	empty := []*Endpoint{}
+	s.snapshot.Store(&empty)
+	return s
+}
+
+// Replace sets the endpoint set and marks the store synced. Endpoints whose
+// spec is unchanged keep their object, so their metrics survive.
+func (s *Store) Replace(specs []Spec) error {
+	next := make(map[string]*Endpoint, len(specs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sp := range specs {
+		if err := sp.Validate(); err != nil {
+			return err
+		}
+		if _, dup := next[sp.Address]; dup {
+			return fmt.Errorf("endpoint %s listed twice", sp.Address)
+		}
+		if sp.Name == "" {
+			sp.Name = sp.Address
+		}
+		if sp.Engine == "" {
+			sp.Engine = sp.Labels[EngineLabel]
+		}
+		if sp.Engine == "" {
+			sp.Engine = EngineVLLM
+		}
+		if cur, ok := s.byAddress[sp.Address]; ok && sameSpec(cur.Spec, sp) {
+			next[sp.Address] = cur
+			continue
+		}
+		next[sp.Address] = &Endpoint{Spec: sp}
+	}
+	s.byAddress = next
+	list := make([]*Endpoint, 0, len(next))
+	for _, e := range next {
+		list = append(list, e)
+	}
+	slices.SortFunc(list, func(a, b *Endpoint) int { return strings.Compare(a.Address, b.Address) })
+	s.snapshot.Store(&list)
+	s.synced.Store(true)
+	return nil
+}
+
+func sameSpec(a, b Spec) bool {
+	if a.Address != b.Address || a.Name != b.Name || a.Engine != b.Engine || len(a.Labels) != len(b.Labels) {
+		return false
+	}
+	for k, v := range a.Labels {
+		if b.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Endpoints returns the current endpoints sorted by address. The slice is
+// shared and must not be modified.
+func (s *Store) Endpoints() []*Endpoint { return *s.snapshot.Load() }
+
+// Get returns the endpoint with this address, or nil.
+func (s *Store) Get(address string) *Endpoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byAddress[address]
+}
+
+// Synced reports whether an endpoint set was ever loaded.
+func (s *Store) Synced() bool { return s.synced.Load() }

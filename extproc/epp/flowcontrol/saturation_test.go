@@ -1,0 +1,41 @@
+package flowcontrol
+
+import (
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
+)
+
+func TestUtilizationDetector(t *testing.T) {
+	now := time.Now()
+	d := UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Second}
+	ep := func(q int, kv float64, age time.Duration) *datastore.Endpoint {
+		e := &datastore.Endpoint{}
+		e.SetMetrics(&datastore.Metrics{WaitingQueueSize: q, KVCacheUsage: kv, UpdatedAt: now.Add(-age)})
+		return e
+	}
+	cases := []struct {
+		name      string
+		eps       []*datastore.Endpoint
+		want      float64
+		saturated bool
+	}{
+		{"idle", []*datastore.Endpoint{ep(0, 0, 0), ep(0, 0, 0)}, 0, false},
+		{"queue dominates", []*datastore.Endpoint{ep(5, 0.1, 0), ep(0, 0, 0)}, 0.5, false},
+		{"kv dominates", []*datastore.Endpoint{ep(0, 0.8, 0), ep(10, 0.2, 0)}, 1.5, true},
+		{"stale counts as full", []*datastore.Endpoint{ep(0, 0, 2 * time.Second), ep(5, 0, 0)}, 1, true},
+		{"never scraped counts as full", []*datastore.Endpoint{{}, ep(0, 0, 0)}, 0.5, false},
+		{"empty pool", nil, 1, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := d.Saturation(now, tc.eps); got != tc.want {
+				t.Errorf("saturation = %v, want %v", got, tc.want)
+			}
+			if got := d.Saturated(now, tc.eps); got != tc.saturated {
+				t.Errorf("saturated = %v, want %v", got, tc.saturated)
+			}
+		})
+	}
+}

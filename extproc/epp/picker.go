@@ -1,0 +1,230 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/epp/scheduling"
+	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference"
+)
+
+// ServedObserver is implemented by scheduling plugins that learn from the
+// endpoint that actually served a request (reported by the proxy on the
+// response path), which may differ from the pick after a retry or failover.
+type ServedObserver interface {
+	Served(ctx context.Context, req *scheduling.Request, picked []string, served string)
+}
+
+// Options configure a Picker.
+type Options struct {
+	Store     *datastore.Store
+	Scheduler *scheduling.Scheduler
+	// Priorities maps objective names to priorities.
+	Priorities map[string]int
+	Saturation flowcontrol.UtilizationDetector
+	// MetricsStaleness: older endpoint metrics count as unknown to scorers.
+	MetricsStaleness time.Duration
+	// EmitScores adds each target's score to the envoy.lb metadata.
+	EmitScores bool
+	Registerer prometheus.Registerer
+	Logger     logr.Logger
+}
+
+// Picker is the endpoint picker's ext_proc handler.
+type Picker struct {
+	opts      Options
+	metrics   *metrics
+	observers []ServedObserver
+	seq       atomic.Uint64
+}
+
+// New builds a Picker.
+func New(opts Options) (*Picker, error) {
+	if opts.Store == nil || opts.Scheduler == nil {
+		return nil, errors.New("epp: store and scheduler are required")
+	}
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
+	p := &Picker{opts: opts}
+	p.metrics = newMetrics(opts.Registerer, opts.Store, opts.MetricsStaleness, func() float64 {
+		return opts.Saturation.Saturation(time.Now(), opts.Store.Endpoints())
+	})
+	for _, prof := range opts.Scheduler.Profiles {
+		for _, ws := range prof.Scorers {
+			if o, ok := ws.Scorer.(ServedObserver); ok {
+				p.observers = append(p.observers, o)
+			}
+		}
+		for _, f := range prof.Filters {
+			if o, ok := f.(ServedObserver); ok {
+				p.observers = append(p.observers, o)
+			}
+		}
+	}
+	return p, nil
+}
+
+// NewExchange implements server.Handler.
+func (p *Picker) NewExchange(context.Context) server.Exchange {
+	return &exchange{p: p}
+}
+
+// exchange is one request's pass through the picker.
+type exchange struct {
+	p      *Picker
+	req    *scheduling.Request
+	picked []string
+	served string
+}
+
+func (x *exchange) HandleRequest(ctx context.Context, r *server.Request) *server.Decision {
+	start := time.Now()
+	d, outcome := x.decide(ctx, r, start)
+	x.p.metrics.decisions.WithLabelValues(outcome).Inc()
+	x.p.metrics.latency.Observe(time.Since(start).Seconds())
+	return d
+}
+
+func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time) (*server.Decision, string) {
+	p := x.p
+	req := &scheduling.Request{
+		ID:        r.Headers.Get("x-request-id"),
+		Headers:   r.Headers,
+		BodyBytes: len(r.Body),
+	}
+	if req.ID == "" {
+		req.ID = strconv.FormatUint(p.seq.Add(1), 10)
+	}
+	if r.Body != nil {
+		parsed, err := inference.ParseRequest(r.Body)
+		if err != nil {
+			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
+		}
+		req.Model, req.Prompt = parsed.Model, parsed.Prompt
+	}
+	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
+	req.Priority = p.opts.Priorities[objective]
+	req.FairnessID = firstHeader(r.Headers, FairnessHeader, LegacyFairnessHeader)
+	x.req = req
+
+	all := p.opts.Store.Endpoints()
+	if len(all) == 0 {
+		return reject(503, ReasonNoEndpoints, "the pool has no ready endpoints"), outcomeNoEndpoints
+	}
+	candidates := make([]scheduling.Endpoint, 0, len(all))
+	hint := readSubsetHint(r.Metadata)
+	for _, e := range all {
+		if hint != nil && !hint.allows(e) {
+			continue
+		}
+		candidates = append(candidates, scheduling.Endpoint{Endpoint: e, Metrics: e.FreshMetrics(now, p.opts.MetricsStaleness)})
+	}
+	if hint != nil && len(candidates) == 0 {
+		msg := "the proxy's endpoint subset matches no endpoint of the pool"
+		if hint.empty() {
+			msg = "the proxy sent an empty endpoint subset"
+		}
+		return reject(503, ReasonNoEndpoints, msg), outcomeSubsetEmpty
+	}
+	if req.Priority < 0 && p.opts.Saturation.Saturated(now, all) {
+		return reject(429, ReasonSaturated, fmt.Sprintf("pool saturated; objective %q is sheddable", objective)), outcomeShed
+	}
+
+	res, err := p.opts.Scheduler.Schedule(ctx, req, candidates)
+	if err != nil {
+		if errors.Is(err, scheduling.ErrNoCandidates) {
+			return reject(503, ReasonNoEndpoints, err.Error()), outcomeNoEndpoints
+		}
+		p.opts.Logger.Error(err, "scheduling failed", "request", req.ID)
+		return reject(503, ReasonNoEndpoints, "scheduling failed"), outcomeError
+	}
+	targets := res.Targets()
+	x.picked = make([]string, len(targets))
+	for i, t := range targets {
+		x.picked[i] = t.Address
+	}
+	value := strings.Join(x.picked, ",")
+	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
+	if p.opts.EmitScores {
+		scores := map[string]*structpb.Value{}
+		for _, t := range targets {
+			scores[t.Address] = structpb.NewNumberValue(t.Score)
+		}
+		lb[ScoresKey] = structpb.NewStructValue(&structpb.Struct{Fields: scores})
+	}
+	if log := p.opts.Logger.V(1); log.Enabled() {
+		log.Info("picked", "request", req.ID, "model", req.Model, "targets", value, "profile", res.Primary, "score", targets[0].Score)
+	}
+	return &server.Decision{
+		// Overwrite: a client-supplied destination header must never survive.
+		SetHeaders:      []server.Header{{Name: DestinationHeader, Value: value}},
+		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
+		ClearRouteCache: true,
+	}, outcomePicked
+}
+
+func reject(status int, reason, msg string) *server.Decision {
+	return &server.Decision{Reject: &server.Rejection{Status: status, Reason: reason, Message: msg}}
+}
+
+func firstHeader(h server.Headers, names ...string) string {
+	for _, n := range names {
+		if v := h.Get(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (x *exchange) HandleResponseHeaders(_ context.Context, r *server.Response) *server.Decision {
+	x.noteServed(r.Metadata)
+	return nil
+}
+
+func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) []byte { return chunk }
+
+func (x *exchange) Close(ctx context.Context, s server.Summary) {
+	if x.picked == nil {
+		return // rejected or never decided: nothing was routed
+	}
+	x.noteServed(s.ResponseMetadata)
+	match := "unreported"
+	switch {
+	case x.served == "":
+	case x.served == x.picked[0]:
+		match = "primary"
+	case slices.Contains(x.picked[1:], x.served):
+		match = "fallback"
+	default:
+		match = "other"
+	}
+	x.p.metrics.served.WithLabelValues(match).Inc()
+	if x.served != "" {
+		for _, o := range x.p.observers {
+			o.Served(ctx, x.req, x.picked, x.served)
+		}
+	}
+}
+
+func (x *exchange) noteServed(md server.Metadata) {
+	if x.served != "" {
+		return
+	}
+	if v := md[LBNamespace].GetFields()[ServedKey]; v != nil {
+		x.served = strings.TrimSpace(v.GetStringValue())
+	}
+}

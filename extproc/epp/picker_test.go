@@ -1,0 +1,495 @@
+package epp_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/extproc/epp"
+	"github.com/infergate/infergate/extproc/epp/config"
+	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/server"
+)
+
+// rig is a running picker over real gRPC on loopback.
+type rig struct {
+	store *datastore.Store
+	srv   *server.Server
+	conn  *grpc.ClientConn
+	reg   *prometheus.Registry
+}
+
+type rigOpts struct {
+	configText string
+	endpoints  []datastore.Spec
+	priorities map[string]int
+	bodyLimit  int64
+}
+
+func newRig(t *testing.T, o rigOpts) *rig {
+	t.Helper()
+	if o.configText == "" {
+		o.configText = config.DefaultConfig
+	}
+	loaded, err := config.Load([]byte(o.configText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := datastore.New()
+	if o.endpoints != nil {
+		if err := store.Replace(o.endpoints); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	p, err := epp.New(epp.Options{
+		Store:      store,
+		Scheduler:  loaded.Scheduler,
+		Priorities: o.priorities,
+		Saturation: flowcontrol.UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Minute},
+		// Scorers treat metrics as fresh for the whole test.
+		MetricsStaleness: time.Minute,
+		Registerer:       reg,
+		Logger:           logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(p, server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: o.bodyLimit}, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ctx); close(done) }()
+	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); cancel(); <-done })
+	return &rig{store: store, srv: srv, conn: conn, reg: reg}
+}
+
+func specs(addrs ...string) []datastore.Spec {
+	out := make([]datastore.Spec, len(addrs))
+	for i, a := range addrs {
+		out[i] = datastore.Spec{Address: a}
+	}
+	return out
+}
+
+// call is one request as a proxy sends it.
+type call struct {
+	headers       map[string]string
+	body          []byte // nil: headers carry end_of_stream
+	chunk         int    // body chunk size, default whole body
+	hint          *structpb.Value
+	hintOnHeaders bool
+}
+
+// answer is what the picker sent back for the request path.
+type answer struct {
+	headers   *extprocv3.HeadersResponse
+	metadata  *structpb.Struct
+	body      []byte
+	immediate *extprocv3.ImmediateResponse
+	stream    extprocv3.ExternalProcessor_ProcessClient
+}
+
+func (r *rig) do(t *testing.T, c call) *answer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	st, err := extprocv3.NewExternalProcessorClient(r.conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+	for k, v := range c.headers {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	var md *corev3.Metadata
+	if c.hint != nil {
+		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			epp.SubsetNamespace: {Fields: map[string]*structpb.Value{epp.SubsetKey: c.hint}},
+		}}
+	}
+	hdrs := &extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm, EndOfStream: c.body == nil}},
+	}
+	if c.hintOnHeaders || c.body == nil {
+		hdrs.MetadataContext = md
+	}
+	// send reports false once the picker closed the stream (after an
+	// immediate response Envoy stops sending too).
+	send := func(m *extprocv3.ProcessingRequest) bool {
+		err := st.Send(m)
+		if errors.Is(err, io.EOF) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}
+	send(hdrs)
+	if c.body != nil {
+		size := c.chunk
+		if size <= 0 {
+			size = max(len(c.body), 1)
+		}
+		for off := 0; off < len(c.body) || off == 0; off += size {
+			end := min(off+size, len(c.body))
+			m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c.body[off:end], EndOfStream: end == len(c.body)}}}
+			if end == len(c.body) && !c.hintOnHeaders {
+				m.MetadataContext = md
+			}
+			if !send(m) || end == len(c.body) {
+				break
+			}
+		}
+	}
+	a := &answer{stream: st}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		switch x := resp.GetResponse().(type) {
+		case *extprocv3.ProcessingResponse_ImmediateResponse:
+			a.immediate = x.ImmediateResponse
+			return a
+		case *extprocv3.ProcessingResponse_RequestHeaders:
+			a.headers = x.RequestHeaders
+			a.metadata = resp.GetDynamicMetadata()
+			if c.body == nil {
+				return a
+			}
+		case *extprocv3.ProcessingResponse_RequestBody:
+			sr := x.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse()
+			if sr == nil {
+				t.Fatal("body answered without streamed_response")
+			}
+			a.body = append(a.body, sr.GetBody()...)
+			if sr.GetEndOfStream() {
+				return a
+			}
+		default:
+			t.Fatalf("unexpected response %T", x)
+		}
+	}
+}
+
+func (a *answer) header(t *testing.T, name string) (string, bool) {
+	t.Helper()
+	for _, h := range a.headers.GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if strings.EqualFold(h.GetHeader().GetKey(), name) {
+			return string(h.GetHeader().GetRawValue()), true
+		}
+	}
+	return "", false
+}
+
+func (a *answer) lb(key string) string {
+	return a.metadata.GetFields()[epp.LBNamespace].GetStructValue().GetFields()[key].GetStringValue()
+}
+
+// destination checks the header and the metadata agree and returns them.
+func (a *answer) destination(t *testing.T) string {
+	t.Helper()
+	if a.immediate != nil {
+		t.Fatalf("immediate response %d (%s) instead of a pick", a.immediate.GetStatus().GetCode(), a.immediate.GetBody())
+	}
+	h, ok := a.header(t, epp.DestinationHeader)
+	if !ok {
+		t.Fatal("no destination header")
+	}
+	if md := a.lb(epp.DestinationHeader); md != h {
+		t.Fatalf("header %q and envoy.lb metadata %q differ", h, md)
+	}
+	if !a.headers.GetResponse().GetClearRouteCache() {
+		t.Fatal("clear_route_cache not set with the pick")
+	}
+	return h
+}
+
+func (a *answer) wantImmediate(t *testing.T, status int, reason string) {
+	t.Helper()
+	if a.immediate == nil {
+		t.Fatalf("want immediate %d, got a pick", status)
+	}
+	if got := int(a.immediate.GetStatus().GetCode()); got != status {
+		t.Fatalf("status %d, want %d (%s)", got, status, a.immediate.GetBody())
+	}
+	var got string
+	for _, h := range a.immediate.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == server.DropReasonHeader {
+			got = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if got != reason {
+		t.Fatalf("drop reason %q, want %q", got, reason)
+	}
+}
+
+var completion = []byte(`{"model":"m","prompt":"hello"}`)
+
+func TestPickGoesOutAsHeaderAndMetadata(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000")})
+	a := r.do(t, call{body: completion})
+	dest := a.destination(t)
+	if dest != "10.0.0.1:8000" && dest != "10.0.0.2:8000" {
+		t.Fatalf("destination %q is not a pool endpoint", dest)
+	}
+	if string(a.body) != string(completion) {
+		t.Fatalf("body changed: %q", a.body)
+	}
+}
+
+func TestFallbackListIsDistinctAndBestFirst(t *testing.T) {
+	cfg := `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 3}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+`
+	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000")})
+	queues := map[string]int{"10.0.0.1:8000": 9, "10.0.0.2:8000": 0, "10.0.0.3:8000": 3, "10.0.0.4:8000": 6}
+	for addr, q := range queues {
+		r.store.Get(addr).SetMetrics(&datastore.Metrics{WaitingQueueSize: q, UpdatedAt: time.Now()})
+	}
+	dest := r.do(t, call{body: completion}).destination(t)
+	if dest != "10.0.0.2:8000,10.0.0.3:8000,10.0.0.4:8000" {
+		t.Fatalf("destination %q, want the three least-queued, best first", dest)
+	}
+}
+
+func TestSubsetHint(t *testing.T) {
+	pool := specs("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "[fd00::1]:8000")
+	list := func(s ...string) *structpb.Value {
+		vals := make([]any, len(s))
+		for i, v := range s {
+			vals[i] = v
+		}
+		lv, _ := structpb.NewList(vals)
+		return structpb.NewListValue(lv)
+	}
+	str := structpb.NewStringValue
+	cases := []struct {
+		name      string
+		hint      *structpb.Value
+		onHeaders bool
+		bodyless  bool
+		allowed   []string // empty: want 503
+	}{
+		{"list exact ip:port", list("10.0.0.1:8001"), false, false, []string{"10.0.0.1:8001"}},
+		{"comma string exact", str("10.0.0.2:8000, 10.0.0.1:8001"), false, false, []string{"10.0.0.2:8000", "10.0.0.1:8001"}},
+		{"ip only matches every port", list("10.0.0.1"), false, false, []string{"10.0.0.1:8000", "10.0.0.1:8001"}},
+		{"ipv6 spelled differently", str("[fd00:0::1]:8000"), false, false, []string{"[fd00::1]:8000"}},
+		{"hint on the headers message", list("10.0.0.2:8000"), true, false, []string{"10.0.0.2:8000"}},
+		{"body-less request", list("10.0.0.1:8001"), true, true, []string{"10.0.0.1:8001"}},
+		{"empty list", list(), false, false, nil},
+		{"empty string", str(""), false, false, nil},
+		{"nothing eligible", list("10.9.9.9:8000"), false, false, nil},
+		{"port mismatch", list("10.0.0.2:9999"), false, false, nil},
+		{"body-less nothing eligible", list("10.9.9.9:1"), true, true, nil},
+	}
+	r := newRig(t, rigOpts{endpoints: pool})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := call{body: completion, hint: tc.hint, hintOnHeaders: tc.onHeaders}
+			if tc.bodyless {
+				c.body = nil
+			}
+			for range 20 { // random tie-breaks must stay inside the subset
+				a := r.do(t, c)
+				if len(tc.allowed) == 0 {
+					a.wantImmediate(t, 503, epp.ReasonNoEndpoints)
+					return
+				}
+				dest := a.destination(t)
+				ok := false
+				for _, al := range tc.allowed {
+					ok = ok || dest == al
+				}
+				if !ok {
+					t.Fatalf("destination %q outside the subset %v", dest, tc.allowed)
+				}
+			}
+		})
+	}
+}
+
+func TestNoReadyEndpointIs503(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: []datastore.Spec{}})
+	r.do(t, call{body: completion}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+	r.do(t, call{}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+}
+
+func TestSheddableRequestGets429UnderSaturation(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1, "chat": 10}})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
+	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+	r.do(t, call{body: completion, headers: map[string]string{epp.LegacyObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+	// Non-sheddable work still gets a pick when saturated.
+	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "chat"}}).destination(t)
+	r.do(t, call{body: completion}).destination(t)
+	// Once the pool has room, sheddable work goes through.
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
+	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
+}
+
+func TestBodylessRequestIsPickedAtOnce(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
+	a := r.do(t, call{headers: map[string]string{":method": "GET"}})
+	if a.destination(t) != "10.0.0.1:8000" {
+		t.Fatal("wrong pick")
+	}
+}
+
+func TestLargeBodyInManyChunksLeavesUnchanged(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), bodyLimit: 4 << 20})
+	prompt := strings.Repeat("lorem ipsum ", 250_000) // ~3 MB
+	body := []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt))
+	a := r.do(t, call{body: body, chunk: 16 << 10})
+	a.destination(t)
+	if len(a.body) != len(body) || string(a.body) != string(body) {
+		t.Fatalf("body of %d bytes came back as %d bytes", len(body), len(a.body))
+	}
+	over := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), bodyLimit: 1 << 20})
+	over.do(t, call{body: body, chunk: 16 << 10}).wantImmediate(t, 413, "request-too-large")
+}
+
+func TestBadBodies(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
+	for name, body := range map[string]string{"malformed": `{"model":`, "missing model": `{"prompt":"x"}`} {
+		t.Run(name, func(t *testing.T) {
+			a := r.do(t, call{body: []byte(body)})
+			a.wantImmediate(t, 400, epp.ReasonBadRequest)
+			if !strings.Contains(string(a.immediate.GetBody()), "model") && !strings.Contains(string(a.immediate.GetBody()), "JSON") {
+				t.Errorf("error body gives no reason: %s", a.immediate.GetBody())
+			}
+		})
+	}
+}
+
+func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
+	for _, body := range [][]byte{completion, nil} {
+		a := r.do(t, call{body: body, headers: map[string]string{epp.DestinationHeader: "6.6.6.6:22"}})
+		if a.destination(t) != "10.0.0.1:8000" {
+			t.Fatal("client header survived")
+		}
+		var overwrite bool
+		for _, h := range a.headers.GetResponse().GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == epp.DestinationHeader {
+				overwrite = h.GetAppendAction() == corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+			}
+		}
+		if !overwrite {
+			t.Fatal("destination header is not set with OVERWRITE_IF_EXISTS_OR_ADD; a client value could be appended to")
+		}
+	}
+}
+
+func TestServedEndpointIsRecorded(t *testing.T) {
+	cfg := `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 2}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+`
+	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")})
+	respond := func(a *answer, served string) {
+		t.Helper()
+		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true,
+		}}}
+		if served != "" {
+			msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				epp.LBNamespace: {Fields: map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue(served)}},
+			}}
+		}
+		if err := a.stream.Send(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		_ = a.stream.CloseSend()
+		_, _ = a.stream.Recv() // EOF once the picker closed the exchange
+	}
+	a := r.do(t, call{body: completion})
+	list := strings.Split(a.destination(t), ",")
+	respond(a, list[0])
+	a = r.do(t, call{body: completion})
+	list = strings.Split(a.destination(t), ",")
+	respond(a, list[1])
+	respond(r.do(t, call{body: completion}), "")
+	served := func(match string) float64 {
+		return counterValue(t, r.reg, "infergate_epp_served_total", "match", match)
+	}
+	if served("primary") != 1 || served("fallback") != 1 || served("unreported") != 1 {
+		t.Fatalf("served: primary %v fallback %v unreported %v", served("primary"), served("fallback"), served("unreported"))
+	}
+}
+
+func TestReadinessFollowsTheEndpointSet(t *testing.T) {
+	// The command wires readiness to the store; here the contract the
+	// command relies on: an unsynced store says so.
+	s := datastore.New()
+	if s.Synced() {
+		t.Fatal("new store claims to be synced")
+	}
+	if err := s.Replace(nil); err != nil || !s.Synced() {
+		t.Fatal("an empty but loaded set is synced")
+	}
+}
+
+// counterValue reads one labelled counter from a registry.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

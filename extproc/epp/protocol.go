@@ -1,0 +1,36 @@
+// Package epp is the endpoint picker: an ext_proc processor that picks the
+// model-server endpoint for each inference request and answers it the way
+// the inference-extension endpoint picker protocol prescribes.
+package epp
+
+// Wire names of the endpoint picker protocol.
+const (
+	// DestinationHeader carries the pick ("ip:port" or a comma list, best
+	// first); the same value goes into LBNamespace metadata.
+	DestinationHeader = "x-gateway-destination-endpoint"
+	// LBNamespace is Envoy's subset load-balancing metadata namespace.
+	LBNamespace = "envoy.lb"
+	// SubsetNamespace / SubsetKey carry the proxy's optional hint: the only
+	// endpoints the pick may come from.
+	SubsetNamespace = "envoy.lb.subset_hint"
+	SubsetKey       = "x-gateway-destination-endpoint-subset"
+	// ServedKey (in LBNamespace, response path) is the endpoint that served.
+	ServedKey = "x-gateway-destination-endpoint-served"
+	// ScoresKey (in LBNamespace) carries per-endpoint scores when enabled.
+	ScoresKey = "x-gateway-destination-endpoint-scores"
+
+	// ObjectiveHeader names the request's objective (→ priority);
+	// LegacyObjectiveHeader is the older name, still honoured.
+	ObjectiveHeader       = "x-llm-d-inference-objective"
+	LegacyObjectiveHeader = "x-gateway-inference-objective"
+	// FairnessHeader names the request's fairness flow.
+	FairnessHeader       = "x-llm-d-inference-fairness-id"
+	LegacyFairnessHeader = "x-gateway-inference-fairness-id"
+)
+
+// Drop reasons sent in the drop-reason header of immediate responses.
+const (
+	ReasonNoEndpoints = "rejected-no-endpoints"
+	ReasonSaturated   = "rejected-saturated"
+	ReasonBadRequest  = "rejected-bad-request"
+)

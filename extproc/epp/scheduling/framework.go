@@ -1,0 +1,207 @@
+// Package scheduling picks endpoints for a request: each profile filters the
+// candidates, scores the survivors with weighted scorers and lets a picker
+// choose; a profile handler decides which profiles run and which result is
+// primary. Plugin type names and semantics follow the inference-extension
+// scheduler so existing EndpointPickerConfig files keep their meaning.
+package scheduling
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
+)
+
+// Request is what scheduling knows of an inference request.
+type Request struct {
+	ID string
+	// Model is the model named in the body (a base model or a LoRA adapter);
+	// empty for body-less requests.
+	Model   string
+	Prompt  string
+	Headers map[string]string
+	// Priority comes from the request's objective; < 0 may be shed.
+	Priority   int
+	FairnessID string
+	BodyBytes  int
+}
+
+// Endpoint is a candidate as one scheduling cycle sees it.
+type Endpoint struct {
+	*datastore.Endpoint
+	// Metrics are the endpoint's fresh metrics, nil when unknown or stale.
+	Metrics *datastore.Metrics
+}
+
+// Plugin is anything configurable in a profile.
+type Plugin interface {
+	// Type is the plugin's type name, e.g. "queue-scorer".
+	Type() string
+	// Name is the instance name from the config (defaults to the type).
+	Name() string
+}
+
+// Filter narrows the candidates. An empty result ends the profile.
+type Filter interface {
+	Plugin
+	Filter(ctx context.Context, req *Request, eps []Endpoint) []Endpoint
+}
+
+// Scorer rates each candidate; scores[i] belongs to eps[i] and is clamped
+// to [0,1] by the framework.
+type Scorer interface {
+	Plugin
+	Score(ctx context.Context, req *Request, eps []Endpoint, scores []float64)
+}
+
+// Picker chooses from scored candidates, best first.
+type Picker interface {
+	Plugin
+	Pick(ctx context.Context, scored []Scored) []Scored
+}
+
+// ProfileHandler chooses the profiles to run and the primary result.
+type ProfileHandler interface {
+	Plugin
+	// Profiles returns the profiles to run next given the results so far;
+	// none means scheduling is done.
+	Profiles(ctx context.Context, req *Request, all map[string]*Profile, done map[string]*ProfileResult) []*Profile
+	// Primary names the profile whose targets answer the request.
+	Primary(done map[string]*ProfileResult) (string, error)
+}
+
+// Scored is a candidate with its total and per-scorer scores (aligned with
+// the profile's scorers), kept so a decision can be explained.
+type Scored struct {
+	Endpoint
+	Score      float64
+	Components []float64
+}
+
+// WeightedScorer is a scorer with its profile weight.
+type WeightedScorer struct {
+	Scorer
+	Weight float64
+}
+
+// Profile is one filter → score → pick pipeline.
+type Profile struct {
+	Name    string
+	Filters []Filter
+	Scorers []WeightedScorer
+	Picker  Picker
+}
+
+// ProfileResult is what one profile chose, best first.
+type ProfileResult struct {
+	Targets []Scored
+	// Scorers names the components of each target's Components.
+	Scorers []string
+}
+
+// Result is the outcome of one scheduling decision.
+type Result struct {
+	Primary  string
+	Profiles map[string]*ProfileResult
+}
+
+// Targets returns the primary profile's targets.
+func (r *Result) Targets() []Scored { return r.Profiles[r.Primary].Targets }
+
+// ErrNoCandidates means filters left nothing to pick from.
+var ErrNoCandidates = errors.New("no candidate endpoints left after filtering")
+
+// Scheduler runs profiles over candidates.
+type Scheduler struct {
+	Handler  ProfileHandler
+	Profiles map[string]*Profile
+}
+
+// Schedule picks endpoints for req among eps.
+func (s *Scheduler) Schedule(ctx context.Context, req *Request, eps []Endpoint) (*Result, error) {
+	if len(eps) == 0 {
+		return nil, ErrNoCandidates
+	}
+	done := map[string]*ProfileResult{}
+	for {
+		next := s.Handler.Profiles(ctx, req, s.Profiles, done)
+		if len(next) == 0 {
+			break
+		}
+		for _, p := range next {
+			r, err := p.Run(ctx, req, eps)
+			if err != nil {
+				return nil, fmt.Errorf("profile %s: %w", p.Name, err)
+			}
+			done[p.Name] = r
+		}
+	}
+	primary, err := s.Handler.Primary(done)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Primary: primary, Profiles: done}, nil
+}
+
+// Run executes one profile.
+func (p *Profile) Run(ctx context.Context, req *Request, eps []Endpoint) (*ProfileResult, error) {
+	for _, f := range p.Filters {
+		eps = f.Filter(ctx, req, eps)
+		if len(eps) == 0 {
+			return nil, fmt.Errorf("filter %s: %w", f.Name(), ErrNoCandidates)
+		}
+	}
+	scored := make([]Scored, len(eps))
+	comps := make([]float64, len(eps)*len(p.Scorers))
+	for i := range eps {
+		scored[i] = Scored{Endpoint: eps[i], Components: comps[i*len(p.Scorers) : (i+1)*len(p.Scorers) : (i+1)*len(p.Scorers)]}
+	}
+	buf := make([]float64, len(eps))
+	for j, ws := range p.Scorers {
+		clear(buf)
+		ws.Score(ctx, req, eps, buf)
+		for i, v := range buf {
+			v = clamp01(v)
+			scored[i].Components[j] = v
+			scored[i].Score += ws.Weight * v
+		}
+	}
+	targets := p.Picker.Pick(ctx, scored)
+	if len(targets) == 0 {
+		return nil, fmt.Errorf("picker %s: %w", p.Picker.Name(), ErrNoCandidates)
+	}
+	names := make([]string, len(p.Scorers))
+	for j, ws := range p.Scorers {
+		names[j] = ws.Name()
+	}
+	return &ProfileResult{Targets: targets, Scorers: names}, nil
+}
+
+func clamp01(v float64) float64 {
+	switch {
+	case v != v: // NaN: a broken scorer must not win or poison the sum
+		return 0
+	case v < 0:
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
+}
+
+// named is embedded by every built-in plugin.
+type named struct{ typ, name string }
+
+func (n named) Type() string { return n.typ }
+func (n named) Name() string { return n.name }
+
+// rng is the randomness source; plugins take one so tests can seed it.
+type rng interface {
+	Float64() float64
+	IntN(n int) int
+	Shuffle(n int, swap func(i, j int))
+}
+
+var _ rng = (*rand.Rand)(nil)
