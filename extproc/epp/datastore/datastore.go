@@ -22,8 +22,17 @@ const (
 	EngineTritonTensorRTLLM = "triton-tensorrt-llm"
 )
 
-// EngineLabel is the endpoint label that names its engine.
+// EngineLabel is the default endpoint label that names its engine.
 const EngineLabel = "llm-d.ai/engine-type"
+
+// EngineFromLabel fills Engine from the endpoint's label labelKey when the
+// spec does not name one.
+func (s Spec) EngineFromLabel(labelKey string) Spec {
+	if s.Engine == "" {
+		s.Engine = s.Labels[labelKey]
+	}
+	return s
+}
 
 // Spec describes an endpoint as a source (pool file, Kubernetes) sees it.
 type Spec struct {
@@ -152,9 +161,6 @@ func (s *Store) Replace(specs []Spec) error {
 		}
 		if sp.Name == "" {
 			sp.Name = sp.Address
-		}
-		if sp.Engine == "" {
-			sp.Engine = sp.Labels[EngineLabel]
 		}
 		if sp.Engine == "" {
 			sp.Engine = EngineVLLM
