@@ -45,11 +45,16 @@ type Options struct {
 
 // Picker is the endpoint picker's ext_proc handler.
 type Picker struct {
-	opts      Options
-	metrics   *metrics
-	observers []ServedObserver
-	seq       atomic.Uint64
+	opts       Options
+	priorities atomic.Pointer[map[string]int]
+	metrics    *metrics
+	observers  []ServedObserver
+	seq        atomic.Uint64
 }
+
+// SetPriorities replaces the objective → priority map (objectives change
+// at run time: a reloaded pool file, InferenceObjective watches).
+func (p *Picker) SetPriorities(m map[string]int) { p.priorities.Store(&m) }
 
 // New builds a Picker.
 func New(opts Options) (*Picker, error) {
@@ -60,6 +65,7 @@ func New(opts Options) (*Picker, error) {
 		opts.Registerer = prometheus.NewRegistry()
 	}
 	p := &Picker{opts: opts}
+	p.SetPriorities(opts.Priorities)
 	p.metrics = newMetrics(opts.Registerer, opts.Store, opts.MetricsStaleness, func() float64 {
 		return opts.Saturation.Saturation(time.Now(), opts.Store.Endpoints())
 	})
@@ -117,7 +123,7 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		req.Model, req.Prompt = parsed.Model, parsed.Prompt
 	}
 	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
-	req.Priority = p.opts.Priorities[objective]
+	req.Priority = (*p.priorities.Load())[objective]
 	req.FairnessID = firstHeader(r.Headers, FairnessHeader, LegacyFairnessHeader)
 	x.req = req
 

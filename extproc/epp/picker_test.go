@@ -40,7 +40,7 @@ type rigOpts struct {
 	bodyLimit  int64
 }
 
-func newRig(t *testing.T, o rigOpts) *rig {
+func newRig(t testing.TB, o rigOpts) *rig {
 	t.Helper()
 	if o.configText == "" {
 		o.configText = config.DefaultConfig
@@ -113,7 +113,7 @@ type answer struct {
 	stream    extprocv3.ExternalProcessor_ProcessClient
 }
 
-func (r *rig) do(t *testing.T, c call) *answer {
+func (r *rig) do(t testing.TB, c call) *answer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -161,6 +162,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	// Proxies keep ext_proc connections open for long; let them ping.
 	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	// Every request is a new stream; reusing worker goroutines saves a
+	// goroutine start and stack growth per request.
+	gopts = append(gopts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	gs := grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	healthpb.RegisterHealthServer(gs, s.health) // also on the main port, as gateways probe it there

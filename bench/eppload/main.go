@@ -1,0 +1,372 @@
+// Command eppload measures a running endpoint picker over real ext_proc
+// streams: decisions per second and decision latency at several numbers of
+// concurrent streams, and the picker's memory per open stream.
+//
+// It starts `infergate epp` as a separate process (plain text, loopback,
+// free ports) over a pool of in-process simulators, drives it the way a
+// proxy does (one stream per request: headers, a ~1 KiB chat body in one
+// chunk, read the answer), prints a table, and stops everything.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/infergate/infergate/sim"
+)
+
+func main() {
+	binary := flag.String("binary", "bin/infergate", "infergate binary to run as the picker")
+	endpoints := flag.Int("endpoints", 8, "simulated model servers in the pool")
+	levels := flag.String("streams", "1,32,256", "concurrent stream counts to measure")
+	duration := flag.Duration("duration", 5*time.Second, "measuring time per level")
+	conns := flag.Int("conns", 4, "gRPC connections the streams are spread over (proxies use a few)")
+	idle := flag.Int("idle-streams", 1000, "open streams held for the memory-per-stream figure")
+	rate := flag.Int("rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
+	rateStreams := flag.Int("rate-streams", 32, "concurrent streams available to the fixed-rate row")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := run(ctx, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams); err != nil {
+		fmt.Fprintln(os.Stderr, "eppload:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int) error {
+	var counts []int
+	for _, f := range strings.Split(levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--streams: %q is not a positive count", f)
+		}
+		counts = append(counts, n)
+	}
+	simCtx, stopSims := context.WithCancel(ctx)
+	defer stopSims()
+	pool, err := startSims(simCtx, nEndpoints)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "eppload")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	poolFile := filepath.Join(dir, "pool.yaml")
+	if err := os.WriteFile(poolFile, []byte(pool), 0o600); err != nil {
+		return err
+	}
+	grpcAddr, healthAddr := freeAddr(), freeAddr()
+	_, gport, _ := net.SplitHostPort(grpcAddr)
+	_, hport, _ := net.SplitHostPort(healthAddr)
+	cmd := exec.CommandContext(ctx, binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
+		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
+		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport, "--metrics-port", "0")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
+	}
+	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+	if err := waitReady(ctx, healthAddr); err != nil {
+		return err
+	}
+
+	conns := make([]*grpc.ClientConn, nConns)
+	for i := range conns {
+		if conns[i], err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return err
+		}
+		defer conns[i].Close()
+	}
+	body := chatBody()
+	fmt.Printf("endpoint picker at %s, %d simulated endpoints, %d gRPC connections, %d B request body, %s per level\n\n",
+		grpcAddr, nEndpoints, nConns, len(body), dur)
+	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n\n")
+	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range counts {
+		// Warm up connections and the picker before measuring.
+		if _, err := drive(ctx, conns, body, n, 300*time.Millisecond); err != nil {
+			return err
+		}
+		r, err := drive(ctx, conns, body, n, dur)
+		if err != nil {
+			return err
+		}
+		r.print(fmt.Sprint(n))
+	}
+	if rate > 0 {
+		fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
+		fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		r, err := paced(ctx, conns, body, rateStreams, rate, dur)
+		if err != nil {
+			return err
+		}
+		r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
+	}
+	perStream, err := memoryPerStream(ctx, conns, cmd.Process.Pid, idle)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nmemory per open stream: %.1f KiB (RSS growth with %d idle streams open, each past its request headers)\n", perStream/1024, idle)
+	return nil
+}
+
+func startSims(ctx context.Context, n int) (string, error) {
+	var sb strings.Builder
+	sb.WriteString("endpoints:\n")
+	for i := range n {
+		s, err := sim.New(sim.Config{Name: fmt.Sprintf("sim-%d", i)})
+		if err != nil {
+			return "", err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		go func() { _ = s.Serve(ctx, ln) }()
+		fmt.Fprintf(&sb, "- address: %s\n  name: sim-%d\n", ln.Addr(), i)
+	}
+	return sb.String(), nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func waitReady(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("picker did not become ready within 20s")
+}
+
+func chatBody() []byte {
+	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", 17)
+	return []byte(fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":%q}],"max_tokens":64}`, text))
+}
+
+type result struct {
+	lat     []time.Duration
+	errors  int64
+	elapsed time.Duration
+}
+
+func (r *result) print(label string) {
+	fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %d |\n", label, len(r.lat), float64(len(r.lat))/r.elapsed.Seconds(),
+		pct(r.lat, 0.50), pct(r.lat, 0.99), pct(r.lat, 1), r.errors)
+}
+
+// paced offers rate decisions/s for dur using at most n concurrent
+// streams. Latency runs from each request's scheduled time, so a stall in
+// the picker shows up instead of silently lowering the offered load.
+func paced(ctx context.Context, conns []*grpc.ClientConn, body []byte, n, rate int, dur time.Duration) (*result, error) {
+	total := int(float64(rate) * dur.Seconds())
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	jobs := make(chan time.Time, total)
+	for i := range total {
+		jobs <- start.Add(time.Duration(i) * interval)
+	}
+	close(jobs)
+	var (
+		mu   sync.Mutex
+		all  []time.Duration
+		errs atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
+			var local []time.Duration
+			for at := range jobs {
+				time.Sleep(time.Until(at))
+				if _, err := oneDecision(ctx, client, body); err != nil {
+					errs.Add(1)
+					continue
+				}
+				local = append(local, time.Since(at))
+			}
+			mu.Lock()
+			all = append(all, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(all)
+	return &result{lat: all, errors: errs.Load(), elapsed: time.Since(start)}, nil
+}
+
+// drive runs n workers, each doing one request per stream back to back,
+// until dur passes.
+func drive(ctx context.Context, conns []*grpc.ClientConn, body []byte, n int, dur time.Duration) (*result, error) {
+	var (
+		mu   sync.Mutex
+		all  []time.Duration
+		errs atomic.Int64
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	stop := start.Add(dur)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
+			var local []time.Duration
+			for time.Now().Before(stop) {
+				d, err := oneDecision(ctx, client, body)
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				local = append(local, d)
+			}
+			mu.Lock()
+			all = append(all, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(all)
+	return &result{lat: all, errors: errs.Load(), elapsed: time.Since(start)}, nil
+}
+
+var (
+	headersMsg = &extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+			{Key: "content-type", RawValue: []byte("application/json")},
+		}}}},
+	}
+)
+
+// oneDecision is one request's request path: latency is from the last body
+// chunk sent to the last body chunk answered (the pick is in between).
+func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, body []byte) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := client.Process(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := st.Send(headersMsg); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		return 0, err
+	}
+	picked := false
+	for {
+		r, err := st.Recv()
+		if err != nil {
+			return 0, err
+		}
+		if h := r.GetRequestHeaders(); h != nil {
+			picked = len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) > 0
+		}
+		if r.GetImmediateResponse() != nil {
+			return 0, fmt.Errorf("immediate response %d", r.GetImmediateResponse().GetStatus().GetCode())
+		}
+		if sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil && sr.GetEndOfStream() {
+			break
+		}
+	}
+	d := time.Since(t0)
+	_ = st.CloseSend()
+	if !picked {
+		return 0, errors.New("no pick in the headers response")
+	}
+	return d, nil
+}
+
+func pct(sorted []time.Duration, p float64) string {
+	if len(sorted) == 0 {
+		return "-"
+	}
+	i := min(int(float64(len(sorted))*p), len(sorted)-1)
+	return sorted[i].Round(time.Microsecond).String()
+}
+
+// memoryPerStream opens n streams that stay open past their headers (as
+// during a long request body upload) and reports the picker's RSS growth
+// per stream.
+func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) (float64, error) {
+	before, err := rss(pid)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := range n {
+		st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if err := st.Send(headersMsg); err != nil {
+			return 0, err
+		}
+	}
+	time.Sleep(time.Second) // let the picker accept them all
+	after, err := rss(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / float64(n), nil
+}
+
+func rss(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("VmRSS not found")
+}

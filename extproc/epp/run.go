@@ -1,0 +1,220 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/infergate/infergate/extproc/epp/config"
+	"github.com/infergate/infergate/extproc/epp/datalayer"
+	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/server"
+)
+
+// StandaloneConfig is everything the standalone endpoint picker needs: a
+// pool file instead of Kubernetes, a scheduler config, and listeners.
+type StandaloneConfig struct {
+	GRPCAddr, HealthAddr, MetricsAddr string
+	TLS                               server.TLSOptions
+	// PoolFile lists the endpoints; it is re-read when it changes.
+	PoolFile string
+	// ConfigFile or ConfigText hold an EndpointPickerConfig; neither means
+	// config.DefaultConfig.
+	ConfigFile, ConfigText string
+	// RefreshInterval overrides the config's scrape interval when > 0.
+	RefreshInterval time.Duration
+	// MetricsStaleness: endpoint metrics older than this count as unknown.
+	MetricsStaleness    time.Duration
+	MaxRequestBodyBytes int64
+	DrainTimeout        time.Duration
+	EmitScores          bool
+	// PoolFilePoll is how often the pool file is checked for changes.
+	PoolFilePoll time.Duration
+	Logger       logr.Logger
+}
+
+// Standalone is a prepared endpoint picker: config loaded and validated,
+// listeners bound. Run serves it.
+type Standalone struct {
+	cfg     StandaloneConfig
+	store   *datastore.Store
+	picker  *Picker
+	srv     *server.Server
+	scraper *datalayer.Scraper
+	pool    *poolFileSource
+}
+
+// NewStandalone loads and validates every file (failing fast with the file
+// and field named) and binds the listeners.
+func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
+	if cfg.PoolFile == "" {
+		return nil, errors.New("--pool-file is required in standalone mode")
+	}
+	if cfg.ConfigFile != "" && cfg.ConfigText != "" {
+		return nil, errors.New("--config-file and --config-text are mutually exclusive")
+	}
+	var loaded *config.Loaded
+	var err error
+	switch {
+	case cfg.ConfigFile != "":
+		loaded, err = config.LoadFile(cfg.ConfigFile)
+	case cfg.ConfigText != "":
+		loaded, err = config.Load([]byte(cfg.ConfigText))
+		if err != nil {
+			err = fmt.Errorf("--config-text: %w", err)
+		}
+	default:
+		loaded, err = config.Load([]byte(config.DefaultConfig))
+	}
+	if err != nil {
+		return nil, err
+	}
+	if loaded.Deprecated != "" {
+		cfg.Logger.Info("config uses a deprecated form", "detail", loaded.Deprecated)
+	}
+	if cfg.PoolFilePoll <= 0 {
+		cfg.PoolFilePoll = time.Second
+	}
+
+	store := datastore.New()
+	pool := &poolFileSource{path: cfg.PoolFile, engineLabel: loaded.DataLayer.EngineLabel, store: store, log: cfg.Logger.WithName("pool-file")}
+	pf, err := pool.load()
+	if err != nil {
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	interval := loaded.DataLayer.Interval
+	if cfg.RefreshInterval > 0 {
+		interval = cfg.RefreshInterval
+	}
+	scraper, err := datalayer.New(datalayer.Options{
+		Scheme:             loaded.DataLayer.Scheme,
+		Path:               loaded.DataLayer.Path,
+		Interval:           interval,
+		InsecureSkipVerify: loaded.DataLayer.InsecureSkipVerify,
+		Registerer:         reg,
+		Logger:             cfg.Logger.WithName("datalayer"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("data layer: %w", err)
+	}
+	picker, err := New(Options{
+		Store:      store,
+		Scheduler:  loaded.Scheduler,
+		Priorities: pf.Priorities(),
+		Saturation: flowcontrol.UtilizationDetector{
+			QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
+			KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
+			MetricsStaleness:     loaded.Saturation.MetricsStaleness,
+		},
+		MetricsStaleness: cfg.MetricsStaleness,
+		EmitScores:       cfg.EmitScores,
+		Registerer:       reg,
+		Logger:           cfg.Logger.WithName("picker"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	pool.picker = picker
+	srv, err := server.New(picker, server.Options{
+		GRPCAddr:     cfg.GRPCAddr,
+		HealthAddr:   cfg.HealthAddr,
+		MetricsAddr:  cfg.MetricsAddr,
+		TLS:          cfg.TLS,
+		Limits:       server.Limits{MaxRequestBodyBytes: cfg.MaxRequestBodyBytes},
+		DrainTimeout: cfg.DrainTimeout,
+		Gatherer:     reg,
+		Logger:       cfg.Logger.WithName("server"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Listen(); err != nil {
+		return nil, err
+	}
+	return &Standalone{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool}, nil
+}
+
+// GRPCAddr, HealthAddr and MetricsAddr are the bound listener addresses.
+func (s *Standalone) GRPCAddr() string    { return s.srv.GRPCAddr() }
+func (s *Standalone) HealthAddr() string  { return s.srv.HealthAddr() }
+func (s *Standalone) MetricsAddr() string { return s.srv.MetricsAddr() }
+
+// Store exposes the endpoint set (tests, diagnostics).
+func (s *Standalone) Store() *datastore.Store { return s.store }
+
+// Run serves until ctx ends. Readiness turns true once the endpoint set is
+// loaded, which for a pool file is at start.
+func (s *Standalone) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.scraper.Run(ctx, s.store)
+	go s.pool.watch(ctx, s.cfg.PoolFilePoll)
+	s.srv.SetReady(s.store.Synced())
+	return s.srv.Serve(ctx)
+}
+
+// poolFileSource feeds the store from a pool file and reloads it when the
+// file changes; a broken edit is logged and the previous set kept.
+type poolFileSource struct {
+	path        string
+	engineLabel string
+	store       *datastore.Store
+	picker      *Picker
+	log         logr.Logger
+	modTime     time.Time
+	size        int64
+}
+
+func (p *poolFileSource) load() (*datastore.PoolFile, error) {
+	st, err := os.Stat(p.path)
+	if err != nil {
+		return nil, fmt.Errorf("pool file: %w", err)
+	}
+	pf, err := datastore.LoadPoolFile(p.path)
+	if err != nil {
+		return nil, err
+	}
+	specs := pf.Specs()
+	for i := range specs {
+		specs[i] = specs[i].EngineFromLabel(p.engineLabel)
+	}
+	if err := p.store.Replace(specs); err != nil {
+		return nil, fmt.Errorf("pool file %s: %w", p.path, err)
+	}
+	p.modTime, p.size = st.ModTime(), st.Size()
+	return pf, nil
+}
+
+func (p *poolFileSource) watch(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, err := os.Stat(p.path)
+		if err != nil || (st.ModTime().Equal(p.modTime) && st.Size() == p.size) {
+			continue
+		}
+		pf, err := p.load()
+		if err != nil {
+			p.log.Error(err, "pool file changed but cannot be used; keeping the previous endpoints")
+			p.modTime, p.size = st.ModTime(), st.Size() // do not log the same broken edit every tick
+			continue
+		}
+		p.picker.SetPriorities(pf.Priorities())
+		p.log.Info("pool file reloaded", "endpoints", len(pf.Endpoints))
+	}
+}
