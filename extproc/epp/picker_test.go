@@ -3,8 +3,8 @@ package epp_test
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"

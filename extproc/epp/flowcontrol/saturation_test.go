@@ -24,7 +24,7 @@ func TestUtilizationDetector(t *testing.T) {
 		{"idle", []*datastore.Endpoint{ep(0, 0, 0), ep(0, 0, 0)}, 0, false},
 		{"queue dominates", []*datastore.Endpoint{ep(5, 0.1, 0), ep(0, 0, 0)}, 0.5, false},
 		{"kv dominates", []*datastore.Endpoint{ep(0, 0.8, 0), ep(10, 0.2, 0)}, 1.5, true},
-		{"stale counts as full", []*datastore.Endpoint{ep(0, 0, 2 * time.Second), ep(5, 0, 0)}, 1, true},
+		{"stale counts as full", []*datastore.Endpoint{ep(0, 0, 2*time.Second), ep(5, 0, 0)}, 1, true},
 		{"never scraped counts as full", []*datastore.Endpoint{{}, ep(0, 0, 0)}, 0.5, false},
 		{"empty pool", nil, 1, true},
 	}
