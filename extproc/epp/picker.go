@@ -166,9 +166,11 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {
+		// Every candidate's score, not only the targets', so a reader can
+		// see what the pick won against.
 		scores := map[string]*structpb.Value{}
-		for _, t := range targets {
-			scores[t.Address] = structpb.NewNumberValue(t.Score)
+		for _, c := range res.Profiles[res.Primary].Candidates {
+			scores[c.Address] = structpb.NewNumberValue(c.Score)
 		}
 		lb[ScoresKey] = structpb.NewStructValue(&structpb.Struct{Fields: scores})
 	}

@@ -38,6 +38,7 @@ type rigOpts struct {
 	endpoints  []datastore.Spec
 	priorities map[string]int
 	bodyLimit  int64
+	emitScores bool
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -63,6 +64,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		Saturation: flowcontrol.UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Minute},
 		// Scorers treat metrics as fresh for the whole test.
 		MetricsStaleness: time.Minute,
+		EmitScores:       o.emitScores,
 		Registerer:       reg,
 		Logger:           logr.Discard(),
 	})
@@ -492,4 +494,26 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 		}
 	}
 	return 0
+}
+
+func TestEmittedScoresCoverEveryCandidate(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), emitScores: true})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 4, UpdatedAt: time.Now()})
+	r.store.Get("10.0.0.2:8000").SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
+	r.store.Get("10.0.0.3:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 2, KVCacheUsage: 0.5, UpdatedAt: time.Now()})
+	a := r.do(t, call{body: completion})
+	if a.destination(t) != "10.0.0.2:8000" {
+		t.Fatal("the idle endpoint should win")
+	}
+	scores := a.metadata.GetFields()[epp.LBNamespace].GetStructValue().GetFields()[epp.ScoresKey].GetStructValue().GetFields()
+	if len(scores) != 3 {
+		t.Fatalf("scores for %d endpoints, want 3: %v", len(scores), scores)
+	}
+	// Default profile: queue 2, kv 2, lora 1 (no LoRA reported: 0 for all).
+	want := map[string]float64{"10.0.0.1:8000": 0 + 2, "10.0.0.2:8000": 2 + 2, "10.0.0.3:8000": 1 + 1}
+	for addr, w := range want {
+		if got := scores[addr].GetNumberValue(); got != w {
+			t.Errorf("score of %s = %v, want %v", addr, got, w)
+		}
+	}
 }

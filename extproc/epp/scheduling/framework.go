@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 )
@@ -97,6 +98,9 @@ type Profile struct {
 // ProfileResult is what one profile chose, best first.
 type ProfileResult struct {
 	Targets []Scored
+	// Candidates are all scored endpoints (in no particular order), kept so
+	// a decision can be explained.
+	Candidates []Scored
 	// Scorers names the components of each target's Components.
 	Scorers []string
 }
@@ -168,7 +172,7 @@ func (p *Profile) Run(ctx context.Context, req *Request, eps []Endpoint) (*Profi
 			scored[i].Score += ws.Weight * v
 		}
 	}
-	targets := p.Picker.Pick(ctx, scored)
+	targets := p.Picker.Pick(ctx, slices.Clone(scored))
 	if len(targets) == 0 {
 		return nil, fmt.Errorf("picker %s: %w", p.Picker.Name(), ErrNoCandidates)
 	}
@@ -176,7 +180,7 @@ func (p *Profile) Run(ctx context.Context, req *Request, eps []Endpoint) (*Profi
 	for j, ws := range p.Scorers {
 		names[j] = ws.Name()
 	}
-	return &ProfileResult{Targets: targets, Scorers: names}, nil
+	return &ProfileResult{Targets: targets, Candidates: scored, Scorers: names}, nil
 }
 
 func clamp01(v float64) float64 {
