@@ -33,6 +33,7 @@ func newRootCommand() *cobra.Command {
 		newVersionCommand(),
 		newEPPCommand(),
 		newSimCommand(),
+		newDevproxyCommand(),
 	)
 	return root
 }

@@ -1,0 +1,69 @@
+package extproctest
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Client is one configured ext_proc filter and its gRPC channel, the
+// counterpart of an Envoy filter plus its cluster. It is safe for concurrent
+// use; each HTTP request gets its own Exchange.
+type Client struct {
+	cfg  FilterConfig
+	conn *grpc.ClientConn
+}
+
+// NewClient checks cfg the way Envoy checks a filter config and prepares the
+// channel. It does not connect: a server that is down shows up as a stream
+// error when an exchange opens, as in Envoy.
+func NewClient(cfg FilterConfig) (*Client, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	creds := insecure.NewCredentials()
+	if cfg.TLS {
+		// Endpoint pickers serve self-signed certificates by default and
+		// gateways skip verification for them (e.g. Istio's DestinationRule
+		// insecureSkipVerify, agentgateway's INSECURE_ALL).
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // see above
+	}
+	conn, err := grpc.NewClient(cfg.Target,
+		grpc.WithTransportCredentials(creds),
+		// Short reconnect backoff so a server started after the proxy is used
+		// within a second, not after grpc's default of up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("ext_proc filter %q: %w", cfg.Name, err)
+	}
+	return &Client{cfg: cfg, conn: conn}, nil
+}
+
+// Config returns the filter configuration with defaults filled in.
+func (c *Client) Config() FilterConfig { return c.cfg }
+
+// Close closes the gRPC channel.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Open starts the exchange for one HTTP request. ctx bounds the whole
+// exchange, including reads of the bodies handed to it; the gRPC stream is
+// opened when the first message is sent. Always Close the exchange.
+func (c *Client) Open(ctx context.Context) *Exchange { return newExchange(ctx, c) }
+
+// Run processes one request path on its own stream and closes it.
+func (c *Client) Run(ctx context.Context, req Request) (*Result, error) {
+	ex := c.Open(ctx)
+	defer ex.Close()
+	return ex.RunRequest(req)
+}

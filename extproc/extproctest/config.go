@@ -1,0 +1,208 @@
+package extproctest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Keys of the Endpoint Picker Protocol.
+const (
+	// LBNamespace is the dynamic-metadata namespace of the picked and served endpoints.
+	LBNamespace = "envoy.lb"
+	// SubsetHintNamespace carries the optional subset hint to the picker.
+	SubsetHintNamespace = "envoy.lb.subset_hint"
+	// DestinationEndpointKey is the header and metadata key of the pick.
+	DestinationEndpointKey = "x-gateway-destination-endpoint"
+	// ServedEndpointKey reports, on the response path, the endpoint that served.
+	ServedEndpointKey = "x-gateway-destination-endpoint-served"
+	// SubsetKey is the subset hint key: a list of "ip:port".
+	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// UpstreamHeader is added by Proxy to every proxied response; not an Envoy header.
+	UpstreamHeader = "x-infergate-upstream"
+)
+
+// DefaultMessageTimeout is Envoy's message_timeout default.
+const DefaultMessageTimeout = 200 * time.Millisecond
+
+// Errors an exchange fails with. They are wrapped with detail; match with errors.Is.
+var (
+	// ErrStream is a gRPC error, a stream that could not be opened, or a
+	// server that closed the stream while a response was still owed.
+	ErrStream = errors.New("ext_proc stream error")
+	// ErrSpurious is a response Envoy did not expect at that point.
+	ErrSpurious = errors.New("spurious message")
+	// ErrMessageTimeout is Envoy's per-message timeout (not in FULL_DUPLEX_STREAMED).
+	ErrMessageTimeout = errors.New("ext_proc message timeout")
+	// ErrInvalidMutation is a mutation Envoy rejects; always a 500, even failing open.
+	ErrInvalidMutation = errors.New("invalid mutation")
+	// ErrClosed is returned by an exchange used after Close.
+	ErrClosed = errors.New("ext_proc exchange closed")
+)
+
+// FilterConfig describes one envoy.filters.http.ext_proc filter.
+type FilterConfig struct {
+	// Name identifies the filter in logs and errors.
+	Name string
+	// Target is the gRPC server address, host:port.
+	Target string
+	// TLS dials with TLS and skips certificate verification, since endpoint
+	// pickers serve self-signed certificates by default; gateways configure
+	// their EPP clusters the same way. False dials plaintext.
+	TLS bool
+	// FailureModeAllow is Envoy's failure_mode_allow.
+	FailureModeAllow bool
+	// ProcessingMode defaults to DefaultProcessingMode(). Body modes NONE,
+	// BUFFERED and FULL_DUPLEX_STREAMED are reproduced.
+	ProcessingMode *filterv3.ProcessingMode
+	// MessageTimeout defaults to DefaultMessageTimeout. Like Envoy, it does
+	// not apply to a direction whose body mode is FULL_DUPLEX_STREAMED.
+	MessageTimeout time.Duration
+	// ForwardMetadata is filter metadata sent in every message's
+	// metadata_context, by namespace (e.g. SubsetHintMetadata).
+	ForwardMetadata map[string]*structpb.Struct
+}
+
+// DefaultProcessingMode is what gateways configure for endpoint pickers:
+// headers SEND, both bodies FULL_DUPLEX_STREAMED, both trailers SEND.
+func DefaultProcessingMode() *filterv3.ProcessingMode {
+	return &filterv3.ProcessingMode{
+		RequestHeaderMode:   filterv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  filterv3.ProcessingMode_SEND,
+		RequestBodyMode:     filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode:    filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode:  filterv3.ProcessingMode_SEND,
+		ResponseTrailerMode: filterv3.ProcessingMode_SEND,
+	}
+}
+
+// normalize fills defaults and applies Envoy's configuration checks.
+func (c FilterConfig) normalize() (FilterConfig, error) {
+	if c.Name == "" {
+		return c, errors.New("ext_proc filter: name is required")
+	}
+	if c.Target == "" {
+		return c, fmt.Errorf("ext_proc filter %q: target address is required", c.Name)
+	}
+	if c.ProcessingMode == nil {
+		c.ProcessingMode = DefaultProcessingMode()
+	} else {
+		c.ProcessingMode = proto.Clone(c.ProcessingMode).(*filterv3.ProcessingMode)
+	}
+	if c.MessageTimeout <= 0 {
+		c.MessageTimeout = DefaultMessageTimeout
+	}
+	m := c.ProcessingMode
+	for _, hm := range []*filterv3.ProcessingMode_HeaderSendMode{&m.RequestHeaderMode, &m.ResponseHeaderMode} {
+		if *hm == filterv3.ProcessingMode_DEFAULT {
+			*hm = filterv3.ProcessingMode_SEND
+		}
+	}
+	for _, tm := range []*filterv3.ProcessingMode_HeaderSendMode{&m.RequestTrailerMode, &m.ResponseTrailerMode} {
+		if *tm == filterv3.ProcessingMode_DEFAULT {
+			*tm = filterv3.ProcessingMode_SKIP
+		}
+	}
+	for _, d := range []struct {
+		name    string
+		body    filterv3.ProcessingMode_BodySendMode
+		trailer filterv3.ProcessingMode_HeaderSendMode
+	}{
+		{"request", m.RequestBodyMode, m.RequestTrailerMode},
+		{"response", m.ResponseBodyMode, m.ResponseTrailerMode},
+	} {
+		switch d.body {
+		case filterv3.ProcessingMode_NONE, filterv3.ProcessingMode_BUFFERED:
+		case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+			// Envoy's verifyProcessingModeConfig rejects this combination.
+			if d.trailer != filterv3.ProcessingMode_SEND {
+				return c, fmt.Errorf("ext_proc filter %q: %s_body_mode FULL_DUPLEX_STREAMED requires %s_trailer_mode SEND", c.Name, d.name, d.name)
+			}
+		default:
+			return c, fmt.Errorf("ext_proc filter %q: %s_body_mode %s is not reproduced by extproctest", c.Name, d.name, d.body)
+		}
+	}
+	return c, nil
+}
+
+// SubsetHintMetadata builds the envoy.lb.subset_hint metadata that asks an
+// endpoint picker to choose among endpoints only.
+func SubsetHintMetadata(endpoints ...string) map[string]*structpb.Struct {
+	list := make([]any, len(endpoints))
+	for i, e := range endpoints {
+		list[i] = e
+	}
+	s, err := structpb.NewStruct(map[string]any{SubsetKey: list})
+	if err != nil { // unreachable: strings always convert
+		panic(err)
+	}
+	return map[string]*structpb.Struct{SubsetHintNamespace: s}
+}
+
+// LocalReply is a response Envoy generates instead of forwarding: the
+// server's immediate_response, or the error reply of a failed filter.
+type LocalReply struct {
+	Status  int
+	Headers Headers
+	Body    []byte
+	// Details is Envoy's response code details (not sent to the client).
+	Details string
+	// Err is the failure behind a generated reply; nil for immediate_response.
+	Err error
+}
+
+func (r *LocalReply) Error() string {
+	if r.Err != nil {
+		return fmt.Sprintf("local reply %d: %v", r.Status, r.Err)
+	}
+	return fmt.Sprintf("local reply %d (immediate response): %s", r.Status, r.Details)
+}
+
+func (r *LocalReply) Unwrap() error { return r.Err }
+
+// ParseFilterFlag parses "name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]",
+// the syntax of devproxy's --ext-proc flag. Failure mode defaults to FailClose
+// (Envoy's failure_mode_allow false), TLS to false.
+func ParseFilterFlag(s string) (FilterConfig, error) {
+	parts := strings.Split(s, ",")
+	name, addr, ok := strings.Cut(parts[0], "=")
+	if !ok || name == "" || addr == "" {
+		return FilterConfig{}, fmt.Errorf("%q: want name=host:port first", parts[0])
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		return FilterConfig{}, fmt.Errorf("address %q: %w", addr, err)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return FilterConfig{}, fmt.Errorf("address %q: invalid port", addr)
+	}
+	fc := FilterConfig{Name: name, Target: addr}
+	for _, opt := range parts[1:] {
+		k, v, _ := strings.Cut(opt, "=")
+		switch k {
+		case "failure-mode":
+			switch v {
+			case "FailOpen":
+				fc.FailureModeAllow = true
+			case "FailClose":
+				fc.FailureModeAllow = false
+			default:
+				return FilterConfig{}, fmt.Errorf("failure-mode %q: want FailOpen or FailClose", v)
+			}
+		case "tls":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return FilterConfig{}, fmt.Errorf("tls %q: want true or false", v)
+			}
+			fc.TLS = b
+		default:
+			return FilterConfig{}, fmt.Errorf("unknown option %q (want failure-mode or tls)", k)
+		}
+	}
+	return fc, nil
+}

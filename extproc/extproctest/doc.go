@@ -1,0 +1,116 @@
+// Package extproctest stands in for Envoy, which cannot run on the machines
+// this project is built and tested on (no Envoy binary, no container engine).
+// It is an ext_proc client that drives ext_proc servers (the endpoint picker,
+// the payload processor) the way Envoy's envoy.filters.http.ext_proc filter
+// does, written from Envoy's documented semantics, and Proxy, a loopback
+// HTTP/1.1 reverse proxy built on it (`infergate devproxy`) for end-to-end
+// tests and the demo. It is not a production proxy.
+//
+// Client and Exchange give protocol tests the exact wire behaviour; Proxy
+// chains filters and routes like a gateway.
+//
+// # Envoy behaviour reproduced
+//
+// Stream and messages:
+//   - one gRPC stream per HTTP request per filter; the request path and the
+//     response path share it; it is half-closed when the request is done;
+//   - headers as Envoy's header map: pseudo-headers first, lower-case names,
+//     bytes in raw_value (value left empty), end_of_stream on the headers
+//     message when there is no body;
+//   - protocol_config (the negotiated body modes) on the first message only;
+//   - metadata_context on every message: the configured forwarding metadata
+//     (e.g. envoy.lb.subset_hint), plus, on the response path,
+//     envoy.lb/x-gateway-destination-endpoint-served = the ip:port that served.
+//
+// Processing modes:
+//   - header modes SEND and SKIP; body modes NONE, BUFFERED and
+//     FULL_DUPLEX_STREAMED; Envoy's config check that FULL_DUPLEX_STREAMED
+//     needs the trailer mode SEND;
+//   - FULL_DUPLEX_STREAMED: body chunks go to the server as they arrive,
+//     without waiting for any response; chunks are cut as the HTTP/1 codec
+//     cuts them (reads of at most 16 KiB, end_of_stream on the last data chunk
+//     when the length is known, an empty final chunk for chunked transfer,
+//     a trailers message instead of end_of_stream when there are trailers);
+//     body responses must be body_mutation.streamed_response and are passed
+//     on chunk by chunk as they arrive; content-length is dropped; there is
+//     no message timeout;
+//   - BUFFERED: the headers are held until the body response, the body goes
+//     in one message, body / clear_body mutations apply, and a content-length
+//     that does not match the mutated body is an error;
+//   - message_timeout (default 200ms) in directions that are not
+//     FULL_DUPLEX_STREAMED.
+//
+// Responses from the server:
+//   - order per direction: headers, then body, then trailers; anything
+//     unexpected (out of order, duplicated, of another direction, of an
+//     unknown type) is a spurious message, and a plain body mutation in
+//     FULL_DUPLEX_STREAMED fails with Envoy's text "spurious message: Normal
+//     body mutation response is received while body_mode_ is
+//     FULL_DUPLEX_STREAMED";
+//   - header_mutation with Envoy's rules: raw_value only (a value-only
+//     header is set empty; both set is an error), append_action with the
+//     deprecated append flag defaulting to overwrite, the default mutation
+//     rules (:method, :scheme, :authority, host and x-envoy-* are not
+//     changed, system headers are not removed, :path may change on requests
+//     and :status on responses), invalid names or values rejected;
+//   - clear_route_cache recorded (request path only, as Envoy ignores it on
+//     responses); dynamic_metadata merged by namespace into the stream's
+//     metadata shared by all filters;
+//   - immediate_response ends the request with that local reply (status, 200
+//     when missing or below 200; header mutation; body; details).
+//
+// Failures:
+//   - a gRPC error, a server that cannot be reached when the stream opens,
+//     a stream closed while a response is owed, or a spurious message is a
+//     stream error: with failure_mode_allow false a 500 local reply, a
+//     message timeout a 504;
+//   - with failure_mode_allow true the filter is skipped and the request
+//     continues unmodified, but only while no body message has been sent to
+//     the server (Envoy PR #41276); after that the failure is a 500;
+//   - a rejected mutation is a 500 whatever failure_mode_allow says;
+//   - a server that ends its stream cleanly with nothing owed is left out for
+//     the rest of the request.
+//
+// Proxy:
+//   - filters run in order on the request path, each one's mutated headers
+//     and processed body feeding the next, and in reverse order on the
+//     response path; the upstream request starts when the last filter lets
+//     the headers continue; bodies stream through and every response chunk
+//     is flushed to the client at once;
+//   - routing "override-host" (envoy.load_balancing_policies.override_host as
+//     Istio configures it): envoy.lb metadata wins over the
+//     x-gateway-destination-endpoint header, a comma list is walked in order
+//     on connection failure, invalid entries are skipped;
+//     "original-dst-header" (an ORIGINAL_DST cluster with use_http_header):
+//     the first instance of the header only, a value that is not one ip:port
+//     gives 503 "no healthy upstream"; without a pick, round robin over the
+//     fallback endpoints, or 503 "no healthy upstream";
+//   - the router's own local replies (no healthy upstream, upstream connect
+//     failure, upstream timeout) pass through the filters' response path; a
+//     failure after the response started resets the client connection.
+//
+// # Not reproduced
+//
+//   - body modes STREAMED, BUFFERED_PARTIAL and GRPC (rejected by NewClient);
+//     mode_override and allow_mode_override; CONTINUE_AND_REPLACE (treated as
+//     an invalid response); send_body_without_waiting_for_header_response;
+//     observability_mode; flow-control messages (flow_control_init, window
+//     updates, request_drain); streamed_immediate_response;
+//   - metadata_options: every namespace the server sets is kept, where Envoy
+//     keeps only the configured receiving namespaces (gateways configure
+//     envoy.lb); typed metadata; request/response attributes; forward_rules;
+//     mutation_rules other than the defaults; disable_immediate_response;
+//     status_on_error; route_cache_action and re-matching routes after
+//     clear_route_cache (the proxy has one route); ExtProcPerRoute;
+//     deferred_close_timeout; grpc_service timeout and initial metadata;
+//   - buffer limits (a BUFFERED body is not capped); trailers in modes other
+//     than FULL_DUPLEX_STREAMED; the proxy does not forward HTTP trailers;
+//   - ext_proc local replies go straight to the client without passing other
+//     filters' response path;
+//   - the rest of Envoy: x-request-id, x-forwarded-*, header sanitising,
+//     HTTP/2, retry policies beyond walking the override list (and only
+//     while the request body has not been read), health checks, outlier
+//     detection, and override_host's check that the host belongs to the
+//     cluster. Proxy also adds a response header x-infergate-upstream naming
+//     the endpoint that served, which Envoy does not.
+package extproctest

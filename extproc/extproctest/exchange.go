@@ -1,0 +1,784 @@
+package extproctest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// closeGrace is how long Close waits for the server to end a finished stream
+// after the half-close, so servers see io.EOF rather than a cancellation.
+const closeGrace = time.Second
+
+// Exchange is one ext_proc stream serving one HTTP request, as Envoy opens
+// one per request per filter. The request path (Request) and the response
+// path (Response) share it.
+type Exchange struct {
+	cfg       FilterConfig
+	conn      *grpc.ClientConn
+	ctx       context.Context // the HTTP request's
+	streamCtx context.Context
+	cancel    context.CancelFunc
+
+	openOnce sync.Once
+	openErr  error
+	recvDone chan struct{}
+
+	sendMu  sync.Mutex // grpc allows one sender at a time
+	stream  extprocv3.ExternalProcessor_ProcessClient
+	sentAny bool
+
+	mu              sync.Mutex
+	req, resp       direction
+	term            error // nil while live; errSkipped, *LocalReply, ErrClosed or an abort cause after
+	failedOpen      error
+	bodySent        bool
+	awaiting        int // responses owed in directions that have a message timeout
+	timer           *time.Timer
+	log             []*extprocv3.ProcessingResponse
+	metadata        map[string]*structpb.Struct
+	clearRouteCache bool
+}
+
+// direction is the state of one path (request or response) of an exchange.
+type direction struct {
+	response    bool
+	headerMode  filterv3.ProcessingMode_HeaderSendMode
+	bodyMode    filterv3.ProcessingMode_BodySendMode
+	trailerMode filterv3.ProcessingMode_HeaderSendMode
+	metadata    map[string]*structpb.Struct
+
+	started bool
+	headers Headers // mutated in place as responses arrive
+	input   Body    // nil when the message has no body
+	out     *pipe   // processed body, when the body goes to the server
+	handoff chan Body
+
+	headersOwed   bool
+	headersDone   bool
+	answered      chan struct{} // closed with headersDone
+	delivered     bool
+	outcome       chan outcome
+	chunksSent    int
+	bodyDone      bool // the server has finished the body
+	bufferedOwed  bool
+	buffered      []byte
+	trailersSent  bool
+	trailersOwed  bool
+	trailers      Headers
+	complete      chan struct{}
+	completeClose bool
+}
+
+type outcome struct {
+	headers Headers
+	body    Body
+	err     error
+}
+
+func newDirection(response bool, h, t filterv3.ProcessingMode_HeaderSendMode, b filterv3.ProcessingMode_BodySendMode) direction {
+	return direction{
+		response: response, headerMode: h, bodyMode: b, trailerMode: t,
+		answered: make(chan struct{}), outcome: make(chan outcome, 1), complete: make(chan struct{}),
+	}
+}
+
+func (d *direction) name() string {
+	if d.response {
+		return "response"
+	}
+	return "request"
+}
+
+func (d *direction) duplex() bool { return d.bodyMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED }
+
+func (d *direction) involved() bool {
+	return d.headerMode == filterv3.ProcessingMode_SEND || d.bodyMode != filterv3.ProcessingMode_NONE
+}
+
+// owed reports whether the server still owes this direction a response.
+func (d *direction) owed() bool {
+	return d.headersOwed || d.bufferedOwed || d.trailersOwed || (d.duplex() && d.chunksSent > 0 && !d.bodyDone)
+}
+
+func (d *direction) finish() {
+	if !d.completeClose {
+		d.completeClose = true
+		close(d.complete)
+	}
+}
+
+func newExchange(ctx context.Context, c *Client) *Exchange {
+	streamCtx, cancel := context.WithCancel(ctx)
+	m := c.cfg.ProcessingMode
+	e := &Exchange{
+		cfg: c.cfg, conn: c.conn, ctx: ctx, streamCtx: streamCtx, cancel: cancel,
+		recvDone: make(chan struct{}),
+		req:      newDirection(false, m.RequestHeaderMode, m.RequestTrailerMode, m.RequestBodyMode),
+		resp:     newDirection(true, m.ResponseHeaderMode, m.ResponseTrailerMode, m.ResponseBodyMode),
+		metadata: map[string]*structpb.Struct{},
+	}
+	return e
+}
+
+// Request runs the request path: it sends the request headers (with
+// end_of_stream when body is nil), streams body to the server, and returns
+// when the filter lets the headers continue. The returned body yields the
+// processed chunks; it fails with a *LocalReply if the filter ends the
+// request later. A *LocalReply error means the request ends with that reply.
+func (e *Exchange) Request(hdrs Headers, body Body) (Headers, Body, error) {
+	return e.process(&e.req, hdrs, body, e.cfg.ForwardMetadata)
+}
+
+// Response runs the response path on the same stream, reporting served (the
+// ip:port that answered, if any) in envoy.lb metadata as the EPP protocol
+// requires. hdrs must carry ":status".
+func (e *Exchange) Response(hdrs Headers, body Body, served string) (Headers, Body, error) {
+	md := make(map[string]*structpb.Struct, len(e.cfg.ForwardMetadata)+1)
+	for ns, s := range e.cfg.ForwardMetadata {
+		md[ns] = s
+	}
+	if served != "" {
+		lb := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		if s := md[LBNamespace]; s != nil {
+			lb = proto.Clone(s).(*structpb.Struct)
+		}
+		lb.Fields[ServedEndpointKey] = structpb.NewStringValue(served)
+		md[LBNamespace] = lb
+	}
+	return e.process(&e.resp, hdrs, body, md)
+}
+
+func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]*structpb.Struct) (Headers, Body, error) {
+	e.mu.Lock()
+	if d.started {
+		e.mu.Unlock()
+		return nil, nil, fmt.Errorf("ext_proc filter %q: %s path already started", e.cfg.Name, d.name())
+	}
+	d.started, d.headers, d.input, d.metadata = true, hdrs.Clone(), body, md
+	if e.term != nil || !d.involved() {
+		term := e.term
+		d.finish()
+		e.mu.Unlock()
+		if term == nil || errors.Is(term, errSkipped) {
+			return hdrs, body, nil
+		}
+		return nil, nil, term
+	}
+	sendBody := body != nil && d.bodyMode != filterv3.ProcessingMode_NONE
+	if sendBody {
+		d.out, d.handoff = newPipe(), make(chan Body, 1)
+	}
+	var msg *extprocv3.ProcessingRequest
+	if d.headerMode == filterv3.ProcessingMode_SEND {
+		d.headersOwed = true
+		e.owe(d, 1)
+		msg = e.headersMessage(d)
+	} else {
+		e.headersAnswered(d)
+	}
+	e.mu.Unlock()
+
+	if msg != nil {
+		if err := e.send(msg); err != nil {
+			e.failAfterSend(err)
+		}
+	}
+	if sendBody {
+		go e.sendBody(d)
+	}
+	select {
+	case o := <-d.outcome:
+		return o.headers, o.body, o.err
+	case <-e.ctx.Done():
+		e.abort(e.ctx.Err())
+		return nil, nil, e.ctx.Err()
+	}
+}
+
+func (e *Exchange) metadataContext(d *direction) *corev3.Metadata {
+	if len(d.metadata) == 0 {
+		return nil
+	}
+	return &corev3.Metadata{FilterMetadata: d.metadata}
+}
+
+func (e *Exchange) headersMessage(d *direction) *extprocv3.ProcessingRequest {
+	hh := &extprocv3.HttpHeaders{Headers: d.headers.toProto(), EndOfStream: d.input == nil}
+	m := &extprocv3.ProcessingRequest{MetadataContext: e.metadataContext(d)}
+	if d.response {
+		m.Request = &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}
+	} else {
+		m.Request = &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hh}
+	}
+	return m
+}
+
+func (e *Exchange) bodyMessage(d *direction, data []byte, eos bool) *extprocv3.ProcessingRequest {
+	hb := &extprocv3.HttpBody{Body: data, EndOfStream: eos}
+	m := &extprocv3.ProcessingRequest{MetadataContext: e.metadataContext(d)}
+	if d.response {
+		m.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: hb}
+	} else {
+		m.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: hb}
+	}
+	return m
+}
+
+func (e *Exchange) trailersMessage(d *direction, t Headers) *extprocv3.ProcessingRequest {
+	ht := &extprocv3.HttpTrailers{Trailers: t.toProto()}
+	m := &extprocv3.ProcessingRequest{MetadataContext: e.metadataContext(d)}
+	if d.response {
+		m.Request = &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: ht}
+	} else {
+		m.Request = &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: ht}
+	}
+	return m
+}
+
+// sendBody feeds d's body to the server: in FULL_DUPLEX_STREAMED each chunk
+// as it arrives without waiting for any response; in BUFFERED the whole body
+// in one message once the headers response has arrived.
+func (e *Exchange) sendBody(d *direction) {
+	buffered := d.bodyMode == filterv3.ProcessingMode_BUFFERED
+	if buffered {
+		select {
+		case <-d.answered:
+		case <-e.streamCtx.Done():
+		}
+	}
+	var held []Chunk
+	for {
+		if term := e.terminated(); term != nil {
+			e.stopSending(d, term, held)
+			return
+		}
+		c, err := d.input.Next(e.ctx)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			e.abort(fmt.Errorf("reading %s body: %w", d.name(), err))
+			return
+		}
+		held = append(held, c)
+		if buffered && !c.EndOfStream {
+			continue
+		}
+
+		e.mu.Lock()
+		if e.term != nil {
+			term := e.term
+			e.mu.Unlock()
+			e.stopSending(d, term, held)
+			return
+		}
+		msgs := e.bodyMessages(d, held, buffered)
+		e.bodySent = true
+		e.mu.Unlock()
+
+		if err := e.send(msgs...); err != nil {
+			e.failAfterSend(err)
+			return
+		}
+		if c.EndOfStream {
+			return
+		}
+		held = nil
+	}
+}
+
+// bodyMessages turns held chunks into messages and records what is now owed.
+// Trailers are only sent where FULL_DUPLEX_STREAMED makes them part of the body.
+func (e *Exchange) bodyMessages(d *direction, held []Chunk, buffered bool) []*extprocv3.ProcessingRequest {
+	last := held[len(held)-1]
+	withTrailers := last.EndOfStream && last.Trailers != nil && d.duplex() && d.trailerMode == filterv3.ProcessingMode_SEND
+	var msgs []*extprocv3.ProcessingRequest
+	switch {
+	case buffered:
+		var all []byte
+		for _, c := range held {
+			all = append(all, c.Data...)
+		}
+		d.buffered, d.bufferedOwed = all, true
+		d.chunksSent++
+		e.owe(d, 1)
+		msgs = append(msgs, e.bodyMessage(d, all, true))
+	case withTrailers && len(last.Data) == 0:
+		// The body ended with trailers and no data: Envoy sends only the trailers.
+	default:
+		d.chunksSent++
+		msgs = append(msgs, e.bodyMessage(d, last.Data, last.EndOfStream && !withTrailers))
+	}
+	if withTrailers {
+		d.trailers, d.trailersSent, d.trailersOwed = last.Trailers.Clone(), true, true
+		msgs = append(msgs, e.trailersMessage(d, last.Trailers))
+	}
+	return msgs
+}
+
+// stopSending ends the sender once the exchange is over. When the filter was
+// skipped, the chunks read but never sent go to the consumer ahead of the
+// rest of the body.
+func (e *Exchange) stopSending(d *direction, term error, held []Chunk) {
+	if errors.Is(term, errSkipped) {
+		d.handoff <- &prefixBody{held: held, rest: d.input}
+		return
+	}
+	_ = d.input.Close()
+}
+
+func (e *Exchange) terminated() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.term
+}
+
+func (e *Exchange) open() error {
+	e.openOnce.Do(func() {
+		stream, err := extprocv3.NewExternalProcessorClient(e.conn).Process(e.streamCtx)
+		if err != nil {
+			e.openErr = fmt.Errorf("%w: opening stream to %s: %w", ErrStream, e.cfg.Target, err)
+			close(e.recvDone)
+			return
+		}
+		e.stream = stream
+		go e.receive()
+	})
+	return e.openErr
+}
+
+func (e *Exchange) send(msgs ...*extprocv3.ProcessingRequest) error {
+	if err := e.open(); err != nil {
+		return err
+	}
+	e.sendMu.Lock()
+	defer e.sendMu.Unlock()
+	for _, m := range msgs {
+		if !e.sentAny {
+			// Envoy tells the server the negotiated body modes on the first message only.
+			e.sentAny = true
+			m.ProtocolConfig = &extprocv3.ProtocolConfiguration{
+				RequestBodyMode:  e.req.bodyMode,
+				ResponseBodyMode: e.resp.bodyMode,
+			}
+		}
+		if err := e.stream.Send(m); err != nil {
+			return fmt.Errorf("%w: send: %w", ErrStream, err)
+		}
+	}
+	return nil
+}
+
+// failAfterSend reports a send error. A failed Send only says the stream is
+// gone; the receive loop learns why, so its verdict is preferred.
+func (e *Exchange) failAfterSend(err error) {
+	select {
+	case <-e.recvDone:
+	case <-time.After(closeGrace):
+	}
+	e.fail(err)
+}
+
+func (e *Exchange) receive() {
+	defer close(e.recvDone)
+	for {
+		resp, err := e.stream.Recv()
+		if err != nil {
+			e.streamEnded(err)
+			return
+		}
+		if !e.handle(resp) {
+			return
+		}
+	}
+}
+
+func (e *Exchange) streamEnded(err error) {
+	e.mu.Lock()
+	if e.term != nil {
+		e.mu.Unlock()
+		return
+	}
+	if errors.Is(err, io.EOF) && !e.req.owed() && !e.resp.owed() {
+		// The server ended the stream with nothing left to answer. Envoy then
+		// stops calling it for the rest of the request; not an error.
+		e.terminate(errSkipped)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	if errors.Is(err, io.EOF) {
+		e.fail(fmt.Errorf("%w: server closed the stream while a response was owed", ErrStream))
+		return
+	}
+	e.fail(fmt.Errorf("%w: %w", ErrStream, err))
+}
+
+// handle applies one server message; false stops the receive loop.
+func (e *Exchange) handle(resp *extprocv3.ProcessingResponse) bool {
+	e.mu.Lock()
+	if e.term != nil {
+		e.mu.Unlock()
+		return false
+	}
+	e.log = append(e.log, resp)
+	var (
+		err   error
+		chunk *Chunk
+		dir   *direction
+	)
+	switch r := resp.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		err = e.onHeaders(&e.req, r.RequestHeaders.GetResponse())
+	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		err = e.onHeaders(&e.resp, r.ResponseHeaders.GetResponse())
+	case *extprocv3.ProcessingResponse_RequestBody:
+		dir = &e.req
+		chunk, err = e.onBody(dir, r.RequestBody.GetResponse())
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		dir = &e.resp
+		chunk, err = e.onBody(dir, r.ResponseBody.GetResponse())
+	case *extprocv3.ProcessingResponse_RequestTrailers:
+		dir = &e.req
+		chunk, err = e.onTrailers(dir, r.RequestTrailers.GetHeaderMutation())
+	case *extprocv3.ProcessingResponse_ResponseTrailers:
+		dir = &e.resp
+		chunk, err = e.onTrailers(dir, r.ResponseTrailers.GetHeaderMutation())
+	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		e.mergeMetadata(resp.GetDynamicMetadata())
+		e.terminate(immediateReply(r.ImmediateResponse))
+		e.mu.Unlock()
+		return false
+	default:
+		err = fmt.Errorf("%w: unexpected response type %T", ErrSpurious, r)
+	}
+	if err == nil {
+		e.mergeMetadata(resp.GetDynamicMetadata())
+	}
+	e.mu.Unlock()
+	if err != nil {
+		e.fail(err)
+		return false
+	}
+	if chunk != nil {
+		// Outside the lock: this blocks until the consumer takes the chunk.
+		// A consumer that stopped reading no longer needs it.
+		if err := dir.out.write(*chunk); err != nil && !errors.Is(err, errConsumerGone) {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Exchange) onHeaders(d *direction, cr *extprocv3.CommonResponse) error {
+	if !d.headersOwed {
+		return fmt.Errorf("%w: %s headers response not expected", ErrSpurious, d.name())
+	}
+	d.headersOwed = false
+	e.owe(d, -1)
+	if cr.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE {
+		return fmt.Errorf("%w: CONTINUE_AND_REPLACE is not reproduced by extproctest", ErrInvalidMutation)
+	}
+	if err := applyHeaderMutation(&d.headers, cr.GetHeaderMutation(), d.response); err != nil {
+		return err
+	}
+	// Envoy ignores clear_route_cache on the response path.
+	if cr.GetClearRouteCache() && !d.response {
+		e.clearRouteCache = true
+	}
+	e.headersAnswered(d)
+	return nil
+}
+
+// headersAnswered lets the headers continue, unless a BUFFERED body is still
+// to be processed: Envoy holds the headers so the body response can still
+// mutate them.
+func (e *Exchange) headersAnswered(d *direction) {
+	d.headersDone = true
+	close(d.answered)
+	switch {
+	case d.input == nil || d.bodyMode == filterv3.ProcessingMode_NONE:
+		e.deliver(d, outcome{headers: d.headers.Clone(), body: d.input})
+	case d.duplex():
+		// The server may change the body's length, so Envoy drops
+		// content-length (allow_content_length_header is off by default).
+		d.headers.Del("content-length")
+		e.deliver(d, outcome{headers: d.headers.Clone(), body: &outBody{p: d.out, handoff: d.handoff}})
+	}
+	e.checkComplete(d)
+}
+
+func (e *Exchange) onBody(d *direction, cr *extprocv3.CommonResponse) (*Chunk, error) {
+	switch d.bodyMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if !d.headersDone {
+			return nil, fmt.Errorf("%w: %s body response before the headers response", ErrSpurious, d.name())
+		}
+		if d.chunksSent == 0 || d.bodyDone {
+			return nil, fmt.Errorf("%w: %s body response not expected", ErrSpurious, d.name())
+		}
+		sr := cr.GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			// Envoy's wording, which server authors search for.
+			return nil, fmt.Errorf("%w: Normal body mutation response is received while body_mode_ is FULL_DUPLEX_STREAMED", ErrSpurious)
+		}
+		if sr.GetEndOfStream() {
+			d.bodyDone = true
+			e.checkComplete(d)
+		}
+		return &Chunk{Data: sr.GetBody(), EndOfStream: sr.GetEndOfStream()}, nil
+	case filterv3.ProcessingMode_BUFFERED:
+		if !d.bufferedOwed {
+			return nil, fmt.Errorf("%w: %s body response not expected", ErrSpurious, d.name())
+		}
+		d.bufferedOwed, d.bodyDone = false, true
+		e.owe(d, -1)
+		if err := applyHeaderMutation(&d.headers, cr.GetHeaderMutation(), d.response); err != nil {
+			return nil, err
+		}
+		body := d.buffered
+		switch m := cr.GetBodyMutation().GetMutation().(type) {
+		case *extprocv3.BodyMutation_Body:
+			body = m.Body
+		case *extprocv3.BodyMutation_ClearBody:
+			if m.ClearBody {
+				body = nil
+			}
+		}
+		if cl := d.headers.Get("content-length"); cl != "" && cl != strconv.Itoa(len(body)) {
+			return nil, fmt.Errorf("%w: content-length %s does not match the %d-byte body", ErrInvalidMutation, cl, len(body))
+		}
+		e.deliver(d, outcome{headers: d.headers.Clone(), body: BodyFromChunks(body)})
+		e.checkComplete(d)
+		return nil, nil
+	}
+	return nil, fmt.Errorf("%w: %s body response while body mode is %s", ErrSpurious, d.name(), d.bodyMode)
+}
+
+func (e *Exchange) onTrailers(d *direction, m *extprocv3.HeaderMutation) (*Chunk, error) {
+	if !d.trailersOwed {
+		return nil, fmt.Errorf("%w: %s trailers response not expected", ErrSpurious, d.name())
+	}
+	if !d.headersDone {
+		return nil, fmt.Errorf("%w: %s trailers response before the headers response", ErrSpurious, d.name())
+	}
+	d.trailersOwed = false
+	if err := applyHeaderMutation(&d.trailers, m, d.response); err != nil {
+		return nil, err
+	}
+	var c *Chunk
+	if !d.bodyDone {
+		d.bodyDone = true
+		c = &Chunk{EndOfStream: true, Trailers: d.trailers.Clone()}
+	}
+	e.checkComplete(d)
+	return c, nil
+}
+
+func (e *Exchange) checkComplete(d *direction) {
+	bodyPending := d.input != nil && d.bodyMode != filterv3.ProcessingMode_NONE && !d.bodyDone
+	if d.headersDone && !bodyPending && !d.owed() {
+		d.finish()
+	}
+}
+
+func (e *Exchange) deliver(d *direction, o outcome) {
+	if !d.delivered {
+		d.delivered = true
+		d.outcome <- o
+	}
+}
+
+// owe counts responses that Envoy's message timer waits for.
+func (e *Exchange) owe(d *direction, n int) {
+	if d.duplex() {
+		return
+	}
+	e.awaiting += n
+	switch {
+	case n > 0 && e.timer == nil:
+		e.timer = time.AfterFunc(e.cfg.MessageTimeout, e.onTimeout)
+	case n > 0:
+		e.timer.Reset(e.cfg.MessageTimeout)
+	case e.awaiting == 0 && e.timer != nil:
+		e.timer.Stop()
+	}
+}
+
+func (e *Exchange) onTimeout() {
+	e.mu.Lock()
+	late := e.awaiting == 0
+	e.mu.Unlock()
+	if !late {
+		e.fail(fmt.Errorf("%w (%s)", ErrMessageTimeout, e.cfg.MessageTimeout))
+	}
+}
+
+func (e *Exchange) mergeMetadata(dm *structpb.Struct) {
+	for ns, v := range dm.GetFields() {
+		s := v.GetStructValue()
+		if s == nil {
+			continue
+		}
+		cur := e.metadata[ns]
+		if cur == nil {
+			cur = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			e.metadata[ns] = cur
+		}
+		for k, fv := range s.GetFields() {
+			cur.Fields[k] = proto.Clone(fv).(*structpb.Value)
+		}
+	}
+}
+
+// fail applies failure_mode_allow to a stream failure. Failing open is only
+// possible while the server holds none of the body (Envoy PR #41276): after
+// that the data exists only on the server, so the request cannot continue.
+func (e *Exchange) fail(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.term != nil {
+		return
+	}
+	switch {
+	case errors.Is(err, ErrInvalidMutation):
+		e.terminate(e.errorReply(http.StatusInternalServerError, err))
+	case e.cfg.FailureModeAllow && !e.bodySent:
+		e.failedOpen = err
+		e.terminate(errSkipped)
+	case errors.Is(err, ErrMessageTimeout):
+		e.terminate(e.errorReply(http.StatusGatewayTimeout, err))
+	default:
+		e.terminate(e.errorReply(http.StatusInternalServerError, err))
+	}
+}
+
+// abort ends the exchange without a reply, e.g. when the client went away.
+func (e *Exchange) abort(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.term == nil {
+		e.terminate(err)
+	}
+}
+
+func (e *Exchange) errorReply(status int, err error) *LocalReply {
+	return &LocalReply{
+		Status:  status,
+		Details: "ext_proc_error: " + err.Error(),
+		Err:     fmt.Errorf("ext_proc filter %q: %w", e.cfg.Name, err),
+	}
+}
+
+func immediateReply(ir *extprocv3.ImmediateResponse) *LocalReply {
+	status := int(ir.GetStatus().GetCode())
+	if status < 200 {
+		status = http.StatusOK // Envoy's default for a missing or invalid status
+	}
+	var h Headers
+	// Envoy logs and ignores a bad mutation of a local reply's headers.
+	_ = applyHeaderMutation(&h, ir.GetHeaders(), true)
+	return &LocalReply{Status: status, Headers: h, Body: ir.GetBody(), Details: ir.GetDetails()}
+}
+
+// terminate ends the exchange with term (errSkipped: continue without the
+// filter), resolving everything that waits on it. Callers hold e.mu.
+func (e *Exchange) terminate(term error) {
+	e.term = term
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	for _, d := range []*direction{&e.req, &e.resp} {
+		if !d.started {
+			continue
+		}
+		if errors.Is(term, errSkipped) {
+			body := d.input
+			if d.out != nil {
+				body = &outBody{p: d.out, handoff: d.handoff}
+			}
+			e.deliver(d, outcome{headers: d.headers.Clone(), body: body})
+		} else {
+			e.deliver(d, outcome{err: term})
+		}
+		if d.out != nil {
+			d.out.closeWrite(term)
+		}
+		d.finish()
+	}
+	if !errors.Is(term, ErrClosed) {
+		e.cancel()
+	}
+}
+
+// Close ends the exchange. A finished stream is half-closed so the server
+// sees a clean end; anything still in flight is cancelled.
+func (e *Exchange) Close() error {
+	e.openOnce.Do(func() {
+		e.openErr = ErrClosed
+		close(e.recvDone)
+	})
+	e.mu.Lock()
+	clean := e.term == nil && !e.req.owed() && !e.resp.owed()
+	if e.term == nil {
+		e.terminate(ErrClosed)
+	}
+	e.mu.Unlock()
+	if clean && e.stream != nil {
+		e.sendMu.Lock()
+		_ = e.stream.CloseSend()
+		e.sendMu.Unlock()
+		select {
+		case <-e.recvDone:
+		case <-time.After(closeGrace):
+		}
+	}
+	e.cancel()
+	return nil
+}
+
+// DynamicMetadata returns the dynamic metadata the server set, merged by
+// namespace as Envoy merges it into the stream's metadata.
+func (e *Exchange) DynamicMetadata() map[string]*structpb.Struct {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]*structpb.Struct, len(e.metadata))
+	for ns, s := range e.metadata {
+		out[ns] = proto.Clone(s).(*structpb.Struct)
+	}
+	return out
+}
+
+// ClearRouteCache reports whether a request-path response asked for it.
+func (e *Exchange) ClearRouteCache() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.clearRouteCache
+}
+
+// Responses returns every message received from the server, in order.
+func (e *Exchange) Responses() []*extprocv3.ProcessingResponse {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*extprocv3.ProcessingResponse(nil), e.log...)
+}
+
+// FailedOpen returns the stream failure that failure_mode_allow tolerated, if any.
+func (e *Exchange) FailedOpen() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.failedOpen
+}

@@ -1,0 +1,135 @@
+package extproctest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// RoutingMode is how Proxy turns the endpoint picker's answer into an upstream.
+type RoutingMode string
+
+const (
+	// RoutingOverrideHost behaves like envoy.load_balancing_policies.override_host
+	// as Istio configures it: the envoy.lb metadata wins over the header, the
+	// value may be a comma list walked in order on connection failure, and
+	// without a usable value the cluster's own round robin picks.
+	RoutingOverrideHost RoutingMode = "override-host"
+	// RoutingOriginalDstHeader behaves like an ORIGINAL_DST cluster with
+	// use_http_header and http_header_name x-gateway-destination-endpoint (the
+	// standalone Envoy recipe): only the first instance of the header counts,
+	// metadata is ignored, and a value that is not one ip:port gives 503.
+	RoutingOriginalDstHeader RoutingMode = "original-dst-header"
+)
+
+// ParseEndpoint checks that s is one numeric ip:port and returns it normalised.
+func ParseEndpoint(s string) (string, error) {
+	host, port, err := net.SplitHostPort(strings.TrimSpace(s))
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: %w", s, err)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return "", fmt.Errorf("endpoint %q: host is not an IP address", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("endpoint %q: invalid port", s)
+	}
+	return net.JoinHostPort(ip.String(), port), nil
+}
+
+// parseList keeps the valid entries of a comma list in order; override_host
+// skips entries it cannot use.
+func parseList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if ep, err := ParseEndpoint(part); err == nil {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+var errNoHealthyUpstream = errors.New("no healthy upstream")
+
+// route returns the endpoints to try, in order.
+func (p *Proxy) route(hdrs Headers, exs []*Exchange) ([]string, error) {
+	switch p.cfg.Routing {
+	case RoutingOriginalDstHeader:
+		if vals := hdrs.Values(DestinationEndpointKey); len(vals) > 0 {
+			ep, err := ParseEndpoint(vals[0])
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", errNoHealthyUpstream, err)
+			}
+			return []string{ep}, nil
+		}
+	default:
+		if list := metadataDestination(exs); len(list) > 0 {
+			return list, nil
+		}
+		if list := parseList(strings.Join(hdrs.Values(DestinationEndpointKey), ",")); len(list) > 0 {
+			return list, nil
+		}
+	}
+	// Nobody picked (e.g. the picker failed open): the cluster's load
+	// balancer chooses, round robin.
+	if n := len(p.cfg.FallbackEndpoints); n > 0 {
+		i := p.next.Add(1) - 1
+		return []string{p.cfg.FallbackEndpoints[i%uint64(n)]}, nil
+	}
+	return nil, errNoHealthyUpstream
+}
+
+// metadataDestination reads envoy.lb/x-gateway-destination-endpoint; the
+// stream's metadata is shared by all filters, so a later filter's value wins.
+func metadataDestination(exs []*Exchange) []string {
+	var list []string
+	for _, ex := range exs {
+		v := ex.DynamicMetadata()[LBNamespace].GetFields()[DestinationEndpointKey]
+		var s string
+		if lv := v.GetListValue(); lv != nil {
+			var parts []string
+			for _, item := range lv.GetValues() {
+				parts = append(parts, item.GetStringValue())
+			}
+			s = strings.Join(parts, ",")
+		} else {
+			s = v.GetStringValue()
+		}
+		if l := parseList(s); len(l) > 0 {
+			list = l
+		}
+	}
+	return list
+}
+
+// routerReply builds the response of a local reply of the router itself.
+func routerReply(status int, body string) (Headers, Body) {
+	h := Headers{
+		{":status", strconv.Itoa(status)},
+		{"content-type", "text/plain"},
+		{"content-length", strconv.Itoa(len(body))},
+	}
+	return h, BodyFromChunks([]byte(body))
+}
+
+func isConnectFailure(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// upstreamError maps a routing or upstream failure to Envoy's local reply.
+func upstreamError(err error) (int, string) {
+	switch {
+	case errors.Is(err, errNoHealthyUpstream):
+		return http.StatusServiceUnavailable, "no healthy upstream"
+	case isConnectFailure(err):
+		return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+	case errors.Is(err, errTimeout):
+		return http.StatusGatewayTimeout, "upstream request timeout"
+	}
+	return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+}
