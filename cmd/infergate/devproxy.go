@@ -19,6 +19,7 @@ func newDevproxyCommand() *cobra.Command {
 		fallback, subsetHint   []string
 		routeTimeout, connectT time.Duration
 		logs                   logFlags
+		debugMetadata          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "devproxy",
@@ -80,6 +81,7 @@ It is not a production proxy.`,
 				Routing:           mode,
 				FallbackEndpoints: fallback,
 				Timeouts:          extproctest.Timeouts{Route: routeTimeout, Connect: connectT},
+				DebugMetadata:     debugMetadata,
 				Logger:            log,
 			})
 			if err != nil {
@@ -112,6 +114,7 @@ It is not a production proxy.`,
 	f.StringSliceVar(&subsetHint, "subset-hint", nil, "ip:port list sent to the filters as envoy.lb.subset_hint metadata")
 	f.DurationVar(&routeTimeout, "route-timeout", 60*time.Second, "upper bound for one request, streaming included")
 	f.DurationVar(&connectT, "connect-timeout", 5*time.Second, "upstream connect timeout")
+	f.BoolVar(&debugMetadata, "debug-metadata", false, "add the filters' envoy.lb metadata to responses as header "+extproctest.DebugMetadataHeader)
 	logs.register(f)
 	return cmd
 }

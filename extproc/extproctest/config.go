@@ -27,6 +27,9 @@ const (
 	SubsetKey = "x-gateway-destination-endpoint-subset"
 	// UpstreamHeader is added by Proxy to every proxied response; not an Envoy header.
 	UpstreamHeader = "x-infergate-upstream"
+	// DebugMetadataHeader carries, when Config.DebugMetadata is set, the
+	// envoy.lb dynamic metadata the filters emitted, as JSON; not an Envoy header.
+	DebugMetadataHeader = "x-infergate-debug-envoy-lb"
 )
 
 // DefaultMessageTimeout is Envoy's message_timeout default.

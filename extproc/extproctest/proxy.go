@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // Timeouts bound the proxy's work so that no request can hang.
@@ -41,7 +42,10 @@ type Config struct {
 	// an endpoint, like the cluster's normal load balancing.
 	FallbackEndpoints []string
 	Timeouts          Timeouts
-	Logger            logr.Logger
+	// DebugMetadata adds DebugMetadataHeader to responses so a developer
+	// (or the demo) can see what the picker said, scores included.
+	DebugMetadata bool
+	Logger        logr.Logger
 }
 
 // Proxy is a loopback HTTP/1.1 reverse proxy that runs its requests through
@@ -363,6 +367,15 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*Excha
 	}
 	if upstream != "" {
 		out.Set(UpstreamHeader, upstream)
+	}
+	if p.cfg.DebugMetadata {
+		for _, ex := range exs {
+			if lb := ex.DynamicMetadata()[LBNamespace]; lb != nil {
+				if js, err := protojson.Marshal(lb); err == nil {
+					out.Set(DebugMetadataHeader, string(js))
+				}
+			}
+		}
 	}
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
