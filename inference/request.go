@@ -26,7 +26,6 @@ type Request struct {
 // body lists the fields of the OpenAI and Anthropic request shapes that
 // routing reads; everything else is ignored.
 type body struct {
-	Model    *string         `json:"model"`
 	Prompt   json.RawMessage `json:"prompt"`
 	Messages []struct {
 		Role    string          `json:"role"`
@@ -37,14 +36,16 @@ type body struct {
 	Stream bool            `json:"stream"`
 }
 
-// ParseRequest reads an inference request body.
+// ParseRequest reads an inference request body. The model is found by
+// ModelOf, so both agree on what a valid body and its model are.
 func ParseRequest(raw []byte) (*Request, error) {
+	model, err := ModelOf(raw)
+	if err != nil {
+		return nil, err
+	}
 	var b body
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return nil, fmt.Errorf("request body is not valid JSON: %w", err)
-	}
-	if b.Model == nil || *b.Model == "" {
-		return nil, ErrMissingModel
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJSON, err)
 	}
 	var sb strings.Builder
 	appendText(&sb, b.System)
@@ -53,7 +54,7 @@ func ParseRequest(raw []byte) (*Request, error) {
 	for _, m := range b.Messages {
 		appendText(&sb, m.Content)
 	}
-	return &Request{Model: *b.Model, Prompt: sb.String(), Stream: b.Stream}, nil
+	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream}, nil
 }
 
 // appendText adds the text of a string, an array of strings, or an array

@@ -14,7 +14,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,16 +46,17 @@ func main() {
 	idle := flag.Int("idle-streams", 1000, "open streams held for the memory-per-stream figure")
 	rate := flag.Int("rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
 	rateStreams := flag.Int("rate-streams", 32, "concurrent streams available to the fixed-rate row")
+	profile := flag.String("cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := run(ctx, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams); err != nil {
+	if err := run(ctx, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "eppload:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int) error {
+func run(ctx context.Context, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int, profile string) error {
 	var counts []int
 	for _, f := range strings.Split(levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -77,12 +80,14 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 	if err := os.WriteFile(poolFile, []byte(pool), 0o600); err != nil {
 		return err
 	}
-	grpcAddr, healthAddr := freeAddr(), freeAddr()
+	grpcAddr, healthAddr, metricsAddr := freeAddr(), freeAddr(), freeAddr()
 	_, gport, _ := net.SplitHostPort(grpcAddr)
 	_, hport, _ := net.SplitHostPort(healthAddr)
+	_, mport, _ := net.SplitHostPort(metricsAddr)
 	cmd := exec.CommandContext(ctx, binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
 		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
-		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport, "--metrics-port", "0")
+		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport,
+		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(profile != ""))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
@@ -118,9 +123,19 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 	if rate > 0 {
 		fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
 		fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		var prof chan error
+		if profile != "" {
+			prof = make(chan error, 1)
+			go func() { prof <- fetchProfile(ctx, metricsAddr, profile, dur) }()
+		}
 		r, err := paced(ctx, conns, body, rateStreams, rate, dur)
 		if err != nil {
 			return err
+		}
+		if prof != nil {
+			if err := <-prof; err != nil {
+				return err
+			}
 		}
 		r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
 	}
@@ -369,4 +384,25 @@ func rss(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("VmRSS not found")
+}
+
+// fetchProfile saves the picker's CPU profile over d.
+func fetchProfile(ctx context.Context, metricsAddr, path string, d time.Duration) error {
+	secs := max(int(d.Seconds())-1, 1)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }

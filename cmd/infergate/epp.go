@@ -79,6 +79,7 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 	fs.Int64Var(&c.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413; 0 = unlimited")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&c.EmitScores, "emit-endpoint-scores", false, "add each target's score to the envoy.lb metadata (x-gateway-destination-endpoint-scores)")
+	fs.BoolVar(&c.Pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 	logs.register(fs)
 	return cmd
 }

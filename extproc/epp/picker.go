@@ -110,17 +110,18 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	req := &scheduling.Request{
 		ID:        r.Headers.Get("x-request-id"),
 		Headers:   r.Headers,
+		Body:      r.Body,
 		BodyBytes: len(r.Body),
 	}
 	if req.ID == "" {
 		req.ID = strconv.FormatUint(p.seq.Add(1), 10)
 	}
 	if r.Body != nil {
-		parsed, err := inference.ParseRequest(r.Body)
+		model, err := inference.ModelOf(r.Body)
 		if err != nil {
 			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
 		}
-		req.Model, req.Prompt = parsed.Model, parsed.Prompt
+		req.Model = model
 	}
 	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
 	req.Priority = (*p.priorities.Load())[objective]

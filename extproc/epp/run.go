@@ -35,6 +35,7 @@ type StandaloneConfig struct {
 	MaxRequestBodyBytes int64
 	DrainTimeout        time.Duration
 	EmitScores          bool
+	Pprof               bool
 	// PoolFilePoll is how often the pool file is checked for changes.
 	PoolFilePoll time.Duration
 	Logger       logr.Logger
@@ -133,6 +134,7 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 		Limits:       server.Limits{MaxRequestBodyBytes: cfg.MaxRequestBodyBytes},
 		DrainTimeout: cfg.DrainTimeout,
 		Gatherer:     reg,
+		Pprof:        cfg.Pprof,
 		Logger:       cfg.Logger.WithName("server"),
 	})
 	if err != nil {

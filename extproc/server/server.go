@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime"
 	"sync"
 	"time"
@@ -46,7 +47,9 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Gatherer is served on the metrics listener.
 	Gatherer prometheus.Gatherer
-	Logger   logr.Logger
+	// Pprof serves /debug/pprof/ on the metrics listener.
+	Pprof  bool
+	Logger logr.Logger
 }
 
 // Server serves one Handler over ext_proc, with health and metrics listeners.
@@ -176,6 +179,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{}))
+		if s.opts.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
 

@@ -359,4 +359,3 @@ func tail(path string) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-5):], "\n")
 }
-

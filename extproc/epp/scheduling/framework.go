@@ -13,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/inference"
 )
 
 // Request is what scheduling knows of an inference request.
@@ -21,12 +22,28 @@ type Request struct {
 	// Model is the model named in the body (a base model or a LoRA adapter);
 	// empty for body-less requests.
 	Model   string
-	Prompt  string
 	Headers map[string]string
+	// Body is the raw request body (nil for body-less requests); plugins
+	// that need the prompt call Prompt, which parses it once.
+	Body   []byte
+	prompt *string
 	// Priority comes from the request's objective; < 0 may be shed.
 	Priority   int
 	FairnessID string
 	BodyBytes  int
+}
+
+// Prompt returns the request's prompt text, parsing the body on first use
+// so that profiles that never look at it never pay for it.
+func (r *Request) Prompt() string {
+	if r.prompt == nil {
+		p := ""
+		if parsed, err := inference.ParseRequest(r.Body); err == nil {
+			p = parsed.Prompt
+		}
+		r.prompt = &p
+	}
+	return *r.prompt
 }
 
 // Endpoint is a candidate as one scheduling cycle sees it.

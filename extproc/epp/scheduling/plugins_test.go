@@ -282,3 +282,16 @@ func BenchmarkSchedule(b *testing.B) {
 		})
 	}
 }
+
+func TestPromptIsParsedOnDemand(t *testing.T) {
+	r := &Request{Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}
+	if r.prompt != nil {
+		t.Fatal("prompt parsed before anyone asked")
+	}
+	if r.Prompt() != "hi" || r.Prompt() != "hi" {
+		t.Fatalf("prompt %q", r.Prompt())
+	}
+	if (&Request{}).Prompt() != "" {
+		t.Fatal("body-less request has a prompt")
+	}
+}

@@ -1,0 +1,385 @@
+package inference
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// ErrInvalidJSON means the body is not valid JSON (RFC 8259, UTF-8).
+var ErrInvalidJSON = errors.New("request body is not valid JSON")
+
+// maxDepth bounds nesting so a hostile body cannot exhaust the stack.
+const maxDepth = 512
+
+// ModelOf returns the top-level "model" string of a JSON object body in one
+// validating pass that builds nothing: routing needs only the model on its
+// hot path. Malformed JSON (including invalid UTF-8) is ErrInvalidJSON; a
+// valid object without a non-empty string "model" is ErrMissingModel. As in
+// encoding/json, the last of duplicate keys wins; unlike it, the key must be
+// exactly "model" (inference APIs are case-sensitive).
+func ModelOf(body []byte) (string, error) {
+	s := scanner{b: body}
+	s.space()
+	if s.peek() != '{' {
+		if s.fail() == nil {
+			return "", fmt.Errorf("%w: want a JSON object", ErrInvalidJSON)
+		}
+		return "", s.err
+	}
+	s.value(0)
+	s.space()
+	if s.err == nil && s.i != len(s.b) {
+		s.errorf("data after the top-level value")
+	}
+	if s.err != nil {
+		return "", s.err
+	}
+	if !s.found || s.model == "" {
+		return "", ErrMissingModel
+	}
+	return s.model, nil
+}
+
+// scanner validates JSON and remembers the top-level "model" string.
+type scanner struct {
+	b     []byte
+	i     int
+	err   error
+	model string
+	found bool
+}
+
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) errorf(format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("%w: %s at byte %d", ErrInvalidJSON, fmt.Sprintf(format, args...), s.i)
+	}
+}
+
+func (s *scanner) fail() error {
+	if s.i >= len(s.b) {
+		s.errorf("unexpected end")
+	}
+	return s.err
+}
+
+func (s *scanner) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) value(depth int) {
+	if depth > maxDepth {
+		s.errorf("nested deeper than %d", maxDepth)
+		return
+	}
+	switch c := s.peek(); {
+	case c == '{':
+		s.object(depth)
+	case c == '[':
+		s.array(depth)
+	case c == '"':
+		s.str()
+	case c == 't':
+		s.literal("true")
+	case c == 'f':
+		s.literal("false")
+	case c == 'n':
+		s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		s.number()
+	default:
+		if s.fail() == nil {
+			s.errorf("unexpected %q", c)
+		}
+	}
+}
+
+func (s *scanner) object(depth int) {
+	s.i++ // {
+	s.space()
+	if s.peek() == '}' {
+		s.i++
+		return
+	}
+	for s.err == nil {
+		s.space()
+		if s.peek() != '"' {
+			if s.fail() == nil {
+				s.errorf("want an object key")
+			}
+			return
+		}
+		kStart := s.i
+		kEscaped := s.str()
+		kEnd := s.i
+		if s.err != nil {
+			return
+		}
+		s.space()
+		if s.peek() != ':' {
+			if s.fail() == nil {
+				s.errorf("want ':'")
+			}
+			return
+		}
+		s.i++
+		s.space()
+		isModel := depth == 0 && keyIs(s.b[kStart:kEnd], kEscaped, "model")
+		vStart := s.i
+		if isModel && s.peek() == '"' {
+			escaped := s.str()
+			if s.err != nil {
+				return
+			}
+			s.model, s.found = stringValue(s.b[vStart:s.i], escaped), true
+		} else {
+			if isModel {
+				s.model, s.found = "", true // present but not a string
+			}
+			s.value(depth + 1)
+		}
+		s.space()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return
+		default:
+			if s.fail() == nil {
+				s.errorf("want ',' or '}'")
+			}
+			return
+		}
+	}
+}
+
+func (s *scanner) array(depth int) {
+	s.i++ // [
+	s.space()
+	if s.peek() == ']' {
+		s.i++
+		return
+	}
+	for s.err == nil {
+		s.space()
+		s.value(depth + 1)
+		s.space()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return
+		default:
+			if s.fail() == nil {
+				s.errorf("want ',' or ']'")
+			}
+			return
+		}
+	}
+}
+
+// plain marks bytes that may appear in a string as they are: printable
+// ASCII other than '"' and '\'. The loop over them is the hot path.
+var plain = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// str moves past a string and reports whether it had escapes.
+func (s *scanner) str() (escaped bool) {
+	s.i++ // opening quote
+	b := s.b
+	for {
+		i := s.i
+		for i < len(b) && plain[b[i]] {
+			i++
+		}
+		s.i = i
+		if i >= len(b) {
+			s.errorf("unterminated string")
+			return escaped
+		}
+		switch c := b[i]; {
+		case c == '"':
+			s.i++
+			return escaped
+		case c == '\\':
+			escaped = true
+			s.escape()
+			if s.err != nil {
+				return escaped
+			}
+		case c < 0x20:
+			s.errorf("control character in string")
+			return escaped
+		default: // non-ASCII: must be valid UTF-8
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				s.errorf("invalid UTF-8")
+				return escaped
+			}
+			s.i += n
+		}
+	}
+}
+
+func (s *scanner) escape() {
+	s.i++ // backslash
+	switch s.peek() {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		s.i++
+	case 'u':
+		if s.i+5 > len(s.b) {
+			s.errorf("short \\u escape")
+			return
+		}
+		for _, h := range s.b[s.i+1 : s.i+5] {
+			if !isHex(h) {
+				s.errorf("bad \\u escape")
+				return
+			}
+		}
+		s.i += 5
+	default:
+		s.errorf("bad escape")
+	}
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+func (s *scanner) literal(word string) {
+	if len(s.b)-s.i < len(word) || string(s.b[s.i:s.i+len(word)]) != word {
+		s.errorf("bad literal")
+		return
+	}
+	s.i += len(word)
+}
+
+// number follows RFC 8259: -? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?
+func (s *scanner) number() {
+	if s.peek() == '-' {
+		s.i++
+	}
+	switch c := s.peek(); {
+	case c == '0':
+		s.i++
+	case c >= '1' && c <= '9':
+		s.digits()
+	default:
+		s.errorf("bad number")
+		return
+	}
+	if s.peek() == '.' {
+		s.i++
+		if !s.digits() {
+			s.errorf("bad fraction")
+			return
+		}
+	}
+	if c := s.peek(); c == 'e' || c == 'E' {
+		s.i++
+		if c := s.peek(); c == '+' || c == '-' {
+			s.i++
+		}
+		if !s.digits() {
+			s.errorf("bad exponent")
+		}
+	}
+}
+
+func (s *scanner) digits() bool {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i > start
+}
+
+// keyIs compares a quoted key with name, decoding escapes only if present.
+func keyIs(quoted []byte, escaped bool, name string) bool {
+	if !escaped {
+		return len(quoted) == len(name)+2 && string(quoted[1:len(quoted)-1]) == name
+	}
+	return stringValue(quoted, true) == name
+}
+
+// stringValue decodes a validated quoted string.
+func stringValue(quoted []byte, escaped bool) string {
+	inner := quoted[1 : len(quoted)-1]
+	if !escaped {
+		return string(inner)
+	}
+	out := make([]byte, 0, len(inner))
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch inner[i] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := hex4(inner[i+1 : i+5])
+			i += 4
+			if r >= 0xD800 && r < 0xDC00 && i+6 < len(inner) && inner[i+1] == '\\' && inner[i+2] == 'u' {
+				if lo := hex4(inner[i+3 : i+7]); lo >= 0xDC00 && lo < 0xE000 {
+					r = (r-0xD800)<<10 + (lo - 0xDC00) + 0x10000
+					i += 6
+				}
+			}
+			if r >= 0xD800 && r < 0xE000 {
+				r = utf8.RuneError // lone surrogate, as encoding/json decodes it
+			}
+			out = utf8.AppendRune(out, r)
+		default: // '"', '\\', '/'
+			out = append(out, inner[i])
+		}
+	}
+	return string(out)
+}
+
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		default:
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
+}
