@@ -15,11 +15,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +50,9 @@ func main() {
 	rateStreams := flag.Int("rate-streams", 32, "concurrent streams available to the fixed-rate row")
 	profile := flag.String("cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
 	flag.Parse()
+	// The driver shares the machine with the picker; collect less often so
+	// its own garbage collection disturbs the measurement less.
+	debug.SetGCPercent(400)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := run(ctx, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams, *profile); err != nil {
@@ -123,6 +128,14 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 	if rate > 0 {
 		fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
 		fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		hBefore, err := decisionHistogram(ctx, metricsAddr)
+		if err != nil {
+			return err
+		}
+		cpuBefore, err := cpuTime(cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
 		var prof chan error
 		if profile != "" {
 			prof = make(chan error, 1)
@@ -138,6 +151,18 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 			}
 		}
 		r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
+		cpuAfter, err := cpuTime(cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		hAfter, err := decisionHistogram(ctx, metricsAddr)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\nPicker CPU during this row: %.2f cores, %s per decision (gRPC transport, scraping and GC included).\n",
+			(cpuAfter-cpuBefore).Seconds()/r.elapsed.Seconds(), ((cpuAfter - cpuBefore) / time.Duration(max(len(r.lat), 1))).Round(time.Microsecond))
+		fmt.Printf("Inside the picker (infergate_epp_decision_duration_seconds, complete request to answer, during this row): p50 <= %s, p99 <= %s (bucket bounds)\n",
+			hAfter.quantileSince(hBefore, 0.5), hAfter.quantileSince(hBefore, 0.99))
 	}
 	perStream, err := memoryPerStream(ctx, conns, cmd.Process.Pid, idle)
 	if err != nil {
@@ -405,4 +430,85 @@ func fetchProfile(ctx context.Context, metricsAddr, path string, d time.Duration
 	defer f.Close()
 	_, err = io.Copy(f, resp.Body)
 	return err
+}
+
+// histogram is a cumulative Prometheus histogram: upper bounds and counts.
+type histogram struct {
+	bounds []float64
+	counts []uint64
+}
+
+func decisionHistogram(ctx context.Context, metricsAddr string) (*histogram, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("picker metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	h := &histogram{}
+	sc := bufio.NewScanner(resp.Body)
+	const prefix = `infergate_epp_decision_duration_seconds_bucket{le="`
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), prefix)
+		if !ok {
+			continue
+		}
+		le, count, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		b, err1 := strconv.ParseFloat(le, 64)
+		c, err2 := strconv.ParseUint(count, 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		h.bounds = append(h.bounds, b)
+		h.counts = append(h.counts, c)
+	}
+	if len(h.bounds) == 0 {
+		return nil, errors.New("picker metrics: no decision histogram")
+	}
+	return h, sc.Err()
+}
+
+// quantileSince returns the upper bound of the bucket holding quantile q of
+// the observations made between before and h.
+func (h *histogram) quantileSince(before *histogram, q float64) string {
+	total := h.counts[len(h.counts)-1] - before.counts[len(before.counts)-1]
+	if total == 0 {
+		return "-"
+	}
+	for i, c := range h.counts {
+		if float64(c-before.counts[i]) >= q*float64(total) {
+			if math.IsInf(h.bounds[i], 1) {
+				return "+Inf"
+			}
+			return time.Duration(h.bounds[i] * float64(time.Second)).String()
+		}
+	}
+	return "+Inf"
+}
+
+// cpuTime is the user+system CPU a process has used (from /proc).
+func cpuTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised command name; utime and stime are the
+	// 12th and 13th of them, in clock ticks of 1/100 s on Linux.
+	_, rest, ok := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("unexpected /proc stat values")
+	}
+	return time.Duration(u+st) * 10 * time.Millisecond, nil
 }

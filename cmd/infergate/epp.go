@@ -35,6 +35,7 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 			if err != nil {
 				return err
 			}
+			tuneGC()
 			c.Logger = log
 			c.GRPCAddr = net.JoinHostPort(grpcBind, strconv.Itoa(grpcPort))
 			if healthPort > 0 {
