@@ -282,6 +282,23 @@ func (sharedRand) Shuffle(n int, swap func(i, j int)) { rand.Shuffle(n, swap) }
 type maxScorePicker struct{ basePicker }
 
 func (p *maxScorePicker) Pick(_ context.Context, scored []Scored) []Scored {
+	if p.max == 1 {
+		// One pass; among equal best scores each is kept with probability
+		// 1/ties seen so far, which picks uniformly among them.
+		best, ties := 0, 1
+		for i := 1; i < len(scored); i++ {
+			switch {
+			case scored[i].Score > scored[best].Score:
+				best, ties = i, 1
+			case scored[i].Score == scored[best].Score:
+				ties++
+				if p.rnd.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+		return scored[best : best+1]
+	}
 	p.rnd.Shuffle(len(scored), func(i, j int) { scored[i], scored[j] = scored[j], scored[i] })
 	sort.SliceStable(scored, func(i, j int) bool { return scored[i].Score > scored[j].Score })
 	return scored[:min(p.max, len(scored))]
