@@ -113,8 +113,7 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 
 	fmt.Printf("Sending %d chat requests, %d at a time...\n\n", nRequests, concurrency)
 	results, elapsed := send(ctx, base, nRequests, concurrency)
-	report(servers, results, elapsed)
-	return nil
+	return report(servers, results, elapsed)
 }
 
 type result struct {
@@ -173,7 +172,9 @@ func one(ctx context.Context, client *http.Client, base string, i int) result {
 	return r
 }
 
-func report(servers []*server, results []result, elapsed time.Duration) {
+// report prints the table and the explanation; it fails when a request
+// failed or was answered by another server than the one picked.
+func report(servers []*server, results []result, elapsed time.Duration) error {
 	name := map[string]string{}
 	for _, s := range servers {
 		name[s.addr] = s.name
@@ -235,6 +236,10 @@ func report(servers []*server, results []result, elapsed time.Duration) {
 		}
 		fmt.Printf("  request %3d -> %-10s  (%s)\n", i, name[r.upstream], strings.Join(parts, ", "))
 	}
+	if failed > 0 || mismatch > 0 {
+		return fmt.Errorf("%d requests failed and %d were answered by another server than the picked one", failed, mismatch)
+	}
+	return nil
 }
 
 func pct(sorted []time.Duration, p float64) string {

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func execute(args ...string) (string, error) {
+	root := newRootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+// TestStartupErrorsNameTheFlagOrFile checks that bad input fails before
+// anything listens, with the culprit named.
+func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
+	dir := t.TempDir()
+	pool := filepath.Join(dir, "pool.yaml")
+	if err := os.WriteFile(pool, []byte("endpoints:\n- address: 127.0.0.1:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badPool := filepath.Join(dir, "bad-pool.yaml")
+	if err := os.WriteFile(badPool, []byte("endpoints:\n- address: localhost:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badConfig := filepath.Join(dir, "epp.yaml")
+	if err := os.WriteFile(badConfig, []byte("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: queue-scorer\n    weight: -1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	local := []string{"--grpc-bind-address", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0"}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no pool file", []string{"epp"}, "--pool-file is required"},
+		{"missing pool file", append([]string{"epp", "--pool-file", filepath.Join(dir, "nope.yaml")}, local...), "nope.yaml"},
+		{"bad pool file", append([]string{"epp", "--pool-file", badPool}, local...), badPool + ": endpoints[0]: address \"localhost:1\": host must be an IP address"},
+		{"bad config file", append([]string{"epp", "--pool-file", pool, "--config-file", badConfig}, local...), badConfig + ": schedulingProfiles[0]: plugins[0].weight: must be a positive number"},
+		{"bad config text", append([]string{"epp", "--pool-file", pool, "--config-text", "kind: x"}, local...), "--config-text: apiVersion"},
+		{"both configs", append([]string{"epp", "--pool-file", pool, "--config-file", badConfig, "--config-text", "x"}, local...), "mutually exclusive"},
+		{"port out of range", append([]string{"epp", "--pool-file", pool, "--grpc-port", "70000"}, local...), "--grpc-port: 70000"},
+		{"scrape interval under the floor", append([]string{"epp", "--pool-file", pool, "--refresh-metrics-interval", "1ms"}, local...), "data layer"},
+		{"devproxy bad filter", []string{"devproxy", "--ext-proc", "nonsense"}, "--ext-proc"},
+		{"devproxy bad routing", []string{"devproxy", "--routing", "magic"}, "--routing"},
+		{"sim bad seqs", []string{"sim", "--max-num-seqs", "0"}, "--max-num-seqs"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := execute(tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := execute("version")
+	if err != nil || !strings.HasPrefix(out, "infergate ") {
+		t.Fatalf("%q %v", out, err)
+	}
+}
