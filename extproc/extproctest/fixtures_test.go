@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/infergate/infergate/test/loopback"
 )
 
 // testCtx bounds every test so that a bug shows as a failure, not a hang.
@@ -325,20 +327,7 @@ func startProxy(t *testing.T, cfg Config) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
+	return "http://" + loopback.Serve(t, p.Serve)
 }
 
 func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/loopback"
 )
 
 type simProc struct {
@@ -36,9 +36,6 @@ type simProc struct {
 
 func startSims(t *testing.T, n int) []simProc {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
 	out := make([]simProc, n)
 	for i := range out {
 		name := fmt.Sprintf("sim-%d", i)
@@ -46,13 +43,7 @@ func startSims(t *testing.T, n int) []simProc {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = s.Serve(ctx, ln) }()
-		out[i] = simProc{name: name, addr: ln.Addr().String(), srv: s}
+		out[i] = simProc{name: name, addr: loopback.Serve(t, s.Serve), srv: s}
 	}
 	return out
 }
@@ -115,15 +106,7 @@ func startProxy(t *testing.T, eppAddr string, failOpen bool, fallback []string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = p.Serve(ctx, ln); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String()
+	return "http://" + loopback.Serve(t, p.Serve)
 }
 
 func newPool(t *testing.T, n int) ([]simProc, string) {

@@ -314,18 +314,6 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func decodeStrict(params json.RawMessage, into any) error {
-	if len(params) == 0 || string(params) == "null" {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(params))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		return fmt.Errorf("parameters: %w", err)
-	}
-	return nil
-}
-
 func (d *DataLayer) applySource(params json.RawMessage) error {
 	var p struct {
 		Scheme             *string   `json:"scheme"`
@@ -333,7 +321,7 @@ func (d *DataLayer) applySource(params json.RawMessage) error {
 		Interval           *duration `json:"interval"`
 		InsecureSkipVerify *bool     `json:"insecureSkipVerify"`
 	}
-	if err := decodeStrict(params, &p); err != nil {
+	if err := scheduling.DecodeParams(params, &p); err != nil {
 		return err
 	}
 	if p.Scheme != nil {
@@ -361,7 +349,7 @@ func (d *DataLayer) applyExtractor(params json.RawMessage) error {
 	var p struct {
 		EngineLabelKey *string `json:"engineLabelKey"`
 	}
-	if err := decodeStrict(params, &p); err != nil {
+	if err := scheduling.DecodeParams(params, &p); err != nil {
 		return err
 	}
 	if p.EngineLabelKey != nil {
@@ -376,7 +364,7 @@ func (s *Saturation) apply(params json.RawMessage) error {
 		KVCacheUtilThreshold      *float64  `json:"kvCacheUtilThreshold"`
 		MetricsStalenessThreshold *duration `json:"metricsStalenessThreshold"`
 	}
-	if err := decodeStrict(params, &p); err != nil {
+	if err := scheduling.DecodeParams(params, &p); err != nil {
 		return err
 	}
 	if p.QueueDepthThreshold != nil {

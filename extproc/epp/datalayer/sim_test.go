@@ -2,13 +2,13 @@ package datalayer
 
 import (
 	"context"
-	"net"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/loopback"
 )
 
 // startSim serves a simulator on 127.0.0.1 until the test ends.
@@ -18,20 +18,7 @@ func startSim(t *testing.T, cfg sim.Config) (*sim.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sim: %v", err)
-		}
-	})
-	return srv, ln.Addr().String()
+	return srv, loopback.Serve(t, srv.Serve)
 }
 
 func TestScrapeSimulator(t *testing.T) {

@@ -30,9 +30,9 @@ func Builtins() map[string]Factory {
 	}
 }
 
-// decodeParams decodes parameters strictly so a typo is an error, not a
-// silently ignored knob.
-func decodeParams(params json.RawMessage, into any) error {
+// DecodeParams decodes plugin parameters strictly so a typo is an error,
+// not a silently ignored knob.
+func DecodeParams(params json.RawMessage, into any) error {
 	if len(params) == 0 || string(params) == "null" {
 		return nil
 	}
@@ -47,7 +47,7 @@ func decodeParams(params json.RawMessage, into any) error {
 // simple makes a factory for plugins without parameters.
 func simple(typ string, mk func(named) Plugin) Factory {
 	return func(name string, params json.RawMessage) (Plugin, error) {
-		if err := decodeParams(params, &struct{}{}); err != nil {
+		if err := DecodeParams(params, &struct{}{}); err != nil {
 			return nil, err
 		}
 		return mk(named{typ: typ, name: name}), nil
@@ -73,7 +73,7 @@ func newLabelSelectorFilter(name string, params json.RawMessage) (Plugin, error)
 		MatchLabels      map[string]string `json:"matchLabels"`
 		MatchExpressions []labelExpr       `json:"matchExpressions"`
 	}
-	if err := decodeParams(params, &p); err != nil {
+	if err := DecodeParams(params, &p); err != nil {
 		return nil, err
 	}
 	if len(p.MatchLabels) == 0 && len(p.MatchExpressions) == 0 {
@@ -248,7 +248,7 @@ func pickerFactory(typ string, mk func(basePicker) Plugin) Factory {
 		p := struct {
 			MaxNumOfEndpoints int `json:"maxNumOfEndpoints"`
 		}{MaxNumOfEndpoints: 1}
-		if err := decodeParams(params, &p); err != nil {
+		if err := DecodeParams(params, &p); err != nil {
 			return nil, err
 		}
 		if p.MaxNumOfEndpoints < 1 {
