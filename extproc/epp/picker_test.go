@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/config"
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
 )
 
@@ -515,5 +517,51 @@ func TestEmittedScoresCoverEveryCandidate(t *testing.T) {
 		if got := scores[addr].GetNumberValue(); got != w {
 			t.Errorf("score of %s = %v, want %v", addr, got, w)
 		}
+	}
+}
+
+// learner is a scorer that records what the picker tells it was served.
+type learner struct {
+	mu     sync.Mutex
+	served []string
+	picked [][]string
+}
+
+func (*learner) Type() string                                                                 { return "learner" }
+func (*learner) Name() string                                                                 { return "learner" }
+func (*learner) Score(context.Context, *scheduling.Request, []scheduling.Endpoint, []float64) {}
+func (l *learner) Served(_ context.Context, _ *scheduling.Request, picked []string, served string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.picked = append(l.picked, picked)
+	l.served = append(l.served, served)
+}
+
+func TestServedEndpointReachesLearningPlugins(t *testing.T) {
+	loaded, err := config.Load([]byte(config.DefaultConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &learner{}
+	prof := loaded.Scheduler.Profiles["default"]
+	prof.Scorers = append(prof.Scorers, scheduling.WeightedScorer{Scorer: l, Weight: 1})
+	store := datastore.New()
+	if err := store.Replace(specs("10.0.0.1:8000", "10.0.0.2:8000")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := epp.New(epp.Options{Store: store, Scheduler: loaded.Scheduler, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ex := p.NewExchange(ctx)
+	d := ex.HandleRequest(ctx, &server.Request{Headers: server.Headers{}, Body: completion})
+	if d.Reject != nil {
+		t.Fatalf("rejected: %+v", d.Reject)
+	}
+	md, _ := structpb.NewStruct(map[string]any{epp.ServedKey: "10.0.0.2:8000"})
+	ex.Close(ctx, server.Summary{ResponseMetadata: server.Metadata{epp.LBNamespace: md}, ResponseStatus: 200})
+	if len(l.served) != 1 || l.served[0] != "10.0.0.2:8000" || len(l.picked[0]) != 1 {
+		t.Fatalf("learner saw served %v picked %v", l.served, l.picked)
 	}
 }

@@ -79,6 +79,9 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 `
 
+// MinScrapeInterval is the shortest metrics scrape interval accepted.
+const MinScrapeInterval = 50 * time.Millisecond
+
 // DataLayer is how endpoints' metrics are scraped.
 type DataLayer struct {
 	Scheme             string
@@ -337,6 +340,10 @@ func (d *DataLayer) applySource(params json.RawMessage) error {
 		d.Path = *p.Path
 	}
 	if p.Interval != nil {
+		// Faster scraping costs the model servers more than it tells.
+		if time.Duration(*p.Interval) < MinScrapeInterval {
+			return fmt.Errorf("parameters.interval: %s is below the minimum of %s", time.Duration(*p.Interval), MinScrapeInterval)
+		}
 		d.Interval = time.Duration(*p.Interval)
 	}
 	if p.InsecureSkipVerify != nil {

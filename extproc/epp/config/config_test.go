@@ -47,6 +47,8 @@ func TestLoadRejectsBadConfigsNamingTheField(t *testing.T) {
 		{"bad data source scheme", head + "plugins:\n- type: metrics-data-source\n  parameters:\n    scheme: ftp\nschedulingProfiles:\n- name: a\n  plugins: []\n",
 			`plugins[0] (metrics-data-source): parameters.scheme: "ftp"`},
 		{"empty", "  \n", "empty config"},
+		{"scrape interval too short", head + "plugins:\n- type: metrics-data-source\n  parameters:\n    interval: 10ms\nschedulingProfiles:\n- name: a\n  plugins: []\n",
+			`plugins[0] (metrics-data-source): parameters.interval: 10ms is below the minimum of 50ms`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
