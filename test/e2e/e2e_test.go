@@ -6,8 +6,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -74,6 +76,7 @@ func startEPP(t *testing.T, poolFile string) *eppProc {
 	s, err := epp.NewStandalone(epp.StandaloneConfig{
 		GRPCAddr:         "127.0.0.1:0",
 		HealthAddr:       "127.0.0.1:0",
+		MetricsAddr:      "127.0.0.1:0",
 		TLS:              server.TLSOptions{Enabled: true},
 		PoolFile:         poolFile,
 		PoolFilePoll:     50 * time.Millisecond,
@@ -349,5 +352,64 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestEndpointWithBrokenMetricsKeepsServing puts a model server whose
+// /metrics answers 501 beside two healthy ones: it is reported as failing
+// and still gets its share of traffic by the other signals.
+func TestEndpointWithBrokenMetricsKeepsServing(t *testing.T) {
+	sims := startSims(t, 2)
+	broken, err := sim.New(sim.Config{Name: "broken-metrics", TimeScale: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := broken.Handler()
+	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/metrics" {
+				http.Error(w, "metrics not implemented", http.StatusNotImplemented)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})}
+		go func() { <-ctx.Done(); _ = srv.Close() }()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	sims = append(sims, simProc{name: "broken-metrics", addr: addr, srv: broken})
+	pool := filepath.Join(t.TempDir(), "pool.yaml")
+	writePool(t, pool, sims)
+	e := startEPP(t, pool)
+	base := startProxy(t, e.GRPCAddr(), false, nil)
+	waitFor(t, "the healthy sims are scraped and the broken one has failed", func() bool {
+		return e.Store().Get(sims[0].addr).Metrics() != nil && e.Store().Get(sims[1].addr).Metrics() != nil &&
+			e.Store().Get(addr).ScrapeError() != ""
+	})
+	counts := map[string]int{}
+	for range 90 {
+		r, err := post(t, base, completion)
+		if err != nil || r.status != 200 {
+			t.Fatalf("%v %+v", err, r)
+		}
+		counts[r.pod]++
+	}
+	// All three are idle, so all score alike; the broken one should get
+	// about a third. Far fewer would mean unknown metrics are punished.
+	if counts["broken-metrics"] < 10 {
+		t.Fatalf("the endpoint with broken metrics got %d of 90 requests: %v", counts["broken-metrics"], counts)
+	}
+	resp, err := client.Get("http://" + e.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`infergate_epp_endpoints{state="scrape_failing"} 1`, `infergate_epp_scrape_failures_total{reason="status"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("picker metrics lack %s", want)
+		}
 	}
 }
