@@ -21,13 +21,6 @@ import (
 	"github.com/infergate/infergate/inference"
 )
 
-// ServedObserver is implemented by scheduling plugins that learn from the
-// endpoint that actually served a request (reported by the proxy on the
-// response path), which may differ from the pick after a retry or failover.
-type ServedObserver interface {
-	Served(ctx context.Context, req *scheduling.Request, picked []string, served string)
-}
-
 // Options configure a Picker.
 type Options struct {
 	Store     *datastore.Store
@@ -48,7 +41,8 @@ type Picker struct {
 	opts       Options
 	priorities atomic.Pointer[map[string]int]
 	metrics    *metrics
-	observers  []ServedObserver
+	picks      []scheduling.PickObserver
+	served     []scheduling.ServedObserver
 	seq        atomic.Uint64
 }
 
@@ -69,15 +63,17 @@ func New(opts Options) (*Picker, error) {
 	p.metrics = newMetrics(opts.Registerer, opts.Store, opts.MetricsStaleness, func() float64 {
 		return opts.Saturation.Saturation(time.Now(), opts.Store.Endpoints())
 	})
-	for _, prof := range opts.Scheduler.Profiles {
-		for _, ws := range prof.Scorers {
-			if o, ok := ws.Scorer.(ServedObserver); ok {
-				p.observers = append(p.observers, o)
-			}
+	for _, pl := range opts.Scheduler.Plugins() {
+		if o, ok := pl.(scheduling.PickObserver); ok {
+			p.picks = append(p.picks, o)
 		}
-		for _, f := range prof.Filters {
-			if o, ok := f.(ServedObserver); ok {
-				p.observers = append(p.observers, o)
+		if o, ok := pl.(scheduling.ServedObserver); ok {
+			p.served = append(p.served, o)
+		}
+		// Plugins with state worth watching (the prefix index) export it.
+		if c, ok := pl.(prometheus.Collector); ok {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("epp: metrics of plugin %s: %w", pl.Name(), err)
 			}
 		}
 	}
@@ -164,6 +160,9 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	for i, t := range targets {
 		x.picked[i] = t.Address
 	}
+	for _, o := range p.picks {
+		o.Picked(ctx, req, res)
+	}
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {
@@ -199,8 +198,8 @@ func firstHeader(h server.Headers, names ...string) string {
 	return ""
 }
 
-func (x *exchange) HandleResponseHeaders(_ context.Context, r *server.Response) *server.Decision {
-	x.noteServed(r.Metadata)
+func (x *exchange) HandleResponseHeaders(ctx context.Context, r *server.Response) *server.Decision {
+	x.noteServed(ctx, r.Metadata)
 	return nil
 }
 
@@ -210,7 +209,7 @@ func (x *exchange) Close(ctx context.Context, s server.Summary) {
 	if x.picked == nil {
 		return // rejected or never decided: nothing was routed
 	}
-	x.noteServed(s.ResponseMetadata)
+	x.noteServed(ctx, s.ResponseMetadata)
 	match := "unreported"
 	switch {
 	case x.served == "":
@@ -222,18 +221,24 @@ func (x *exchange) Close(ctx context.Context, s server.Summary) {
 		match = "other"
 	}
 	x.p.metrics.served.WithLabelValues(match).Inc()
-	if x.served != "" {
-		for _, o := range x.p.observers {
-			o.Served(ctx, x.req, x.picked, x.served)
-		}
-	}
 }
 
-func (x *exchange) noteServed(md server.Metadata) {
-	if x.served != "" {
+// noteServed records the served endpoint the first time the proxy reports
+// it (usually with the response headers) and tells the learning plugins
+// at once, so the next requests benefit before this response ends.
+func (x *exchange) noteServed(ctx context.Context, md server.Metadata) {
+	if x.served != "" || x.picked == nil {
 		return
 	}
-	if v := md[LBNamespace].GetFields()[ServedKey]; v != nil {
-		x.served = strings.TrimSpace(v.GetStringValue())
+	v := md[LBNamespace].GetFields()[ServedKey]
+	if v == nil {
+		return
+	}
+	x.served = strings.TrimSpace(v.GetStringValue())
+	if x.served == "" {
+		return
+	}
+	for _, o := range x.p.served {
+		o.Served(ctx, x.req, x.picked, x.served)
 	}
 }

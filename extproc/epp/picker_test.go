@@ -499,7 +499,20 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 }
 
 func TestEmittedScoresCoverEveryCandidate(t *testing.T) {
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), emitScores: true})
+	cfg := `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: lora-affinity-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: lora-affinity-scorer, weight: 1}
+`
+	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), emitScores: true})
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 4, UpdatedAt: time.Now()})
 	r.store.Get("10.0.0.2:8000").SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
 	r.store.Get("10.0.0.3:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 2, KVCacheUsage: 0.5, UpdatedAt: time.Now()})
@@ -511,7 +524,7 @@ func TestEmittedScoresCoverEveryCandidate(t *testing.T) {
 	if len(scores) != 3 {
 		t.Fatalf("scores for %d endpoints, want 3: %v", len(scores), scores)
 	}
-	// Default profile: queue 2, kv 2, lora 1 (no LoRA reported: 0 for all).
+	// queue 2, kv 2, lora 1 (no LoRA reported: 0 for all).
 	want := map[string]float64{"10.0.0.1:8000": 0 + 2, "10.0.0.2:8000": 2 + 2, "10.0.0.3:8000": 1 + 1}
 	for addr, w := range want {
 		if got := scores[addr].GetNumberValue(); got != w {
@@ -563,5 +576,39 @@ func TestServedEndpointReachesLearningPlugins(t *testing.T) {
 	ex.Close(ctx, server.Summary{ResponseMetadata: server.Metadata{epp.LBNamespace: md}, ResponseStatus: 200})
 	if len(l.served) != 1 || l.served[0] != "10.0.0.2:8000" || len(l.picked[0]) != 1 {
 		t.Fatalf("learner saw served %v picked %v", l.served, l.picked)
+	}
+}
+
+// TestDefaultProfileKeepsPrefixesTogether drives the default profile over
+// gRPC: a prompt seen before goes back to the endpoint that took it, and
+// new prompts spread over the pool.
+func TestDefaultProfileKeepsPrefixesTogether(t *testing.T) {
+	addrs := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+	r := newRig(t, rigOpts{endpoints: specs(addrs...)})
+	for _, a := range addrs {
+		r.store.Get(a).SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
+	}
+	body := func(topic string) []byte {
+		return []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question"}]}`,
+			strings.Repeat(topic+" is the subject of this long shared system prompt. ", 40)))
+	}
+	home := map[string]string{}
+	spread := map[string]int{}
+	for i := range 6 {
+		topic := fmt.Sprintf("topic-%d", i)
+		home[topic] = r.do(t, call{body: body(topic)}).destination(t)
+		spread[home[topic]]++
+	}
+	for _, a := range addrs {
+		if spread[a] != 2 {
+			t.Fatalf("six new prompts over three endpoints landed %v", spread)
+		}
+	}
+	for round := range 5 {
+		for topic, want := range home {
+			if got := r.do(t, call{body: body(topic)}).destination(t); got != want {
+				t.Fatalf("round %d: %s went to %s, its prefix is on %s", round, topic, got, want)
+			}
+		}
 	}
 }

@@ -58,21 +58,34 @@ type ProfileRef struct {
 	Weight    *float64 `json:"weight,omitempty"`
 }
 
-// DefaultConfig runs when no config is given: balance on queue depth and KV
-// cache use, and keep LoRA adapters where they are already loaded.
+// DefaultConfig runs when no config is given. Requests whose prompt an
+// endpoint already holds stay there (affinity filter, prefix scorer)
+// unless it is clearly busier; new prompts spread over the endpoints that
+// least recently took a new one (no-hit LRU), so the pool partitions the
+// prefix space; queue depth and KV-cache use balance the rest, and LoRA
+// adapters go where they are loaded.
 const DefaultConfig = `apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
+- type: approx-prefix-cache-producer
+- type: prefix-cache-affinity-filter
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: no-hit-lru-scorer
 - type: lora-affinity-scorer
 - type: max-score-picker
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: prefix-cache-affinity-filter
   - pluginRef: queue-scorer
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: no-hit-lru-scorer
     weight: 2
   - pluginRef: lora-affinity-scorer
     weight: 1
@@ -167,6 +180,7 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 	builtins := scheduling.Builtins()
 	plugins := map[string]scheduling.Plugin{}
 	var handlers []scheduling.ProfileHandler
+	var producers []scheduling.Producer
 	for i, ps := range c.Plugins {
 		field := fmt.Sprintf("plugins[%d]", i)
 		if ps.Type == "" {
@@ -198,11 +212,19 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 				if h, ok := p.(scheduling.ProfileHandler); ok {
 					handlers = append(handlers, h)
 				}
+				if pr, ok := p.(scheduling.Producer); ok {
+					producers = append(producers, pr)
+				}
 			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %w", field, name, err)
 		}
+	}
+
+	producers, err := prefixProducer(plugins, producers, builtins)
+	if err != nil {
+		return nil, err
 	}
 
 	profiles := map[string]*scheduling.Profile{}
@@ -235,8 +257,40 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 	case handlers[0].Type() == "single-profile-handler" && len(profiles) > 1:
 		return nil, fmt.Errorf("plugins: single-profile-handler %q cannot run %d profiles", handlers[0].Name(), len(profiles))
 	}
-	l.Scheduler = &scheduling.Scheduler{Handler: handlers[0], Profiles: profiles}
+	l.Scheduler = &scheduling.Scheduler{Producers: producers, Handler: handlers[0], Profiles: profiles}
 	return l, nil
+}
+
+// prefixConsumers are the plugin types that read the prefix producer's
+// per-request match.
+var prefixConsumers = []string{"prefix-cache-scorer", "prefix-cache-affinity-filter", "no-hit-lru-scorer"}
+
+// prefixProducer injects the prefix producer with its defaults when a
+// plugin needs it and the config declares none, and refuses two: they
+// would keep two indexes and disagree.
+func prefixProducer(plugins map[string]scheduling.Plugin, producers []scheduling.Producer, builtins map[string]scheduling.Factory) ([]scheduling.Producer, error) {
+	var declared []string
+	for _, p := range producers {
+		if p.Type() == scheduling.PrefixProducerType {
+			declared = append(declared, p.Name())
+		}
+	}
+	if len(declared) > 1 {
+		return nil, fmt.Errorf("plugins: %d %s plugins (%s); declare at most one", len(declared), scheduling.PrefixProducerType, strings.Join(declared, ", "))
+	}
+	if len(declared) == 1 {
+		return producers, nil
+	}
+	for _, p := range plugins {
+		if slices.Contains(prefixConsumers, p.Type()) {
+			pr, err := builtins[scheduling.PrefixProducerType](scheduling.PrefixProducerType, nil)
+			if err != nil {
+				return nil, err
+			}
+			return append(producers, pr.(scheduling.Producer)), nil
+		}
+	}
+	return producers, nil
 }
 
 func isOtherPlugin(name string, earlier []PluginSpec) bool {

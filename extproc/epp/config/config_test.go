@@ -77,8 +77,11 @@ func TestDefaultConfigBuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := l.Scheduler.Profiles["default"]
-	if p == nil || len(p.Scorers) != 3 || p.Picker == nil || p.Picker.Type() != "max-score-picker" {
+	if p == nil || len(p.Scorers) != 5 || len(p.Filters) != 1 || p.Picker == nil || p.Picker.Type() != "max-score-picker" {
 		t.Fatalf("default profile = %+v", p)
+	}
+	if len(l.Scheduler.Producers) != 1 || l.Scheduler.Producers[0].Type() != "approx-prefix-cache-producer" {
+		t.Fatalf("producers %v", l.Scheduler.Producers)
 	}
 	if l.Scheduler.Handler.Type() != "single-profile-handler" {
 		t.Errorf("handler = %s", l.Scheduler.Handler.Type())
@@ -87,8 +90,26 @@ func TestDefaultConfigBuilds(t *testing.T) {
 	for _, s := range p.Scorers {
 		weights[s.Type()] = s.Weight
 	}
-	if weights["queue-scorer"] != 2 || weights["kv-cache-utilization-scorer"] != 2 || weights["lora-affinity-scorer"] != 1 {
+	if weights["queue-scorer"] != 2 || weights["kv-cache-utilization-scorer"] != 2 || weights["prefix-cache-scorer"] != 3 ||
+		weights["no-hit-lru-scorer"] != 2 || weights["lora-affinity-scorer"] != 1 {
 		t.Errorf("weights = %v", weights)
+	}
+}
+
+func TestPrefixProducerIsInjectedOnce(t *testing.T) {
+	l, err := config.Load([]byte(head + "plugins:\n- type: prefix-cache-scorer\nschedulingProfiles:\n- name: a\n  plugins:\n  - pluginRef: prefix-cache-scorer\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Scheduler.Producers) != 1 {
+		t.Fatalf("want the producer injected, got %v", l.Scheduler.Producers)
+	}
+	if l, _ := config.Load([]byte(head + "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: a\n  plugins:\n  - pluginRef: queue-scorer\n")); len(l.Scheduler.Producers) != 0 {
+		t.Fatal("producer injected where nothing needs it")
+	}
+	_, err = config.Load([]byte(head + "plugins:\n- type: approx-prefix-cache-producer\n- type: approx-prefix-cache-producer\n  name: second\nschedulingProfiles:\n- name: a\n  plugins: []\n"))
+	if err == nil || !strings.Contains(err.Error(), "declare at most one") {
+		t.Fatalf("two producers: %v", err)
 	}
 }
 

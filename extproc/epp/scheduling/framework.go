@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 
@@ -27,6 +28,7 @@ type Request struct {
 	// that need the prompt call Prompt, which parses it once.
 	Body   []byte
 	prompt *string
+	attrs  map[string]any
 	// Priority comes from the request's objective; < 0 may be shed.
 	Priority   int
 	FairnessID string
@@ -44,6 +46,18 @@ func (r *Request) Prompt() string {
 		r.prompt = &p
 	}
 	return *r.prompt
+}
+
+// Attr returns what a plugin stored for this request under key (producers
+// leave their results here for filters and scorers), or nil.
+func (r *Request) Attr(key string) any { return r.attrs[key] }
+
+// SetAttr stores a per-request value for other plugins.
+func (r *Request) SetAttr(key string, v any) {
+	if r.attrs == nil {
+		r.attrs = map[string]any{}
+	}
+	r.attrs[key] = v
 }
 
 // Endpoint is a candidate as one scheduling cycle sees it.
@@ -78,6 +92,25 @@ type Scorer interface {
 type Picker interface {
 	Plugin
 	Pick(ctx context.Context, scored []Scored) []Scored
+}
+
+// Producer computes per-request data (e.g. prefix matches) once, before
+// any profile runs, for the filters and scorers that consume it.
+type Producer interface {
+	Plugin
+	Produce(ctx context.Context, req *Request, eps []Endpoint)
+}
+
+// PickObserver is told the outcome of each successful scheduling decision.
+type PickObserver interface {
+	Picked(ctx context.Context, req *Request, res *Result)
+}
+
+// ServedObserver learns from the endpoint that actually served a request,
+// as the proxy reports it on the response path; it may differ from the
+// pick after a retry or failover.
+type ServedObserver interface {
+	Served(ctx context.Context, req *Request, picked []string, served string)
 }
 
 // ProfileHandler chooses the profiles to run and the primary result.
@@ -134,16 +167,47 @@ func (r *Result) Targets() []Scored { return r.Profiles[r.Primary].Targets }
 // ErrNoCandidates means filters left nothing to pick from.
 var ErrNoCandidates = errors.New("no candidate endpoints left after filtering")
 
-// Scheduler runs profiles over candidates.
+// Scheduler runs producers, then profiles, over candidates.
 type Scheduler struct {
-	Handler  ProfileHandler
-	Profiles map[string]*Profile
+	Producers []Producer
+	Handler   ProfileHandler
+	Profiles  map[string]*Profile
+}
+
+// Plugins lists every plugin instance the scheduler uses, once each.
+func (s *Scheduler) Plugins() []Plugin {
+	seen := map[Plugin]bool{}
+	var out []Plugin
+	add := func(p Plugin) {
+		if p != nil && !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	for _, p := range s.Producers {
+		add(p)
+	}
+	add(s.Handler)
+	for _, name := range slices.Sorted(maps.Keys(s.Profiles)) {
+		prof := s.Profiles[name]
+		for _, f := range prof.Filters {
+			add(f)
+		}
+		for _, ws := range prof.Scorers {
+			add(ws.Scorer)
+		}
+		add(prof.Picker)
+	}
+	return out
 }
 
 // Schedule picks endpoints for req among eps.
 func (s *Scheduler) Schedule(ctx context.Context, req *Request, eps []Endpoint) (*Result, error) {
 	if len(eps) == 0 {
 		return nil, ErrNoCandidates
+	}
+	for _, p := range s.Producers {
+		p.Produce(ctx, req, eps)
 	}
 	done := map[string]*ProfileResult{}
 	for {

@@ -26,6 +26,10 @@ func Builtins() map[string]Factory {
 		"max-score-picker":             pickerFactory("max-score-picker", func(p basePicker) Plugin { return &maxScorePicker{p} }),
 		"random-picker":                pickerFactory("random-picker", func(p basePicker) Plugin { return &randomPicker{p} }),
 		"weighted-random-picker":       pickerFactory("weighted-random-picker", func(p basePicker) Plugin { return &weightedRandomPicker{p} }),
+		PrefixProducerType:             newPrefixProducer,
+		"prefix-cache-scorer":          newPrefixScorer,
+		"prefix-cache-affinity-filter": newPrefixAffinityFilter,
+		"no-hit-lru-scorer":            newNoHitLRUScorer,
 		"single-profile-handler":       simple("single-profile-handler", func(n named) Plugin { return singleProfileHandler{n} }),
 	}
 }

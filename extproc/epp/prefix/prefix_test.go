@@ -1,0 +1,125 @@
+package prefix
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+func text(tokens int, seed string) string {
+	var b strings.Builder
+	for b.Len() < tokens*BytesPerToken {
+		b.WriteString(seed)
+	}
+	return b.String()[:tokens*BytesPerToken]
+}
+
+func TestHashesChain(t *testing.T) {
+	base := text(64, "abcdefgh")
+	other := "X" + base[1:] // differs in block 0
+	late := base[:40*BytesPerToken] + "Y" + base[40*BytesPerToken+1:]
+	h := Hashes("m", base, 16, 100)
+	if len(h) != 4 {
+		t.Fatalf("64 tokens in blocks of 16: %d hashes", len(h))
+	}
+	if got := Hashes("m", base+"tail", 16, 100); len(got) != 4 || got[3] != h[3] {
+		t.Fatal("a partial trailing block changed the hashes")
+	}
+	if o := Hashes("m", other, 16, 100); o[0] == h[0] || o[3] == h[3] {
+		t.Fatal("a change in block 0 must change every hash after it")
+	}
+	l := Hashes("m", late, 16, 100)
+	if l[0] != h[0] || l[1] != h[1] || l[2] == h[2] || l[3] == h[3] {
+		t.Fatal("a change in block 2 must keep blocks 0-1 and change 2-3")
+	}
+	if Hashes("other-model", base, 16, 100)[0] == h[0] {
+		t.Fatal("the model must seed the chain")
+	}
+	if len(Hashes("m", base, 16, 2)) != 2 || Hashes("m", "short", 16, 10) != nil {
+		t.Fatal("maxBlocks or short prompts not honoured")
+	}
+}
+
+func TestIndexMatchAndEviction(t *testing.T) {
+	x := NewIndex(6)
+	a := Hashes("m", text(64, "aaaa"), 16, 100) // 4 blocks
+	b := Hashes("m", text(64, "bbbb"), 16, 100)
+	x.Add("10.0.0.1:8000", a)
+	if got := x.Match("10.0.0.1:8000", a); got != 4 {
+		t.Fatalf("match %d, want 4", got)
+	}
+	if got := x.Match("10.0.0.2:8000", a); got != 0 {
+		t.Fatalf("unknown endpoint matched %d", got)
+	}
+	// b needs 4 more blocks in a capacity of 6: a's last two blocks go
+	// first, its shared beginning survives.
+	x.Add("10.0.0.1:8000", b)
+	if got := x.Match("10.0.0.1:8000", a); got != 2 {
+		t.Fatalf("after eviction a matches %d blocks, want its first 2", got)
+	}
+	if got := x.Match("10.0.0.1:8000", b); got != 4 {
+		t.Fatalf("b matches %d", got)
+	}
+	// Touching a makes it recent; b is evicted next.
+	x.Add("10.0.0.1:8000", a[:2])
+	x.SetCapacity("10.0.0.1:8000", 3)
+	if got := x.Match("10.0.0.1:8000", a); got != 2 {
+		t.Fatalf("recently used a lost blocks on shrink: %d", got)
+	}
+	if x.Stats()["10.0.0.1:8000"] != 3 {
+		t.Fatalf("stats %v", x.Stats())
+	}
+	x.Prune(time.Now().Add(time.Hour))
+	if len(x.Stats()) != 0 {
+		t.Fatal("prune kept idle endpoints")
+	}
+}
+
+// TestIndexMemoryIsBounded fills several endpoints far past capacity and
+// reports the bytes each costs at capacity.
+func TestIndexMemoryIsBounded(t *testing.T) {
+	const capacity, endpoints = 31250, 4
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	x := NewIndex(capacity)
+	for e := range endpoints {
+		addr := fmt.Sprintf("10.0.0.%d:8000", e)
+		for i := range 3 * capacity / 128 { // three times the capacity in 128-block prompts
+			x.Add(addr, Hashes("m", text(128*16, fmt.Sprintf("%d-%d|", e, i)), 16, 1<<20))
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	for addr, n := range x.Stats() {
+		if n != capacity {
+			t.Fatalf("%s holds %d blocks, capacity %d", addr, n, capacity)
+		}
+	}
+	perEndpoint := float64(after.HeapAlloc-before.HeapAlloc) / endpoints
+	t.Logf("prefix index: %.0f bytes per endpoint at %d blocks (%.0f bytes per block)", perEndpoint, capacity, perEndpoint/capacity)
+	if perEndpoint/capacity > 128 {
+		t.Fatalf("%.0f bytes per block; the index is meant to stay compact", perEndpoint/capacity)
+	}
+	runtime.KeepAlive(x)
+}
+
+func BenchmarkHashes2048Tokens(b *testing.B) {
+	p := text(2048, "lorem ipsum dolor ")
+	b.SetBytes(int64(len(p)))
+	for b.Loop() {
+		Hashes("m", p, 16, 2048)
+	}
+}
+
+func BenchmarkMatch(b *testing.B) {
+	x := NewIndex(31250)
+	h := Hashes("m", text(2048, "lorem ipsum dolor "), 16, 2048)
+	x.Add("a", h)
+	b.ResetTimer()
+	for b.Loop() {
+		x.Match("a", h)
+	}
+}

@@ -1,0 +1,346 @@
+package scheduling
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/infergate/infergate/extproc/epp/prefix"
+)
+
+// PrefixProducerType is the producer the prefix plugins read from; the
+// config injects one when a profile uses them and none is declared.
+const PrefixProducerType = "approx-prefix-cache-producer"
+
+// prefixAttr is the request attribute holding a *PrefixMatch.
+const prefixAttr = "prefix-match"
+
+// PrefixMatch is, for one request, how much of its prompt each candidate
+// endpoint is believed to hold in its KV cache.
+type PrefixMatch struct {
+	Hashes []uint64
+	// Blocks maps endpoint address to the number of leading blocks held.
+	Blocks      map[string]int
+	BlockTokens int
+}
+
+// Cold reports whether no candidate holds any of the prompt.
+func (m *PrefixMatch) Cold() bool {
+	for _, n := range m.Blocks {
+		if n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Fraction is the share of the prompt's blocks the endpoint holds.
+func (m *PrefixMatch) Fraction(addr string) float64 {
+	if len(m.Hashes) == 0 {
+		return 0
+	}
+	return float64(m.Blocks[addr]) / float64(len(m.Hashes))
+}
+
+func prefixMatchOf(req *Request) *PrefixMatch {
+	m, _ := req.Attr(prefixAttr).(*PrefixMatch)
+	return m
+}
+
+// prefixProducer hashes each prompt into blocks, matches the blocks
+// against its index of what each endpoint recently served, and learns:
+// the picked endpoint is assumed to cache the prompt at once (so a burst
+// of requests sharing a prefix sticks together before any response), and
+// the endpoint the proxy reports as having served learns it too when it
+// differs (a retry or failover moved the request).
+type prefixProducer struct {
+	named
+	blockTokens int
+	maxBlocks   int
+	autoTune    bool
+	index       *prefix.Index
+
+	mu         sync.Mutex
+	capacities map[string]int
+	lastPrune  time.Time
+}
+
+func newPrefixProducer(name string, params json.RawMessage) (Plugin, error) {
+	p := struct {
+		BlockSizeTokens        int   `json:"blockSizeTokens"`
+		MaxPrefixBlocksToMatch int   `json:"maxPrefixBlocksToMatch"`
+		LRUCapacityPerServer   int   `json:"lruCapacityPerServer"`
+		AutoTune               *bool `json:"autoTune"`
+	}{BlockSizeTokens: 16, MaxPrefixBlocksToMatch: 2048, LRUCapacityPerServer: 31250}
+	if err := DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	for field, v := range map[string]int{"blockSizeTokens": p.BlockSizeTokens, "maxPrefixBlocksToMatch": p.MaxPrefixBlocksToMatch, "lruCapacityPerServer": p.LRUCapacityPerServer} {
+		if v < 1 {
+			return nil, fmt.Errorf("parameters.%s: must be at least 1, got %d", field, v)
+		}
+	}
+	return &prefixProducer{
+		named:       named{PrefixProducerType, name},
+		blockTokens: p.BlockSizeTokens,
+		maxBlocks:   p.MaxPrefixBlocksToMatch,
+		autoTune:    p.AutoTune == nil || *p.AutoTune,
+		index:       prefix.NewIndex(p.LRUCapacityPerServer),
+		capacities:  map[string]int{},
+	}, nil
+}
+
+func (p *prefixProducer) Produce(_ context.Context, req *Request, eps []Endpoint) {
+	m := &PrefixMatch{BlockTokens: p.blockTokens, Blocks: make(map[string]int, len(eps))}
+	if req.Body != nil {
+		m.Hashes = prefix.Hashes(req.Model, req.Prompt(), p.blockTokens, p.maxBlocks)
+	}
+	for _, e := range eps {
+		p.tune(e)
+		m.Blocks[e.Address] = p.index.Match(e.Address, m.Hashes)
+	}
+	req.SetAttr(prefixAttr, m)
+	p.maybePrune()
+}
+
+// tune sizes an endpoint's memory like its real KV cache once the server
+// publishes block size and count, so the index forgets about when the
+// server evicts.
+func (p *prefixProducer) tune(e Endpoint) {
+	if !p.autoTune || e.Metrics == nil || e.Metrics.BlockSize <= 0 || e.Metrics.NumGPUBlocks <= 0 {
+		return
+	}
+	blocks := e.Metrics.BlockSize * e.Metrics.NumGPUBlocks / p.blockTokens
+	p.mu.Lock()
+	changed := p.capacities[e.Address] != blocks
+	p.capacities[e.Address] = blocks
+	p.mu.Unlock()
+	if changed {
+		p.index.SetCapacity(e.Address, blocks)
+	}
+}
+
+// maybePrune forgets endpoints unused for ten minutes (gone from the pool).
+func (p *prefixProducer) maybePrune() {
+	now := time.Now()
+	p.mu.Lock()
+	due := now.Sub(p.lastPrune) > time.Minute
+	if due {
+		p.lastPrune = now
+	}
+	p.mu.Unlock()
+	if due {
+		p.index.Prune(now.Add(-10 * time.Minute))
+	}
+}
+
+func (p *prefixProducer) Picked(_ context.Context, req *Request, res *Result) {
+	m := prefixMatchOf(req)
+	if m == nil || len(m.Hashes) == 0 {
+		return
+	}
+	if t := res.Targets(); len(t) > 0 {
+		p.index.Add(t[0].Address, m.Hashes)
+	}
+}
+
+func (p *prefixProducer) Served(_ context.Context, req *Request, picked []string, served string) {
+	m := prefixMatchOf(req)
+	if m == nil || len(m.Hashes) == 0 || (len(picked) > 0 && picked[0] == served) {
+		return
+	}
+	p.index.Add(served, m.Hashes)
+}
+
+var prefixBlocksDesc = prometheus.NewDesc("infergate_epp_prefix_index_blocks",
+	"Prompt blocks the prefix index remembers, per endpoint (bounded by the endpoint's KV-cache size).",
+	[]string{"endpoint"}, nil)
+
+func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) { ch <- prefixBlocksDesc }
+
+func (p *prefixProducer) Collect(ch chan<- prometheus.Metric) {
+	for addr, n := range p.index.Stats() {
+		ch <- prometheus.MustNewConstMetric(prefixBlocksDesc, prometheus.GaugeValue, float64(n), addr)
+	}
+}
+
+// prefixScorer scores the share of the prompt an endpoint holds:
+// (1−w)·matched/total + w·min(1, matchedTokens/scale)². With w = 0 (the
+// default) it is the matched fraction.
+type prefixScorer struct {
+	named
+	weight, scaleTokens float64
+}
+
+func newPrefixScorer(name string, params json.RawMessage) (Plugin, error) {
+	p := struct {
+		MatchLengthWeight      float64 `json:"matchLengthWeight"`
+		MatchLengthScaleTokens float64 `json:"matchLengthScaleTokens"`
+	}{MatchLengthScaleTokens: 8192}
+	if err := DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.MatchLengthWeight < 0 || p.MatchLengthWeight > 1 {
+		return nil, fmt.Errorf("parameters.matchLengthWeight: must be in [0,1], got %v", p.MatchLengthWeight)
+	}
+	if !(p.MatchLengthScaleTokens > 0) {
+		return nil, fmt.Errorf("parameters.matchLengthScaleTokens: must be positive, got %v", p.MatchLengthScaleTokens)
+	}
+	return &prefixScorer{named: named{"prefix-cache-scorer", name}, weight: p.MatchLengthWeight, scaleTokens: p.MatchLengthScaleTokens}, nil
+}
+
+func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {
+	m := prefixMatchOf(req)
+	if m == nil {
+		return
+	}
+	for i, e := range eps {
+		tokens := float64(m.Blocks[e.Address] * m.BlockTokens)
+		long := min(1, tokens/s.scaleTokens)
+		scores[i] = (1-s.weight)*m.Fraction(e.Address) + s.weight*long*long
+	}
+}
+
+// prefixAffinityFilter keeps only the endpoints that hold most of the
+// prompt, so a prefix keeps landing where its KV cache is, unless those
+// endpoints are clearly busier than the rest: then affinity gives way to
+// load. Without any such endpoint it keeps all.
+type prefixAffinityFilter struct {
+	named
+	threshold   float64
+	maxQueueGap int
+}
+
+func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error) {
+	p := struct {
+		AffinityThreshold  float64 `json:"affinityThreshold"`
+		MaxWaitingQueueGap int     `json:"maxWaitingQueueGap"`
+	}{AffinityThreshold: 0.8, MaxWaitingQueueGap: 8}
+	if err := DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if !(p.AffinityThreshold > 0 && p.AffinityThreshold <= 1) {
+		return nil, fmt.Errorf("parameters.affinityThreshold: must be in (0,1], got %v", p.AffinityThreshold)
+	}
+	if p.MaxWaitingQueueGap < 0 {
+		return nil, fmt.Errorf("parameters.maxWaitingQueueGap: must not be negative, got %d", p.MaxWaitingQueueGap)
+	}
+	return &prefixAffinityFilter{named: named{"prefix-cache-affinity-filter", name}, threshold: p.AffinityThreshold, maxQueueGap: p.MaxWaitingQueueGap}, nil
+}
+
+func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []Endpoint) []Endpoint {
+	m := prefixMatchOf(req)
+	if m == nil || len(m.Hashes) == 0 {
+		return eps
+	}
+	var sticky []Endpoint
+	bestSticky, bestOther := -1, -1 // smallest waiting queue on each side, -1 unknown
+	for _, e := range eps {
+		q := -1
+		if e.Metrics != nil {
+			q = e.Metrics.WaitingQueueSize
+		}
+		if m.Fraction(e.Address) >= f.threshold {
+			sticky = append(sticky, e)
+			bestSticky = minKnown(bestSticky, q)
+		} else {
+			bestOther = minKnown(bestOther, q)
+		}
+	}
+	if len(sticky) == 0 || len(sticky) == len(eps) {
+		return eps
+	}
+	if bestSticky >= 0 && bestOther >= 0 && bestSticky-bestOther > f.maxQueueGap {
+		return eps // the cache holders are clearly busier: let the scorers weigh it
+	}
+	return sticky
+}
+
+func minKnown(cur, v int) int {
+	switch {
+	case v < 0:
+		return cur
+	case cur < 0:
+		return v
+	}
+	return min(cur, v)
+}
+
+// noHitLRUScorer spreads cold requests (no candidate holds any of the
+// prompt) over the endpoints that least recently received a cold request,
+// so new prefixes partition across the pool instead of piling onto the
+// least-loaded endpoint of the moment. Warm requests get a neutral 0.5
+// and leave the choice to the prefix scorer.
+type noHitLRUScorer struct {
+	named
+	size     int
+	mu       sync.Mutex
+	lastCold map[string]uint64 // endpoint → sequence number of its last cold pick
+	seq      uint64
+}
+
+func newNoHitLRUScorer(name string, params json.RawMessage) (Plugin, error) {
+	p := struct {
+		LRUSize int `json:"lruSize"`
+	}{LRUSize: 1024}
+	if err := DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.LRUSize < 1 {
+		return nil, fmt.Errorf("parameters.lruSize: must be at least 1, got %d", p.LRUSize)
+	}
+	return &noHitLRUScorer{named: named{"no-hit-lru-scorer", name}, size: p.LRUSize, lastCold: map[string]uint64{}}, nil
+}
+
+func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {
+	m := prefixMatchOf(req)
+	if m != nil && !m.Cold() {
+		for i := range scores {
+			scores[i] = 0.5
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Rank by recency of the last cold pick: never or longest ago → 1,
+	// most recent → 0.
+	lo, hi := ^uint64(0), uint64(0)
+	for _, e := range eps {
+		v := s.lastCold[e.Address]
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	for i, e := range eps {
+		if hi == lo {
+			scores[i] = 1
+			continue
+		}
+		scores[i] = float64(hi-s.lastCold[e.Address]) / float64(hi-lo)
+	}
+}
+
+func (s *noHitLRUScorer) Picked(_ context.Context, req *Request, res *Result) {
+	if m := prefixMatchOf(req); m != nil && !m.Cold() {
+		return
+	}
+	t := res.Targets()
+	if len(t) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	s.lastCold[t[0].Address] = s.seq
+	if len(s.lastCold) > s.size { // forget the endpoint cold-picked longest ago
+		oldest, at := "", ^uint64(0)
+		for a, v := range s.lastCold {
+			if v < at {
+				oldest, at = a, v
+			}
+		}
+		delete(s.lastCold, oldest)
+	}
+}

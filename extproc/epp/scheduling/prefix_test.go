@@ -1,0 +1,161 @@
+package scheduling
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
+)
+
+func promptBody(prefix string, tokens int) []byte {
+	var b strings.Builder
+	for b.Len() < tokens*4 {
+		b.WriteString(prefix)
+	}
+	return []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, b.String()[:tokens*4]))
+}
+
+func threeEndpoints() []Endpoint {
+	return []Endpoint{ep("10.0.0.1:8000", &datastore.Metrics{}, nil), ep("10.0.0.2:8000", &datastore.Metrics{}, nil), ep("10.0.0.3:8000", &datastore.Metrics{}, nil)}
+}
+
+func resultFor(addr string) *Result {
+	return &Result{Primary: "p", Profiles: map[string]*ProfileResult{"p": {Targets: []Scored{{Endpoint: ep(addr, nil, nil)}}}}}
+}
+
+func TestPrefixProducerLearnsFromPickAndServed(t *testing.T) {
+	ctx := context.Background()
+	p := build(t, PrefixProducerType, "").(*prefixProducer)
+	eps := threeEndpoints()
+	req := &Request{Model: "m", Body: promptBody("alpha ", 256)} // 16 blocks of 16 tokens
+	p.Produce(ctx, req, eps)
+	m := prefixMatchOf(req)
+	if len(m.Hashes) != 16 || !m.Cold() {
+		t.Fatalf("first sight: %d hashes, cold %v", len(m.Hashes), m.Cold())
+	}
+	p.Picked(ctx, req, resultFor("10.0.0.2:8000"))
+
+	again := &Request{Model: "m", Body: promptBody("alpha ", 256)}
+	p.Produce(ctx, again, eps)
+	if f := prefixMatchOf(again).Fraction("10.0.0.2:8000"); f != 1 {
+		t.Fatalf("after the pick, the picked endpoint holds %.2f of the prompt", f)
+	}
+	// A failover served it elsewhere: that endpoint learns it too.
+	p.Served(ctx, again, []string{"10.0.0.2:8000"}, "10.0.0.3:8000")
+	third := &Request{Model: "m", Body: promptBody("alpha ", 256)}
+	p.Produce(ctx, third, eps)
+	if f := prefixMatchOf(third).Fraction("10.0.0.3:8000"); f != 1 {
+		t.Fatalf("the endpoint that served holds %.2f", f)
+	}
+	// Another model's identical prompt shares nothing.
+	other := &Request{Model: "m2", Body: promptBody("alpha ", 256)}
+	p.Produce(ctx, other, eps)
+	if !prefixMatchOf(other).Cold() {
+		t.Fatal("prefix matched across models")
+	}
+}
+
+func TestPrefixProducerSizesFromPublishedCache(t *testing.T) {
+	ctx := context.Background()
+	p := build(t, PrefixProducerType, `{"blockSizeTokens":16}`).(*prefixProducer)
+	small := []Endpoint{ep("10.0.0.1:8000", &datastore.Metrics{BlockSize: 16, NumGPUBlocks: 4, UpdatedAt: time.Now()}, nil)}
+	a := &Request{Model: "m", Body: promptBody("aaaa ", 64)} // 4 blocks
+	b := &Request{Model: "m", Body: promptBody("bbbb ", 64)}
+	p.Produce(ctx, a, small)
+	p.Picked(ctx, a, resultFor("10.0.0.1:8000"))
+	p.Produce(ctx, b, small)
+	p.Picked(ctx, b, resultFor("10.0.0.1:8000"))
+	again := &Request{Model: "m", Body: promptBody("aaaa ", 64)}
+	p.Produce(ctx, again, small)
+	if n := prefixMatchOf(again).Blocks["10.0.0.1:8000"]; n != 0 {
+		t.Fatalf("a 4-block cache still holds %d blocks of the evicted prompt", n)
+	}
+}
+
+func TestPrefixScorer(t *testing.T) {
+	req := &Request{}
+	req.SetAttr(prefixAttr, &PrefixMatch{Hashes: make([]uint64, 10), BlockTokens: 16, Blocks: map[string]int{"10.0.0.1:8000": 10, "10.0.0.2:8000": 5}})
+	scores := make([]float64, 3)
+	build(t, "prefix-cache-scorer", "").(Scorer).Score(context.Background(), req, threeEndpoints(), scores)
+	if scores[0] != 1 || scores[1] != 0.5 || scores[2] != 0 {
+		t.Fatalf("scores %v", scores)
+	}
+	// Weighting the absolute length: 160 matched tokens of a 160-token scale.
+	build(t, "prefix-cache-scorer", `{"matchLengthWeight":1,"matchLengthScaleTokens":160}`).(Scorer).Score(context.Background(), req, threeEndpoints(), scores)
+	if scores[0] != 1 || scores[1] != 0.25 {
+		t.Fatalf("length-weighted scores %v", scores)
+	}
+}
+
+func TestPrefixAffinityFilter(t *testing.T) {
+	match := func(blocks map[string]int) *Request {
+		r := &Request{}
+		r.SetAttr(prefixAttr, &PrefixMatch{Hashes: make([]uint64, 10), BlockTokens: 16, Blocks: blocks})
+		return r
+	}
+	queued := func(q1, q2, q3 int) []Endpoint {
+		return []Endpoint{
+			ep("10.0.0.1:8000", &datastore.Metrics{WaitingQueueSize: q1}, nil),
+			ep("10.0.0.2:8000", &datastore.Metrics{WaitingQueueSize: q2}, nil),
+			ep("10.0.0.3:8000", &datastore.Metrics{WaitingQueueSize: q3}, nil),
+		}
+	}
+	f := build(t, "prefix-cache-affinity-filter", `{"affinityThreshold":0.8,"maxWaitingQueueGap":4}`).(Filter)
+	cases := []struct {
+		name   string
+		blocks map[string]int
+		eps    []Endpoint
+		want   int
+	}{
+		{"holder kept alone", map[string]int{"10.0.0.1:8000": 9}, queued(0, 0, 0), 1},
+		{"below threshold keeps all", map[string]int{"10.0.0.1:8000": 7}, queued(0, 0, 0), 3},
+		{"two holders", map[string]int{"10.0.0.1:8000": 10, "10.0.0.3:8000": 8}, queued(0, 0, 0), 2},
+		{"holder a little busier still kept", map[string]int{"10.0.0.1:8000": 10}, queued(4, 0, 1), 1},
+		{"holder clearly busier gives way", map[string]int{"10.0.0.1:8000": 10}, queued(9, 0, 1), 3},
+		{"cold keeps all", map[string]int{}, queued(0, 0, 0), 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := f.Filter(context.Background(), match(tc.blocks), tc.eps); len(got) != tc.want {
+				t.Fatalf("kept %d, want %d", len(got), tc.want)
+			}
+		})
+	}
+}
+
+func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
+	ctx := context.Background()
+	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	picker := build(t, "max-score-picker", "").(Picker)
+	SetRand(picker, seeded())
+	eps := threeEndpoints()
+	count := map[string]int{}
+	for range 9 {
+		req := &Request{}
+		req.SetAttr(prefixAttr, &PrefixMatch{Hashes: []uint64{1}, Blocks: map[string]int{}})
+		scores := make([]float64, len(eps))
+		s.Score(ctx, req, eps, scores)
+		sc := make([]Scored, len(eps))
+		for i := range eps {
+			sc[i] = Scored{Endpoint: eps[i], Score: scores[i]}
+		}
+		target := picker.Pick(ctx, sc)[0]
+		count[target.Address]++
+		s.Picked(ctx, req, resultFor(target.Address))
+	}
+	for _, e := range eps {
+		if count[e.Address] != 3 {
+			t.Fatalf("cold requests not spread evenly: %v", count)
+		}
+	}
+	warm := &Request{}
+	warm.SetAttr(prefixAttr, &PrefixMatch{Hashes: []uint64{1}, Blocks: map[string]int{"10.0.0.1:8000": 1}})
+	scores := make([]float64, 3)
+	s.Score(ctx, warm, eps, scores)
+	if scores[0] != 0.5 || scores[1] != 0.5 || scores[2] != 0.5 {
+		t.Fatalf("warm request scores %v, want neutral", scores)
+	}
+}
