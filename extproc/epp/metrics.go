@@ -16,6 +16,7 @@ const (
 	outcomeShed        = "shed"
 	outcomeBadRequest  = "bad_request"
 	outcomeError       = "error"
+	outcomeCancelled   = "cancelled"
 )
 
 // metrics are the picker's Prometheus series.

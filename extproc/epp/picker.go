@@ -28,6 +28,9 @@ type Options struct {
 	// Priorities maps objective names to priorities.
 	Priorities map[string]int
 	Saturation flowcontrol.UtilizationDetector
+	// Queue, when set, holds requests while the pool is full (late
+	// binding); without it only sheddable requests give way, with 429.
+	Queue *flowcontrol.Queue
 	// MetricsStaleness: older endpoint metrics count as unknown to scorers.
 	MetricsStaleness time.Duration
 	// EmitScores adds each target's score to the envoy.lb metadata.
@@ -60,6 +63,12 @@ func New(opts Options) (*Picker, error) {
 	}
 	p := &Picker{opts: opts}
 	p.SetPriorities(opts.Priorities)
+	if q := opts.Queue; q != nil {
+		opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_epp_flow_control_queue_size",
+			Help: "Requests waiting in flow control for the pool to have room.",
+		}, func() float64 { return float64(q.Len()) }))
+	}
 	p.metrics = newMetrics(opts.Registerer, opts.Store, opts.MetricsStaleness, func() float64 {
 		return opts.Saturation.Saturation(time.Now(), opts.Store.Endpoints())
 	})
@@ -143,7 +152,16 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		}
 		return reject(503, ReasonNoEndpoints, msg), outcomeSubsetEmpty
 	}
-	if req.Priority < 0 && p.opts.Saturation.Saturated(now, all) {
+	if q := p.opts.Queue; q != nil {
+		if err := q.Admit(ctx, req.Priority, req.FairnessID); err != nil {
+			return admissionRejection(err)
+		}
+		// Waiting may have taken a while: judge freshness from now.
+		now = time.Now()
+		for i := range candidates {
+			candidates[i].Metrics = candidates[i].FreshMetrics(now, p.opts.MetricsStaleness)
+		}
+	} else if req.Priority < 0 && p.opts.Saturation.Saturated(now, all) {
 		return reject(429, ReasonSaturated, fmt.Sprintf("pool saturated; objective %q is sheddable", objective)), outcomeShed
 	}
 
@@ -183,6 +201,17 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
 		ClearRouteCache: true,
 	}, outcomePicked
+}
+
+func admissionRejection(err error) (*server.Decision, string) {
+	switch {
+	case errors.Is(err, flowcontrol.ErrTTLExpired):
+		return reject(429, ReasonTTLExpired, err.Error()), outcomeShed
+	case errors.Is(err, flowcontrol.ErrQueueFull):
+		return reject(429, ReasonSaturated, err.Error()), outcomeShed
+	default: // the client went away while waiting
+		return reject(503, ReasonCancelled, err.Error()), outcomeCancelled
+	}
 }
 
 func reject(status int, reason, msg string) *server.Decision {

@@ -41,6 +41,7 @@ type rigOpts struct {
 	priorities map[string]int
 	bodyLimit  int64
 	emitScores bool
+	queueTTL   time.Duration // > 0 turns flow control on
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -59,11 +60,24 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		}
 	}
 	reg := prometheus.NewRegistry()
+	detector := flowcontrol.UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Minute}
+	var queue *flowcontrol.Queue
+	if o.queueTTL > 0 {
+		queue = flowcontrol.NewQueue(flowcontrol.QueueOptions{
+			Capacity: func() (int, int64) { return detector.Capacity(time.Now(), store.Endpoints()) },
+			TTL:      o.queueTTL,
+			Poll:     time.Millisecond,
+		})
+		qctx, qcancel := context.WithCancel(context.Background())
+		t.Cleanup(qcancel)
+		go queue.Run(qctx)
+	}
 	p, err := epp.New(epp.Options{
 		Store:      store,
 		Scheduler:  loaded.Scheduler,
 		Priorities: o.priorities,
-		Saturation: flowcontrol.UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Minute},
+		Saturation: detector,
+		Queue:      queue,
 		// Scorers treat metrics as fresh for the whole test.
 		MetricsStaleness: time.Minute,
 		EmitScores:       o.emitScores,
@@ -611,4 +625,36 @@ func TestDefaultProfileKeepsPrefixesTogether(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestFlowControlHoldsRequestsUntilThePoolHasRoom(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), queueTTL: 5 * time.Second, priorities: map[string]int{"batch": -1}})
+	full := func(q int) {
+		r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: q, UpdatedAt: time.Now()})
+	}
+	full(20)
+	got := make(chan *answer, 1)
+	go func() {
+		got <- r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}})
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("answered while the pool was full: immediate %v", a.immediate)
+	case <-time.After(100 * time.Millisecond):
+	}
+	full(0) // room again: the waiting request is picked, not shed
+	select {
+	case a := <-got:
+		if a.destination(t) != "10.0.0.1:8000" {
+			t.Fatal("wrong pick")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued request was not released")
+	}
+}
+
+func TestFlowControlTTLExpiryIs429(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), queueTTL: 50 * time.Millisecond})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 20, UpdatedAt: time.Now()})
+	r.do(t, call{body: completion}).wantImmediate(t, 429, epp.ReasonTTLExpired)
 }

@@ -33,4 +33,6 @@ const (
 	ReasonNoEndpoints = "rejected-no-endpoints"
 	ReasonSaturated   = "rejected-saturated"
 	ReasonBadRequest  = "rejected-bad-request"
+	ReasonTTLExpired  = "rejected-ttl-expired"
+	ReasonCancelled   = "rejected-context-cancelled"
 )

@@ -50,6 +50,7 @@ type Standalone struct {
 	srv     *server.Server
 	scraper *datalayer.Scraper
 	pool    *poolFileSource
+	queue   *flowcontrol.Queue // nil unless flow control is on
 }
 
 // NewStandalone loads and validates every file (failing fast with the file
@@ -80,6 +81,9 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	if loaded.Deprecated != "" {
 		cfg.Logger.Info("config uses a deprecated form", "detail", loaded.Deprecated)
 	}
+	if len(loaded.Ignored) > 0 {
+		cfg.Logger.Info("config settings accepted but not acted on by this picker", "settings", loaded.Ignored)
+	}
 	if cfg.PoolFilePoll <= 0 {
 		cfg.PoolFilePoll = time.Second
 	}
@@ -108,15 +112,25 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data layer: %w", err)
 	}
+	detector := flowcontrol.UtilizationDetector{
+		QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
+		KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
+		MetricsStaleness:     loaded.Saturation.MetricsStaleness,
+	}
+	var queue *flowcontrol.Queue
+	if fc := loaded.FlowControl; fc.Enabled {
+		queue = flowcontrol.NewQueue(flowcontrol.QueueOptions{
+			Capacity:  func() (int, int64) { return detector.Capacity(time.Now(), store.Endpoints()) },
+			TTL:       fc.RequestTTL,
+			MaxQueued: fc.MaxRequests,
+		})
+	}
 	picker, err := New(Options{
-		Store:      store,
-		Scheduler:  loaded.Scheduler,
-		Priorities: pf.Priorities(),
-		Saturation: flowcontrol.UtilizationDetector{
-			QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
-			KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
-			MetricsStaleness:     loaded.Saturation.MetricsStaleness,
-		},
+		Store:            store,
+		Scheduler:        loaded.Scheduler,
+		Priorities:       pf.Priorities(),
+		Saturation:       detector,
+		Queue:            queue,
 		MetricsStaleness: cfg.MetricsStaleness,
 		EmitScores:       cfg.EmitScores,
 		Registerer:       reg,
@@ -143,7 +157,7 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	if err := srv.Listen(); err != nil {
 		return nil, err
 	}
-	return &Standalone{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool}, nil
+	return &Standalone{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}, nil
 }
 
 // GRPCAddr, HealthAddr and MetricsAddr are the bound listener addresses.
@@ -161,6 +175,9 @@ func (s *Standalone) Run(ctx context.Context) error {
 	defer cancel()
 	go s.scraper.Run(ctx, s.store)
 	go s.pool.watch(ctx, s.cfg.PoolFilePoll)
+	if s.queue != nil {
+		go s.queue.Run(ctx)
+	}
 	s.srv.SetReady(s.store.Synced())
 	return s.srv.Serve(ctx)
 }

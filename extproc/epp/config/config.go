@@ -113,14 +113,32 @@ type Saturation struct {
 	MetricsStaleness time.Duration
 }
 
+// FlowControlGate is the feature gate that turns on queueing.
+const FlowControlGate = "flowControl"
+
+// FlowControl configures late-binding queueing (feature gate flowControl).
+// Without it, only sheddable requests give way, with 429, when the pool is
+// saturated.
+type FlowControl struct {
+	Enabled bool
+	// RequestTTL bounds a queued request's wait (expiry → 429).
+	RequestTTL time.Duration
+	// MaxRequests bounds the queued requests (beyond → 429).
+	MaxRequests int
+}
+
 // Loaded is a validated config turned into working parts.
 type Loaded struct {
 	Scheduler    *scheduling.Scheduler
 	DataLayer    DataLayer
 	Saturation   Saturation
 	FeatureGates map[string]bool
+	FlowControl  FlowControl
 	// Deprecated is set when the file used the legacy apiVersion.
 	Deprecated string
+	// Ignored lists accepted settings this picker does not act on, so the
+	// operator hears about them instead of assuming they work.
+	Ignored []string
 }
 
 // LoadFile reads and builds a config file; errors are prefixed with the path.
@@ -176,6 +194,16 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 		name, off := strings.CutSuffix(g, "=false")
 		l.FeatureGates[name] = !off
 	}
+	l.FlowControl = FlowControl{Enabled: l.FeatureGates[FlowControlGate], RequestTTL: 60 * time.Second, MaxRequests: 5000}
+	if err := l.applyFlowControl(c.FlowControl); err != nil {
+		return nil, fmt.Errorf("flowControl: %w", err)
+	}
+	for key, raw := range map[string]json.RawMessage{"dataLayer": c.DataLayer, "requestHandler": c.RequestHandler, "saturationDetector": c.SaturationDetector, "parser": c.Parser} {
+		if len(raw) > 0 {
+			l.Ignored = append(l.Ignored, key)
+		}
+	}
+	slices.Sort(l.Ignored)
 
 	builtins := scheduling.Builtins()
 	plugins := map[string]scheduling.Plugin{}
@@ -368,6 +396,37 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("duration %q must be positive", s)
 	}
 	*d = duration(v)
+	return nil
+}
+
+// applyFlowControl reads the flowControl keys this picker acts on; the
+// upstream's per-band settings are accepted and reported as ignored.
+func (l *Loaded) applyFlowControl(raw json.RawMessage) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	var fc map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fc); err != nil {
+		return err
+	}
+	for key, v := range fc {
+		switch key {
+		case "defaultRequestTTL":
+			var d duration
+			if err := json.Unmarshal(v, &d); err != nil {
+				return fmt.Errorf("defaultRequestTTL: %w", err)
+			}
+			l.FlowControl.RequestTTL = time.Duration(d)
+		case "maxRequests":
+			var n int
+			if err := json.Unmarshal(v, &n); err != nil || n < 1 {
+				return fmt.Errorf("maxRequests: want a positive integer, got %s", v)
+			}
+			l.FlowControl.MaxRequests = n
+		default:
+			l.Ignored = append(l.Ignored, "flowControl."+key)
+		}
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,6 +48,7 @@ func TestLoadRejectsBadConfigsNamingTheField(t *testing.T) {
 		{"bad data source scheme", head + "plugins:\n- type: metrics-data-source\n  parameters:\n    scheme: ftp\nschedulingProfiles:\n- name: a\n  plugins: []\n",
 			`plugins[0] (metrics-data-source): parameters.scheme: "ftp"`},
 		{"empty", "  \n", "empty config"},
+		{"bad flow-control ttl", head + "flowControl:\n  defaultRequestTTL: soon\n", `flowControl: defaultRequestTTL`},
 		{"scrape interval too short", head + "plugins:\n- type: metrics-data-source\n  parameters:\n    interval: 10ms\nschedulingProfiles:\n- name: a\n  plugins: []\n",
 			`plugins[0] (metrics-data-source): parameters.interval: 10ms is below the minimum of 50ms`},
 	}
@@ -147,6 +149,10 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 dataLayer:
   sources: []
+flowControl:
+  defaultRequestTTL: 15s
+  maxRequests: 100
+  priorityBands: []
 `
 	l, err := config.Load([]byte(text))
 	if err != nil {
@@ -158,8 +164,14 @@ dataLayer:
 	if l.DataLayer.Interval != 100*time.Millisecond || l.Saturation.QueueDepthThreshold != 8 || l.Saturation.KVCacheUtilThreshold != 0.9 || l.Saturation.MetricsStaleness != 500*time.Millisecond {
 		t.Errorf("data layer %+v saturation %+v", l.DataLayer, l.Saturation)
 	}
-	if l.FeatureGates["flowControl"] {
+	if l.FeatureGates["flowControl"] || l.FlowControl.Enabled {
 		t.Error("flowControl=false should disable the gate")
+	}
+	if l.FlowControl.RequestTTL != 15*time.Second || l.FlowControl.MaxRequests != 100 {
+		t.Errorf("flow control %+v", l.FlowControl)
+	}
+	if fmt.Sprint(l.Ignored) != "[dataLayer flowControl.priorityBands]" {
+		t.Errorf("ignored %v", l.Ignored)
 	}
 	p := l.Scheduler.Profiles["default"]
 	if len(p.Filters) != 1 || p.Scorers[0].Weight != 1.5 {

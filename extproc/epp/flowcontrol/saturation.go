@@ -41,3 +41,22 @@ func (d UtilizationDetector) Saturation(now time.Time, eps []*datastore.Endpoint
 func (d UtilizationDetector) Saturated(now time.Time, eps []*datastore.Endpoint) bool {
 	return d.Saturation(now, eps) >= 1
 }
+
+// Capacity is the pool's headroom for flow control: how many more requests
+// it can take, assuming each one waits in an endpoint's queue (the
+// conservative case), and a version that changes with the newest metrics.
+// A saturated pool has none.
+func (d UtilizationDetector) Capacity(now time.Time, eps []*datastore.Endpoint) (int, int64) {
+	var version int64
+	for _, e := range eps {
+		if m := e.Metrics(); m != nil {
+			version = max(version, m.UpdatedAt.UnixNano())
+		}
+	}
+	sat := d.Saturation(now, eps)
+	if sat >= 1 {
+		return 0, version
+	}
+	// The epsilon keeps 1.9999999 from rounding down to 1.
+	return max(1, int((1-sat)*d.QueueDepthThreshold*float64(len(eps))+1e-9)), version
+}

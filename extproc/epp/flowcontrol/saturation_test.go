@@ -39,3 +39,23 @@ func TestUtilizationDetector(t *testing.T) {
 		})
 	}
 }
+
+func TestCapacity(t *testing.T) {
+	now := time.Now()
+	d := UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Second}
+	mk := func(q int, at time.Time) *datastore.Endpoint {
+		e := &datastore.Endpoint{}
+		e.SetMetrics(&datastore.Metrics{WaitingQueueSize: q, UpdatedAt: at})
+		return e
+	}
+	idle := []*datastore.Endpoint{mk(0, now), mk(0, now.Add(-time.Millisecond))}
+	if h, v := d.Capacity(now, idle); h != 10 || v != now.UnixNano() {
+		t.Fatalf("idle pool of 2: headroom %d version %d", h, v)
+	}
+	if h, _ := d.Capacity(now, []*datastore.Endpoint{mk(5, now), mk(3, now)}); h != 2 {
+		t.Fatalf("half-full pool: headroom %d, want 2", h)
+	}
+	if h, _ := d.Capacity(now, []*datastore.Endpoint{mk(9, now)}); h != 0 {
+		t.Fatalf("saturated pool: headroom %d", h)
+	}
+}
