@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -105,18 +106,33 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	if err != nil {
 		return fmt.Errorf("devproxy: %w (log: %s)", err, tail(proxyLog))
 	}
-	fmt.Printf("  %-10s %s  TLS, default profile: queue-scorer x2, kv-cache-utilization-scorer x2, lora-affinity-scorer x1\n", "epp", eppAddr)
+	fmt.Printf("  %-10s %s  TLS, the default profile\n", "epp", eppAddr)
 	fmt.Printf("  %-10s %s  ext_proc filter 'epp' (FailClose), routes by the picker's envoy.lb metadata\n\n", "devproxy", strings.TrimPrefix(base, "http://"))
 	if err := waitPicks(ctx, base); err != nil {
 		return fmt.Errorf("%w (picker log: %s)", err, tail(filepath.Join(dir, "epp.log")))
 	}
 
-	fmt.Printf("Sending %d chat requests, %d at a time...\n\n", nRequests, concurrency)
+	fmt.Printf("Sending %d chat requests, %d at a time, from %d apps; each app has its own long system prompt...\n\n", nRequests, concurrency, apps)
 	results, elapsed := send(ctx, base, nRequests, concurrency)
-	return report(servers, results, elapsed)
+	return report(ctx, servers, results, elapsed)
+}
+
+// apps is how many distinct system prompts the demo's requests share.
+const apps = 8
+
+// systemPrompt is app a's system prompt: about 600 tokens of text that
+// differs between apps from its first words.
+func systemPrompt(a int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "You are assistant number %d. ", a)
+	for i := 0; b.Len() < 2400; i++ {
+		fmt.Fprintf(&b, "Rule %d of app %d: answer briefly, cite sources, and stay on topic. ", i, a)
+	}
+	return b.String()
 }
 
 type result struct {
+	app      int
 	err      error
 	status   int
 	upstream string
@@ -149,10 +165,12 @@ func send(ctx context.Context, base string, n, concurrency int) ([]result, time.
 }
 
 func one(ctx context.Context, client *http.Client, base string, i int) result {
-	body := fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"Request %d: write a haiku about routing."}],"max_tokens":%d}`, i, 16+i%48)
+	app := (i * 5) % apps // interleaved, so every app's requests are spread over the run
+	body := fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":%q},{"role":"user","content":"Request %d: write a haiku about routing."}],"max_tokens":%d}`,
+		systemPrompt(app), i, 16+i%48)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
-		return result{err: err}
+		return result{app: app, err: err}
 	}
 	req.Header.Set("content-type", "application/json")
 	t0 := time.Now()
@@ -162,7 +180,7 @@ func one(ctx context.Context, client *http.Client, base string, i int) result {
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
-	r := result{status: resp.StatusCode, upstream: resp.Header.Get("x-infergate-upstream"), pod: resp.Header.Get("x-inference-pod"), latency: time.Since(t0)}
+	r := result{app: app, status: resp.StatusCode, upstream: resp.Header.Get("x-infergate-upstream"), pod: resp.Header.Get("x-inference-pod"), latency: time.Since(t0)}
 	var lb struct {
 		Scores map[string]float64 `json:"x-gateway-destination-endpoint-scores"`
 	}
@@ -174,7 +192,7 @@ func one(ctx context.Context, client *http.Client, base string, i int) result {
 
 // report prints the table and the explanation; it fails when a request
 // failed or was answered by another server than the one picked.
-func report(servers []*server, results []result, elapsed time.Duration) error {
+func report(ctx context.Context, servers []*server, results []result, elapsed time.Duration) error {
 	name := map[string]string{}
 	for _, s := range servers {
 		name[s.addr] = s.name
@@ -199,15 +217,16 @@ func report(servers []*server, results []result, elapsed time.Duration) error {
 		a.lat = append(a.lat, r.latency)
 	}
 	ok := len(results) - failed
-	fmt.Printf("| endpoint | server | requests | share | p50 latency | p99 latency |\n")
-	fmt.Printf("|---|---|---:|---:|---:|---:|\n")
+	fmt.Printf("| endpoint | server | requests | share | prefix-cache hit rate | p50 latency | p99 latency |\n")
+	fmt.Printf("|---|---|---:|---:|---:|---:|---:|\n")
 	for _, s := range servers {
 		a := by[s.addr]
 		if a == nil {
 			a = &agg{}
 		}
 		slices.Sort(a.lat)
-		fmt.Printf("| %s | %s | %d | %.0f%% | %s | %s |\n", s.name, s.addr, a.n, 100*float64(a.n)/float64(max(ok, 1)), pct(a.lat, 0.5), pct(a.lat, 0.99))
+		fmt.Printf("| %s | %s | %d | %.0f%% | %s | %s | %s |\n", s.name, s.addr, a.n, 100*float64(a.n)/float64(max(ok, 1)),
+			hitRate(ctx, s.addr), pct(a.lat, 0.5), pct(a.lat, 0.99))
 	}
 	fmt.Printf("\n%d of %d requests answered 200 in %s; %d failed. Latencies are wall clock with the sims running 20x faster than real time.\n", ok, len(results), elapsed.Round(time.Millisecond), failed)
 	mismatch := 0
@@ -218,12 +237,30 @@ func report(servers []*server, results []result, elapsed time.Duration) error {
 	}
 	fmt.Printf("Every answer came from the server the picker chose: %v (x-inference-pod matched the picked endpoint %d/%d times).\n\n", mismatch == 0, ok-mismatch, ok)
 
-	fmt.Println("Why: for each request the picker scores every candidate from the metrics it scrapes every 50ms:")
-	fmt.Println("  queue-scorer x2 (1 for the shortest waiting queue .. 0 for the longest)")
-	fmt.Println("  + kv-cache-utilization-scorer x2 (1 - KV cache use)")
-	fmt.Println("  + lora-affinity-scorer x1 (0.8 here: no adapter requested is loaded, but there is room)")
-	fmt.Println("and picks the highest, ties broken at random. A server that drains its queue faster scores high more often,")
-	fmt.Println("so the large server takes the most work and the small one the least.")
+	fmt.Println("Where each app's requests went (its system prompt sits in that server's prefix cache):")
+	for a := range apps {
+		count := map[string]int{}
+		for _, r := range results {
+			if r.app == a && r.err == nil && r.status == 200 {
+				count[name[r.upstream]]++
+			}
+		}
+		var parts []string
+		for _, s := range servers {
+			if count[s.name] > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", s.name, count[s.name]))
+			}
+		}
+		fmt.Printf("  app %d: %s\n", a, strings.Join(parts, ", "))
+	}
+	fmt.Println()
+	fmt.Println("Why: the default profile. A new system prompt goes to the server that least recently took a new one")
+	fmt.Println("(no-hit-lru-scorer x2), so the apps spread over the pool. From then on the prefix-cache-affinity-filter")
+	fmt.Println("keeps an app on the servers holding its prompt (the others show as filtered out), unless their waiting")
+	fmt.Println("queue is more than 2 longer than another server's: then load decides and the prompt gets cached on a")
+	fmt.Println("second server. prefix-cache-scorer x3, queue-scorer x2 and kv-cache-utilization-scorer x2 weigh the")
+	fmt.Println("rest (metrics scraped every 50ms); lora-affinity-scorer x1 adds 0.8 everywhere (no adapter loaded).")
+	fmt.Println("The small server's queue fills first, so its apps overflow; the large server takes the most work.")
 	fmt.Println("A few decisions, with every candidate's score:")
 	for _, i := range []int{0, len(results) / 4, len(results) / 2, 3 * len(results) / 4, len(results) - 1} {
 		r := results[i]
@@ -232,9 +269,13 @@ func report(servers []*server, results []result, elapsed time.Duration) error {
 		}
 		var parts []string
 		for _, s := range servers {
-			parts = append(parts, fmt.Sprintf("%s %.2f", s.name, r.scores[s.addr]))
+			if v, ok := r.scores[s.addr]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.2f", s.name, v))
+			} else {
+				parts = append(parts, s.name+" filtered out")
+			}
 		}
-		fmt.Printf("  request %3d -> %-10s  (%s)\n", i, name[r.upstream], strings.Join(parts, ", "))
+		fmt.Printf("  request %3d (app %d) -> %-10s  (%s)\n", i, r.app, name[r.upstream], strings.Join(parts, ", "))
 	}
 	if failed > 0 || mismatch > 0 {
 		return fmt.Errorf("%d requests failed and %d were answered by another server than the picked one", failed, mismatch)
@@ -363,4 +404,41 @@ func tail(path string) string {
 	b, _ := os.ReadFile(path)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
+
+// hitRate reads a sim's prefix-cache counters.
+func hitRate(ctx context.Context, addr string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return "?"
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "?"
+	}
+	defer resp.Body.Close()
+	var hits, queries float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, _ := strings.Cut(line, "{")
+		_, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "vllm:prefix_cache_hits_total":
+			hits += v
+		case "vllm:prefix_cache_queries_total":
+			queries += v
+		}
+	}
+	if queries == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*hits/queries)
 }

@@ -16,8 +16,12 @@ import (
 // config injects one when a profile uses them and none is declared.
 const PrefixProducerType = "approx-prefix-cache-producer"
 
-// prefixAttr is the request attribute holding a *PrefixMatch.
-const prefixAttr = "prefix-match"
+// Request attributes of the prefix plugins: the producer's *PrefixMatch,
+// and a flag the affinity filter sets when load overrides affinity.
+const (
+	prefixAttr         = "prefix-match"
+	affinityBrokenAttr = "prefix-affinity-broken"
+)
 
 // PrefixMatch is, for one request, how much of its prompt each candidate
 // endpoint is believed to hold in its KV cache.
@@ -195,7 +199,9 @@ func newPrefixScorer(name string, params json.RawMessage) (Plugin, error) {
 
 func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {
 	m := prefixMatchOf(req)
-	if m == nil {
+	if m == nil || req.Attr(affinityBrokenAttr) != nil {
+		// The affinity filter found the holders too busy: load decides,
+		// and pulling back toward them here would undo that.
 		return
 	}
 	for i, e := range eps {
@@ -207,8 +213,10 @@ func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, sc
 
 // prefixAffinityFilter keeps only the endpoints that hold most of the
 // prompt, so a prefix keeps landing where its KV cache is, unless those
-// endpoints are clearly busier than the rest: then affinity gives way to
-// load. Without any such endpoint it keeps all.
+// endpoints are clearly busier than the rest (their shortest waiting queue
+// longer than the others' by more than maxWaitingQueueGap): then affinity
+// gives way to load, and the prefix scorer abstains for the request.
+// Without any holder it keeps all.
 type prefixAffinityFilter struct {
 	named
 	threshold   float64
@@ -219,7 +227,7 @@ func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error
 	p := struct {
 		AffinityThreshold  float64 `json:"affinityThreshold"`
 		MaxWaitingQueueGap int     `json:"maxWaitingQueueGap"`
-	}{AffinityThreshold: 0.8, MaxWaitingQueueGap: 8}
+	}{AffinityThreshold: 0.8, MaxWaitingQueueGap: 2}
 	if err := DecodeParams(params, &p); err != nil {
 		return nil, err
 	}
@@ -255,7 +263,10 @@ func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []End
 		return eps
 	}
 	if bestSticky >= 0 && bestOther >= 0 && bestSticky-bestOther > f.maxQueueGap {
-		return eps // the cache holders are clearly busier: let the scorers weigh it
+		// The cache holders are clearly busier: a wait in their queue costs
+		// more than recomputing the prefix elsewhere, so load decides.
+		req.SetAttr(affinityBrokenAttr, true)
+		return eps
 	}
 	return sticky
 }

@@ -124,6 +124,14 @@ func TestPrefixAffinityFilter(t *testing.T) {
 			}
 		})
 	}
+	// When load breaks affinity, the prefix scorer stays out of it.
+	req := match(map[string]int{"10.0.0.1:8000": 10})
+	f.Filter(context.Background(), req, queued(9, 0, 1))
+	scores := make([]float64, 3)
+	build(t, "prefix-cache-scorer", "").(Scorer).Score(context.Background(), req, threeEndpoints(), scores)
+	if scores[0] != 0 {
+		t.Fatalf("prefix scorer pulled toward the busy holder after affinity broke: %v", scores)
+	}
 }
 
 func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
