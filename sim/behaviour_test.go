@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -253,6 +254,131 @@ func TestPrefixCacheEviction(t *testing.T) {
 	c.release(a)
 }
 
+func TestOutputBlocksCached(t *testing.T) {
+	// Blocks of 4 tokens (16 bytes). A 2-block prompt that generates 9
+	// tokens computes 8+9-1 = 16 tokens: 4 full blocks stay cached, so the
+	// next turn, which quotes the answer, finds 16 tokens.
+	ts := start(t, Config{BlockSize: 4, TimeScale: 1000})
+	prompt := strings.Repeat("p", 32)
+	cachedOf := func(prompt string, maxTokens int) int {
+		t.Helper()
+		resp, body := ts.post(t, context.Background(), "/v1/completions", completionBody(base, prompt, maxTokens))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		r := decode[wireResponse](t, body)
+		if want := countTokens(prompt) + maxTokens; r.Usage.TotalTokens != want || countTokens(*r.Choices[0].Text) != maxTokens {
+			t.Fatalf("usage %+v for %d generated tokens of text %q", r.Usage, maxTokens, *r.Choices[0].Text)
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	if got := cachedOf(prompt, 9); got != 0 {
+		t.Fatalf("first turn: cached_tokens = %d, want 0", got)
+	}
+	next := prompt + outputText(9) + strings.Repeat("q", 40)
+	if got := cachedOf(next, 1); got != 16 {
+		t.Errorf("next turn: cached_tokens = %d, want 16 (prompt and answer)", got)
+	}
+}
+
+func TestFinishCachesOutputAndEvictsItFirst(t *testing.T) {
+	c := newPrefixCache(5)
+	seq := seqBlocks{prompt: []uint64{1, 2}, output: []uint64{3, 4}, total: 5}
+	hits, a, ok := c.tryAllocate(seq, false)
+	if !ok || hits != 0 {
+		t.Fatalf("tryAllocate = %d, %v", hits, ok)
+	}
+	if got := c.usage(); got != 1 {
+		t.Errorf("usage = %g while running, want 1", got)
+	}
+	c.finish(a)
+	for h := uint64(1); h <= 4; h++ {
+		if !c.contains(h) {
+			t.Errorf("block %d not cached after finish", h)
+		}
+	}
+	if got := c.usage(); got != 0 {
+		t.Errorf("usage = %g after finish, want 0", got)
+	}
+	// Four new blocks fill the free one and evict the three least recently
+	// freed: the end of the finished sequence (output first), not its
+	// beginning.
+	_, b, _ := c.tryAllocate(seqBlocks{prompt: []uint64{10, 11, 12, 13}, total: 4}, false)
+	c.release(b)
+	for h, want := range map[uint64]bool{1: true, 2: false, 3: false, 4: false} {
+		if c.contains(h) != want {
+			t.Errorf("block %d cached = %v, want %v", h, !want, want)
+		}
+	}
+
+	// An aborted sequence leaves its prompt blocks only.
+	_, a, _ = c.tryAllocate(seqBlocks{prompt: []uint64{20}, output: []uint64{21}, total: 2}, false)
+	c.release(a)
+	if !c.contains(20) || c.contains(21) {
+		t.Error("release of an aborted sequence: want prompt cached, output not")
+	}
+}
+
+func TestAdmissionWaitsForKVCache(t *testing.T) {
+	// 4 blocks of 16 tokens; each request needs 3 (32 prompt tokens and 17
+	// generated: 48 tokens with KV).
+	cfg := slow
+	cfg.KVCacheTokens, cfg.BlockSize = 64, 16
+	ts := start(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	ts.postInBackground(t, ctx, &wg, completionBody(base, strings.Repeat("a", 128), 17))
+	waitFor(t, "the first request to run", func() bool { return ts.Stats().Running == 1 })
+	ts.postInBackground(t, ctx, &wg, completionBody(base, strings.Repeat("b", 128), 17))
+	waitFor(t, "the second request to wait for blocks", func() bool {
+		st := ts.Stats()
+		return st.Running == 1 && st.Waiting == 1
+	})
+	if got := ts.Stats().KVCacheUsage; got != 0.75 {
+		t.Errorf("KV usage = %g, want 0.75", got)
+	}
+	// The same prompt shares the running request's blocks and would fit,
+	// but it must not overtake the second request.
+	ts.postInBackground(t, ctx, &wg, completionBody(base, strings.Repeat("a", 128), 1))
+	waitFor(t, "the third request to arrive", func() bool { st := ts.Stats(); return st.Running+st.Waiting == 3 })
+	if st := ts.Stats(); st.Running != 1 || st.Waiting != 2 {
+		t.Errorf("Stats = %+v: admission must stay in arrival order", st)
+	}
+	cancel()
+	wg.Wait()
+
+	// A request larger than the whole cache runs once it is alone.
+	cfg.PrefillOverhead = 0
+	big := start(t, cfg)
+	if resp, body := big.post(t, context.Background(), "/v1/completions", completionBody(base, strings.Repeat("c", 512), 100)); resp.StatusCode != 200 {
+		t.Fatalf("oversized request: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestSequenceBlocks(t *testing.T) {
+	for i := range fillerWords {
+		if tok := outputToken(i); len(tok) != bytesPerToken {
+			t.Errorf("output token %q is not %d bytes", tok, bytesPerToken)
+		}
+	}
+	prompt := strings.Repeat("x", 4*16*3+8) // 3 full blocks and 2 tokens
+	seq := sequenceBlocks(base, prompt, 30, 16, 100)
+	if want := blockHashes(base, prompt, 16); !slices.Equal(seq.prompt, want) {
+		t.Errorf("prompt hashes differ from the prompt's own block hashes")
+	}
+	// 50 prompt tokens and 30 generated: 79 with KV, 4 full blocks, 5 held.
+	if len(seq.output) != 1 || seq.total != 5 {
+		t.Errorf("output blocks %d, total %d; want 1 and 5", len(seq.output), seq.total)
+	}
+	if want := blockHashes(base, prompt+outputText(30), 16)[3]; seq.output[0] != want {
+		t.Error("output hash does not continue the chain over prompt and answer")
+	}
+	if seq := sequenceBlocks(base, prompt, 1<<30, 16, 10); len(seq.output) != 10 || seq.total < 1<<26 {
+		t.Errorf("huge max_tokens: %d output hashes (want the limit, 10), total %d", len(seq.output), seq.total)
+	}
+}
+
 func TestTTFTFollowsCachedTokens(t *testing.T) {
 	// 256 prompt tokens × 10 ms = 2.56 s simulated, 128 ms real when
 	// uncached; a full hit leaves only the 1 ms (50 µs real) overhead.
@@ -392,7 +518,7 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 	d := Config{}.WithDefaults()
-	if d.MaxNumSeqs != 5 || d.MaxLoRAs != 1 || d.MaxWaitingQueue != 1000 || d.DefaultMaxTokens != 16 ||
+	if d.MaxNumSeqs != 256 || d.MaxLoRAs != 1 || d.MaxWaitingQueue != 1000 || d.DefaultMaxTokens != 16 ||
 		d.KVCacheTokens != 163472 || d.BlockSize != 16 || d.TimeScale != 1 || d.Model == "" || d.Name == "" {
 		t.Errorf("defaults = %+v", d)
 	}

@@ -235,3 +235,9 @@ func (ts *testServer) postInBackground(t testing.TB, ctx context.Context, wg *sy
 		}
 	})
 }
+
+// allocate admits a sequence unconditionally, for cache tests.
+func (c *prefixCache) allocate(hashes []uint64, total int) (hits int, a *allocation) {
+	hits, a, _ = c.tryAllocate(seqBlocks{prompt: hashes, total: total}, true)
+	return hits, a
+}

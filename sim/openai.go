@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -152,20 +153,23 @@ func (s *Server) handleGenerate(chat bool) http.HandlerFunc {
 func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 	arrival := time.Now()
 	promptTokens := countTokens(j.prompt)
-	hashes := blockHashes(j.model, j.prompt, s.cfg.BlockSize)
-	totalBlocks := (promptTokens + j.maxTokens + s.cfg.BlockSize - 1) / s.cfg.BlockSize
+	seq := sequenceBlocks(j.model, j.prompt, j.maxTokens, s.cfg.BlockSize, s.cache.capacity)
 
-	if err := s.sched.acquire(ctx, j.model); err != nil {
+	t, err := s.sched.acquire(ctx, j.model, seq)
+	if err != nil {
 		if errors.Is(err, errQueueFull) {
 			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%v: %d requests already waiting", err, s.cfg.MaxWaitingQueue))
 		}
 		return // otherwise the client is gone
 	}
-	defer s.sched.release(j.model)
-	hitBlocks, alloc := s.cache.allocate(hashes, totalBlocks)
-	defer s.cache.release(alloc)
+	// Like vLLM, the sequence leaves the scheduler and frees its blocks when
+	// its last token is generated, before the client hears of the end; if it
+	// ends early its output blocks are not cached.
+	var once sync.Once
+	release := func(finished bool) { once.Do(func() { s.sched.release(t, finished) }) }
+	defer release(false)
 
-	cached := hitBlocks * s.cfg.BlockSize
+	cached := t.hits * s.cfg.BlockSize
 	s.queriedTokens.Add(uint64(promptTokens))
 	s.hitTokens.Add(uint64(cached))
 	s.metrics.prefixQueries.Add(float64(promptTokens))
@@ -198,13 +202,14 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 	}
 	r := responder{w: w, id: id, model: j.model, created: arrival.Unix(), chat: j.chat}
 	if j.stream {
-		if !r.stream(ctx, j, first, itl, u) {
+		if !r.stream(ctx, j, first, itl, u, func() { release(true) }) {
 			return
 		}
 	} else {
 		if !sleepUntil(ctx, first.Add(time.Duration(j.maxTokens-1)*itl)) {
 			return
 		}
+		release(true)
 		r.whole(j, u)
 	}
 	s.served.Add(1)
@@ -299,9 +304,10 @@ func (r responder) whole(j job, u *usage) {
 	writeJSON(r.w, http.StatusOK, r.envelope(false, choices, u))
 }
 
-// stream sends one SSE event per token as it becomes due and reports
-// whether the client received everything.
-func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.Duration, u *usage) bool {
+// stream sends one SSE event per token as it becomes due, calls generated
+// once the last token is sent, and reports whether the client received
+// everything.
+func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.Duration, u *usage, generated func()) bool {
 	h := r.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -336,6 +342,7 @@ func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.
 			return false
 		}
 	}
+	generated()
 	reason := finishLength
 	var choices any = []completionChoice{{FinishReason: &reason}}
 	if r.chat {

@@ -12,15 +12,18 @@ import (
 // errQueueFull is returned by acquire when the waiting queue is at capacity.
 var errQueueFull = errors.New("waiting queue is full")
 
-// scheduler hands out the MaxNumSeqs running slots. Waiting requests are
-// admitted in arrival order, except that a request for an adapter that cannot
-// be loaded (MaxLoRAs distinct adapters already running) is passed over so
-// it does not block requests behind it, as vLLM's scheduler does.
+// scheduler hands out the MaxNumSeqs running slots and the KV cache blocks.
+// Waiting requests are admitted in arrival order, as vLLM's scheduler does:
+// a request for an adapter that cannot be loaded (MaxLoRAs distinct adapters
+// already running) is passed over so it does not block requests behind it,
+// while a request whose blocks do not fit in the KV cache stops admission
+// until running requests free enough.
 type scheduler struct {
 	base       string
 	maxSeqs    int
 	maxWaiting int
 	maxLoRAs   int
+	cache      *prefixCache
 
 	mu          sync.Mutex
 	running     int
@@ -29,67 +32,82 @@ type scheduler struct {
 	changed     time.Time // last change of running or waiting
 }
 
+// ticket is one request's place in the scheduler.
 type ticket struct {
 	model    string
+	seq      seqBlocks
 	admitted chan struct{} // closed on admission
-	done     bool          // admitted; guarded by scheduler.mu
+	// Guarded by scheduler.mu until admitted is closed.
+	done  bool // admitted
+	hits  int  // leading prompt blocks found in the cache
+	alloc *allocation
 }
 
-func newScheduler(cfg Config) *scheduler {
+func newScheduler(cfg Config, cache *prefixCache) *scheduler {
 	return &scheduler{
 		base:        cfg.Model,
 		maxSeqs:     cfg.MaxNumSeqs,
 		maxWaiting:  cfg.MaxWaitingQueue,
 		maxLoRAs:    cfg.MaxLoRAs,
+		cache:       cache,
 		runningLoRA: map[string]int{},
 		changed:     time.Now(),
 	}
 }
 
-// acquire blocks until the request for model may run. On success the caller
-// must call release(model). It fails with errQueueFull, or with the context's
-// error when the client leaves while waiting.
-func (s *scheduler) acquire(ctx context.Context, model string) error {
-	t := &ticket{model: model, admitted: make(chan struct{})}
+// acquire blocks until the request for model, which needs the KV cache
+// blocks seq, may run. On success the ticket tells the cached prompt blocks
+// and the caller must call release. It fails with errQueueFull, or with the
+// context's error when the client leaves while waiting.
+func (s *scheduler) acquire(ctx context.Context, model string, seq seqBlocks) (*ticket, error) {
+	t := &ticket{model: model, seq: seq, admitted: make(chan struct{})}
 	s.mu.Lock()
 	s.waiting = append(s.waiting, t)
 	s.dispatchLocked()
 	if !t.done && len(s.waiting) > s.maxWaiting {
 		s.dropLocked(t)
 		s.mu.Unlock()
-		return errQueueFull
+		return nil, errQueueFull
 	}
 	s.changed = time.Now()
 	s.mu.Unlock()
 
 	select {
 	case <-t.admitted:
-		return nil
+		return t, nil
 	case <-ctx.Done():
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if t.done { // admitted while we were giving up
-			s.releaseLocked(model)
+			s.releaseLocked(t, false)
 		} else {
 			s.dropLocked(t)
+			s.dispatchLocked() // it may have held back smaller requests
 			s.changed = time.Now()
 		}
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
-// release frees the slot taken by a successful acquire.
-func (s *scheduler) release(model string) {
+// release frees the slot and blocks taken by a successful acquire. finished
+// says the request generated all its tokens, whose full blocks then stay
+// cached.
+func (s *scheduler) release(t *ticket, finished bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.releaseLocked(model)
+	s.releaseLocked(t, finished)
 }
 
-func (s *scheduler) releaseLocked(model string) {
+func (s *scheduler) releaseLocked(t *ticket, finished bool) {
+	if finished {
+		s.cache.finish(t.alloc)
+	} else {
+		s.cache.release(t.alloc)
+	}
 	s.running--
-	if model != s.base {
-		if s.runningLoRA[model]--; s.runningLoRA[model] == 0 {
-			delete(s.runningLoRA, model)
+	if t.model != s.base {
+		if s.runningLoRA[t.model]--; s.runningLoRA[t.model] == 0 {
+			delete(s.runningLoRA, t.model)
 		}
 	}
 	s.dispatchLocked()
@@ -102,12 +120,21 @@ func (s *scheduler) dropLocked(t *ticket) {
 	}
 }
 
-// dispatchLocked admits waiting requests while slots are free.
+// dispatchLocked admits waiting requests while slots and blocks are free. A
+// request too large for the whole cache gets in once nothing else runs, so
+// that it cannot wait forever.
 func (s *scheduler) dispatchLocked() {
+	blocked := false
 	s.waiting = slices.DeleteFunc(s.waiting, func(t *ticket) bool {
-		if s.running >= s.maxSeqs || !s.adapterFitsLocked(t.model) {
+		if blocked || s.running >= s.maxSeqs || !s.adapterFitsLocked(t.model) {
 			return false
 		}
+		hits, a, ok := s.cache.tryAllocate(t.seq, s.running == 0)
+		if !ok {
+			blocked = true
+			return false
+		}
+		t.hits, t.alloc = hits, a
 		s.running++
 		if t.model != s.base {
 			s.runningLoRA[t.model]++

@@ -50,11 +50,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("sim: invalid config: %w", err)
 	}
 	cfg = cfg.WithDefaults()
+	cache := newPrefixCache(cfg.KVCacheTokens / cfg.BlockSize)
 	s := &Server{
 		cfg:    cfg,
 		models: map[string]bool{cfg.Model: true},
-		sched:  newScheduler(cfg),
-		cache:  newPrefixCache(cfg.KVCacheTokens / cfg.BlockSize),
+		sched:  newScheduler(cfg, cache),
+		cache:  cache,
 	}
 	for _, a := range cfg.LoRAAdapters {
 		s.models[a] = true

@@ -41,18 +41,17 @@ func blockHashes(seed, text string, blockSize int) []uint64 {
 }
 
 // fillerWords make up generated text; output token i is word i modulo the
-// list, so responses are deterministic.
-var fillerWords = strings.Fields(`the quick simulated model answers every
-request with these filler words until it reaches the requested number of
-tokens and then stops`)
+// list, so responses are deterministic. Every token is a space and three
+// letters, exactly bytesPerToken bytes, so that the text of n generated
+// tokens is n tokens to the simulator's tokenizer too, and a follow-up
+// prompt that quotes an answer (the next turn of a chat) lines up with the
+// blocks cached for that answer.
+var fillerWords = strings.Fields(`the sim has one way for you and its bit but not
+any new fun yet you may ask all the old law and get its end`)
 
 // outputToken returns the text of generated token i.
 func outputToken(i int) string {
-	w := fillerWords[i%len(fillerWords)]
-	if i == 0 {
-		return w
-	}
-	return " " + w
+	return " " + fillerWords[i%len(fillerWords)]
 }
 
 // outputText returns n generated tokens as one string.
@@ -62,4 +61,39 @@ func outputText(n int) string {
 		b.WriteString(outputToken(i))
 	}
 	return b.String()
+}
+
+// seqBlocks is the KV cache footprint of one request.
+type seqBlocks struct {
+	// prompt are the hashes of the prompt's full blocks, looked up and
+	// cached when the request is admitted.
+	prompt []uint64
+	// output are the hashes of the further full blocks (the prompt's partial
+	// last block completed by generated tokens, then generated tokens only)
+	// that are cached once generation is done.
+	output []uint64
+	// total is how many blocks the sequence holds while it runs.
+	total int
+}
+
+// sequenceBlocks works out the blocks of a request that generates
+// maxTokens tokens. Like vLLM it caches every full block of prompt and
+// output; the KV of the last generated token is never computed (the
+// sequence stops once it is sampled), so promptTokens+maxTokens-1 tokens
+// occupy blocks. At most limit blocks of output are hashed, which bounds
+// the work for absurd max_tokens values.
+func sequenceBlocks(seed, prompt string, maxTokens, blockSize, limit int) seqBlocks {
+	computed := countTokens(prompt) + maxTokens - 1
+	full := min(computed/blockSize, len(prompt)/(blockSize*bytesPerToken)+limit)
+	// The hashes chain over the bytes of prompt then output, so the prompt's
+	// own full blocks come first and are what blockHashes(prompt) gives.
+	outTokens := max(min(maxTokens, full*blockSize-len(prompt)/bytesPerToken+1), 0)
+	hashes := blockHashes(seed, prompt+outputText(outTokens), blockSize)
+	hashes = hashes[:min(full, len(hashes))]
+	n := min(len(prompt)/(blockSize*bytesPerToken), len(hashes))
+	return seqBlocks{
+		prompt: hashes[:n],
+		output: hashes[n:],
+		total:  max((computed+blockSize-1)/blockSize, n, 1),
+	}
 }
