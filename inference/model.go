@@ -1,6 +1,7 @@
 package inference
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -19,13 +20,48 @@ const maxDepth = 512
 // encoding/json, the last of duplicate keys wins; unlike it, the key must be
 // exactly "model" (inference APIs are case-sensitive).
 func ModelOf(body []byte) (string, error) {
-	s := scanner{b: body}
+	s, err := scan(body)
+	if err != nil {
+		return "", err
+	}
+	return s.model()
+}
+
+// scanner validates JSON and remembers where the values of the top-level
+// fields routing reads are (the last occurrence of a key wins, as in
+// encoding/json).
+type scanner struct {
+	b      []byte
+	i      int
+	err    error
+	fields [numFields]span
+}
+
+// span is a value's byte range in the body; end == 0 means absent.
+type span struct{ start, end int }
+
+// The top-level fields routing reads.
+const (
+	fieldModel = iota
+	fieldStream
+	fieldPrompt
+	fieldMessages
+	fieldSystem
+	fieldInput
+	numFields
+)
+
+var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input"}
+
+// scan validates body as one JSON object and records its fields' spans.
+func scan(body []byte) (*scanner, error) {
+	s := &scanner{b: body}
 	s.space()
 	if s.peek() != '{' {
 		if s.fail() == nil {
-			return "", fmt.Errorf("%w: want a JSON object", ErrInvalidJSON)
+			return nil, fmt.Errorf("%w: want a JSON object", ErrInvalidJSON)
 		}
-		return "", s.err
+		return nil, s.err
 	}
 	s.value(0)
 	s.space()
@@ -33,21 +69,22 @@ func ModelOf(body []byte) (string, error) {
 		s.errorf("data after the top-level value")
 	}
 	if s.err != nil {
-		return "", s.err
+		return nil, s.err
 	}
-	if !s.found || s.model == "" {
-		return "", ErrMissingModel
-	}
-	return s.model, nil
+	return s, nil
 }
 
-// scanner validates JSON and remembers the top-level "model" string.
-type scanner struct {
-	b     []byte
-	i     int
-	err   error
-	model string
-	found bool
+// model returns the model field if it is a non-empty string.
+func (s *scanner) model() (string, error) {
+	sp := s.fields[fieldModel]
+	if sp.end == 0 || s.b[sp.start] != '"' {
+		return "", ErrMissingModel
+	}
+	m := stringValue(s.b[sp.start:sp.end], bytes.IndexByte(s.b[sp.start:sp.end], '\\') >= 0)
+	if m == "" {
+		return "", ErrMissingModel
+	}
+	return m, nil
 }
 
 func (s *scanner) peek() byte {
@@ -138,19 +175,15 @@ func (s *scanner) object(depth int) {
 		}
 		s.i++
 		s.space()
-		isModel := depth == 0 && keyIs(s.b[kStart:kEnd], kEscaped, "model")
 		vStart := s.i
-		if isModel && s.peek() == '"' {
-			escaped := s.str()
-			if s.err != nil {
-				return
+		s.value(depth + 1)
+		if depth == 0 && s.err == nil {
+			for f, name := range fieldNames {
+				if keyIs(s.b[kStart:kEnd], kEscaped, name) {
+					s.fields[f] = span{vStart, s.i}
+					break
+				}
 			}
-			s.model, s.found = stringValue(s.b[vStart:s.i], escaped), true
-		} else {
-			if isModel {
-				s.model, s.found = "", true // present but not a string
-			}
-			s.value(depth + 1)
 		}
 		s.space()
 		switch s.peek() {

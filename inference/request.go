@@ -4,9 +4,7 @@
 package inference
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 )
 
@@ -17,73 +15,116 @@ var ErrMissingModel = errors.New(`request body has no "model" field`)
 type Request struct {
 	Model string
 	// Prompt is the user-visible input flattened to text: the prompt of a
-	// completion, or the messages of a chat joined in order. Routing uses
-	// it to estimate size and, later, to find shared prefixes.
+	// completion, or the system prompt and messages of a chat joined in
+	// order. Routing uses it to estimate size and to find shared prefixes.
 	Prompt string
 	Stream bool
 }
 
-// body lists the fields of the OpenAI and Anthropic request shapes that
-// routing reads; everything else is ignored.
-type body struct {
-	Prompt   json.RawMessage `json:"prompt"`
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
-	System json.RawMessage `json:"system"`
-	Input  json.RawMessage `json:"input"`
-	Stream bool            `json:"stream"`
-}
-
-// ParseRequest reads an inference request body. The model is found by
-// ModelOf, so both agree on what a valid body and its model are.
+// ParseRequest reads an inference request body (OpenAI completions, chat
+// completions, responses; Anthropic messages) in one validating pass over
+// the body and one over the prompt fields, building nothing else.
 func ParseRequest(raw []byte) (*Request, error) {
-	model, err := ModelOf(raw)
+	s, err := scan(raw)
 	if err != nil {
 		return nil, err
 	}
-	var b body
-	if err := json.Unmarshal(raw, &b); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidJSON, err)
+	model, err := s.model()
+	if err != nil {
+		return nil, err
 	}
 	var sb strings.Builder
-	appendText(&sb, b.System)
-	appendText(&sb, b.Prompt)
-	appendText(&sb, b.Input)
-	for _, m := range b.Messages {
-		appendText(&sb, m.Content)
+	for _, f := range []int{fieldSystem, fieldPrompt, fieldInput, fieldMessages} {
+		if sp := s.fields[f]; sp.end > 0 {
+			w := textWalker{b: raw[:sp.end], i: sp.start, sb: &sb}
+			w.value(true)
+		}
 	}
-	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream}, nil
+	sp := s.fields[fieldStream]
+	return &Request{Model: model, Prompt: sb.String(), Stream: sp.end > 0 && string(raw[sp.start:sp.end]) == "true"}, nil
 }
 
-// appendText adds the text of a string, an array of strings, or an array
-// of content parts ({"type":"text","text":...}); other shapes add nothing.
-func appendText(sb *strings.Builder, raw json.RawMessage) {
-	if len(raw) == 0 {
-		return
+// textWalker collects the text of an already validated JSON value: a
+// string, the strings in an array, and in objects only the "text" and
+// "content" fields (so roles, types and image URLs are left out).
+type textWalker struct {
+	b  []byte
+	i  int
+	sb *strings.Builder
+}
+
+func (w *textWalker) space() {
+	for w.i < len(w.b) && (w.b[w.i] == ' ' || w.b[w.i] == '\t' || w.b[w.i] == '\n' || w.b[w.i] == '\r') {
+		w.i++
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		sb.WriteString(s)
-		return
-	}
-	var parts []json.RawMessage
-	if json.Unmarshal(raw, &parts) != nil {
-		return
-	}
-	for _, p := range parts {
-		var part struct {
-			Text    *string         `json:"text"`
-			Content json.RawMessage `json:"content"`
+}
+
+// str moves past a string and returns its raw quoted form and whether it
+// has escapes.
+func (w *textWalker) str() ([]byte, bool) {
+	start := w.i
+	w.i++
+	escaped := false
+	for w.i < len(w.b) {
+		switch w.b[w.i] {
+		case '\\':
+			escaped = true
+			w.i += 2
+			continue
+		case '"':
+			w.i++
+			return w.b[start:w.i], escaped
 		}
-		if json.Unmarshal(p, &s) == nil {
-			sb.WriteString(s)
-		} else if json.Unmarshal(p, &part) == nil {
-			if part.Text != nil {
-				sb.WriteString(*part.Text)
+		w.i++
+	}
+	return w.b[start:], escaped
+}
+
+func (w *textWalker) value(collect bool) {
+	w.space()
+	if w.i >= len(w.b) {
+		return
+	}
+	switch w.b[w.i] {
+	case '"':
+		q, escaped := w.str()
+		if collect {
+			w.sb.WriteString(stringValue(q, escaped))
+		}
+	case '[':
+		w.i++
+		for {
+			w.space()
+			if w.i >= len(w.b) || w.b[w.i] == ']' {
+				w.i++
+				return
 			}
-			appendText(sb, part.Content)
+			w.value(collect)
+			w.space()
+			if w.i < len(w.b) && w.b[w.i] == ',' {
+				w.i++
+			}
+		}
+	case '{':
+		w.i++
+		for {
+			w.space()
+			if w.i >= len(w.b) || w.b[w.i] == '}' {
+				w.i++
+				return
+			}
+			k, escaped := w.str()
+			w.space()
+			w.i++ // ':'
+			w.value(collect && (keyIs(k, escaped, "text") || keyIs(k, escaped, "content")))
+			w.space()
+			if w.i < len(w.b) && w.b[w.i] == ',' {
+				w.i++
+			}
+		}
+	default: // number or literal: skip to the next delimiter
+		for w.i < len(w.b) && !strings.ContainsRune(",]} \t\n\r", rune(w.b[w.i])) {
+			w.i++
 		}
 	}
 }

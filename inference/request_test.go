@@ -1,7 +1,9 @@
 package inference
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -43,4 +45,86 @@ func TestParseRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// referencePrompt is the prompt as encoding/json sees the same fields:
+// the oracle the one-pass walker is checked against.
+func referencePrompt(raw []byte) (string, bool) {
+	var b struct {
+		Prompt   json.RawMessage `json:"prompt"`
+		Messages json.RawMessage `json:"messages"`
+		System   json.RawMessage `json:"system"`
+		Input    json.RawMessage `json:"input"`
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) != nil {
+		return "", false
+	}
+	// Exact-key lookups, as the walker does (encoding/json struct decoding
+	// would also accept other casings).
+	b.Prompt, b.Messages, b.System, b.Input = top["prompt"], top["messages"], top["system"], top["input"]
+	var sb strings.Builder
+	for _, v := range []json.RawMessage{b.System, b.Prompt, b.Input, b.Messages} {
+		refText(&sb, v, true)
+	}
+	return sb.String(), true
+}
+
+func refText(sb *strings.Builder, raw json.RawMessage, collect bool) {
+	if len(raw) == 0 {
+		return
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if collect {
+			sb.WriteString(s)
+		}
+		return
+	}
+	var arr []json.RawMessage
+	if json.Unmarshal(raw, &arr) == nil {
+		for _, e := range arr {
+			refText(sb, e, collect)
+		}
+		return
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return
+	}
+	// Object fields in document order matter; decode keys in order.
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	_, _ = dec.Token() // {
+	for dec.More() {
+		kt, _ := dec.Token()
+		k, _ := kt.(string)
+		var v json.RawMessage
+		_ = dec.Decode(&v)
+		refText(sb, v, collect && (k == "text" || k == "content"))
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hello"}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x\u00e9"},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
+		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"}],"stream":true}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"t"}]}]}`,
+		`{"model":"m","prompt":["a","b"],"messages":[{"content":{"text":"nested","content":"c"}}]}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		got, err := ParseRequest([]byte(body))
+		if err != nil {
+			return
+		}
+		want, ok := referencePrompt([]byte(body))
+		if !ok {
+			t.Fatalf("parsed a body encoding/json rejects")
+		}
+		if got.Prompt != want {
+			t.Fatalf("prompt %q, reference %q", got.Prompt, want)
+		}
+	})
 }
