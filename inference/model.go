@@ -54,24 +54,21 @@ const (
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input"}
 
 // scan validates body as one JSON object and records its fields' spans.
-func scan(body []byte) (*scanner, error) {
-	s := &scanner{b: body}
+func scan(body []byte) (scanner, error) {
+	s := scanner{b: body}
 	s.space()
 	if s.peek() != '{' {
 		if s.fail() == nil {
-			return nil, fmt.Errorf("%w: want a JSON object", ErrInvalidJSON)
+			return s, fmt.Errorf("%w: want a JSON object", ErrInvalidJSON)
 		}
-		return nil, s.err
+		return s, s.err
 	}
 	s.value(0)
 	s.space()
 	if s.err == nil && s.i != len(s.b) {
 		s.errorf("data after the top-level value")
 	}
-	if s.err != nil {
-		return nil, s.err
-	}
-	return s, nil
+	return s, s.err
 }
 
 // model returns the model field if it is a non-empty string.

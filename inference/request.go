@@ -34,6 +34,8 @@ func ParseRequest(raw []byte) (*Request, error) {
 		return nil, err
 	}
 	var sb strings.Builder
+	sb.Grow(s.fields[fieldSystem].end - s.fields[fieldSystem].start + s.fields[fieldPrompt].end - s.fields[fieldPrompt].start +
+		s.fields[fieldInput].end - s.fields[fieldInput].start + s.fields[fieldMessages].end - s.fields[fieldMessages].start)
 	for _, f := range []int{fieldSystem, fieldPrompt, fieldInput, fieldMessages} {
 		if sp := s.fields[f]; sp.end > 0 {
 			w := textWalker{b: raw[:sp.end], i: sp.start, sb: &sb}
@@ -66,6 +68,12 @@ func (w *textWalker) str() ([]byte, bool) {
 	w.i++
 	escaped := false
 	for w.i < len(w.b) {
+		for w.i < len(w.b) && plain[w.b[w.i]] {
+			w.i++
+		}
+		if w.i >= len(w.b) {
+			break
+		}
 		switch w.b[w.i] {
 		case '\\':
 			escaped = true
@@ -88,8 +96,12 @@ func (w *textWalker) value(collect bool) {
 	switch w.b[w.i] {
 	case '"':
 		q, escaped := w.str()
-		if collect {
-			w.sb.WriteString(stringValue(q, escaped))
+		switch {
+		case !collect:
+		case escaped:
+			w.sb.WriteString(stringValue(q, true))
+		default:
+			w.sb.Write(q[1 : len(q)-1])
 		}
 	case '[':
 		w.i++
