@@ -1,0 +1,752 @@
+// Command routing replays inference workloads through the dev proxy, the
+// endpoint picker and simulated model servers on loopback, under several
+// routing configurations, and prints one Markdown table per workload: where
+// requests went, the prefix-cache hit rate each simulator measured,
+// throughput, time to first token and errors.
+//
+// It exists to show whether cache-aware routing closes a measured gap: on
+// two vLLM pods, 128 distinct 2,048-token prefixes × 8 repeats reached only
+// 39–43% prefix-cache hits under every router, while splitting the prefixes
+// by hand between the pods reached 77.5%, +13.6% throughput and a p99 TTFT
+// of 690 ms instead of 1,584 ms.
+//
+// Every simulator, the picker and the dev proxy run as separate processes
+// of the infergate binary, fresh for every (workload, configuration) run so
+// that caches start cold, on 127.0.0.1 with free ports; all of them are
+// stopped at the end, on errors and on Ctrl-C.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/infergate/infergate/sim"
+)
+
+// defaultTimeScale is 1: simulated time runs at wall-clock speed. Measured
+// on the 2-core build machine with the sims' vLLM-calibrated defaults (256
+// running sequences, 8 ms per output token), 32 streams through the dev
+// proxy and the picker make about 4,000 SSE events per second, and relaying
+// each one (sim → proxy → picker's ext_proc response-body stream → proxy →
+// client) costs about 360 µs of CPU: 1.4–1.6 cores for a row with the
+// picker, less for round robin and the oracle, which skip the picker. At 1
+// the decode rate the client measures equals the model's, so the sims'
+// model and not the machine bounds throughput, and the whole run (all
+// workloads × configs) takes about 8 minutes; at 1.5 the rows with the
+// picker would need more than the 2 cores.
+const defaultTimeScale = 1
+
+func main() {
+	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims, picker and dev proxy)")
+	workloads := flag.String("workloads", "a,b,c,d", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour); keys or names")
+	configs := flag.String("configs", strings.Join(allConfigs, ","), "routing configurations to compare")
+	scale := flag.Float64("time-scale", defaultTimeScale, "speed-up of simulated time, passed to every sim; latencies and throughput are reported in simulated time")
+	seed := flag.Uint64("seed", 1, "seed of the workload generator")
+	logDir := flag.String("log-dir", "", "keep the children's logs here (default: a temporary directory removed at the end)")
+	flag.Parse()
+	// The driver shares 2 cores with everything it measures; collect
+	// garbage less often.
+	debug.SetGCPercent(400)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
+	if err := run(ctx, *binary, *workloads, *configs, *scale, *seed, *logDir); err != nil {
+		fmt.Fprintln(os.Stderr, "routing:", err)
+		stop()
+		cancel()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, seed uint64, logDir string) error {
+	if !(scale > 0) {
+		return fmt.Errorf("--time-scale %g: want a positive number", scale)
+	}
+	if _, err := os.Stat(binary); err != nil {
+		return fmt.Errorf("%s: %w (go build -o bin/infergate ./cmd/infergate)", binary, err)
+	}
+	keys, err := parseWorkloads(wlFlag)
+	if err != nil {
+		return err
+	}
+	cfgs, err := parseConfigs(cfgFlag)
+	if err != nil {
+		return err
+	}
+	dir := logDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "infergate-routing"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	// Run a copy, so that a rebuild of the binary during the run does not
+	// mix versions between runs.
+	snapshot := filepath.Join(dir, "infergate")
+	if err := copyFile(binary, snapshot); err != nil {
+		return fmt.Errorf("copy %s: %w", binary, err)
+	}
+	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot)}
+
+	began := time.Now()
+	version, _ := exec.Command(snapshot, "version").Output()
+	fmt.Printf("# Routing benchmark\n\n")
+	fmt.Printf("command: `go run ./bench/routing %s`\n\n", strings.Join(os.Args[1:], " "))
+	fmt.Printf("binary: %s (%s), %d CPUs, seed %d\n\n", binary, strings.TrimSpace(string(version)), runtime.NumCPU(), seed)
+	if scale == 1 {
+		fmt.Printf("**time scale 1**: the simulators run in real time, so simulated time is wall-clock time and every figure below is as the client measured it.\n\n")
+	} else {
+		fmt.Printf("**time scale %g**: the simulators run %g× faster than real time. Every latency and throughput below is in simulated time: wall-clock figures measured by the client multiplied (durations) or divided (rates) by %g.\n\n", scale, scale, scale)
+	}
+	if e.model.known {
+		fmt.Printf("simulator model (its defaults): %d running sequences per pod, TTFT %s + %s per uncached prompt token, %s per further output token; KV cache and block size at their defaults. TTFT is measured client side with `stream: true`, to the first SSE data event.\n\n",
+			e.model.maxNumSeqs, e.model.overhead, e.model.perToken, e.model.itl)
+	}
+	fmt.Printf("Columns: *hit rate* = `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` read from each sim after the run; *TTFT overhead* = client-measured mean TTFT minus the mean the sims record themselves (`vllm:time_to_first_token_seconds`: their queueing plus the model's prefill), i.e. what the proxy, the picker and a busy machine add; *ITL* = the decode rate the client saw (the model's figure is %s; more means the machine could not keep up); *CPU* = cores used by all processes and the driver during the run (of %d).\n\n",
+		e.model.itl, runtime.NumCPU())
+
+	for _, k := range keys {
+		switch k {
+		case "a", "b", "c":
+			var w *workload
+			switch k {
+			case "a":
+				w = measuredWorkload(defaultMeasured, seed)
+			case "b":
+				w = multiTurnWorkload(defaultMultiTurn, seed)
+			default:
+				w = noSharingWorkload(defaultNoSharing, seed)
+			}
+			if err := e.sharedTable(ctx, w, cfgs); err != nil {
+				return err
+			}
+		case "d":
+			if err := e.noisyTable(ctx, defaultNoisy, seed, cfgs); err != nil {
+				return err
+			}
+		}
+	}
+	e.machineCheck()
+	fmt.Printf("\nTotal wall time %s.\n", time.Since(began).Round(time.Second))
+	return nil
+}
+
+// itlSample is one run's client-measured decode rate, for machineCheck.
+type itlSample struct {
+	run   string
+	itl   time.Duration
+	cores float64
+}
+
+// machineCheck says whether the machine kept up with the sims' model: if
+// the decode rate the client saw matches the model's, the simulated
+// timings (and so throughput) are the model's, not the machine's.
+func (e *env) machineCheck() {
+	if !e.model.known || len(e.itls) == 0 {
+		return
+	}
+	var slow []string
+	worst, maxCores := 0.0, 0.0
+	for _, s := range e.itls {
+		dev := s.itl.Seconds()/e.model.itl.Seconds() - 1
+		worst = max(worst, dev)
+		maxCores = max(maxCores, s.cores)
+		if dev > 0.05 {
+			slow = append(slow, fmt.Sprintf("%s (%s)", s.run, ms(s.itl)))
+		}
+	}
+	fmt.Printf("## Machine check\n\n")
+	if len(slow) == 0 {
+		fmt.Printf("In every run the decode rate the client measured stayed within 5%% of the sims' model (%s per token; worst +%.1f%%), with at most %.2f of %d cores busy: throughput and latencies are bounded by the sims' model and the routing, not by the machine. The *TTFT overhead* column is what the proxy path and CPU contention add to TTFT.\n",
+			e.model.itl, 100*worst, maxCores, runtime.NumCPU())
+		return
+	}
+	fmt.Printf("The decode rate fell more than 5%% behind the sims' model (%s per token) in: %s. Those runs were bounded by the machine (other load, or too high a --time-scale), and their TTFT figures carry CPU noise; lower --time-scale or rerun on a quieter machine.\n",
+		e.model.itl, strings.Join(slow, ", "))
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o700)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour"}
+
+func parseWorkloads(s string) ([]string, error) {
+	var keys []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		key := ""
+		for k, n := range workloadNames {
+			if f == k || f == n {
+				key = k
+			}
+		}
+		if key == "" {
+			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d or measured, multi-turn, no-sharing, noisy-neighbour)", f)
+		}
+		if !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+func parseConfigs(s string) ([]string, error) {
+	var want []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(allConfigs, f) {
+			return nil, fmt.Errorf("--configs: unknown configuration %q (want %s)", f, strings.Join(allConfigs, ", "))
+		}
+		want = append(want, f)
+	}
+	var out []string
+	for _, c := range allConfigs { // table order
+		if slices.Contains(want, c) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// runTimeout bounds one run: generous against the time the sims' model
+// needs for the requests when every slot is busy.
+func (e *env) runTimeout(reqs []request, pods, concurrency int) time.Duration {
+	m := e.model
+	if !m.known {
+		m = simModel{maxNumSeqs: 5, overhead: 20 * time.Millisecond, perToken: 100 * time.Microsecond, itl: 20 * time.Millisecond}
+	}
+	var total time.Duration
+	for _, r := range reqs {
+		total += m.service(r.promptTokens(), 0, r.MaxTokens)
+	}
+	ideal := time.Duration(float64(total) / float64(min(pods*m.maxNumSeqs, concurrency)) / e.scale)
+	return 2*time.Minute + 5*ideal
+}
+
+// router returns how requests reach the sims: through the dev proxy, and
+// for the oracle with the sim named by hand (group mod pods, round robin
+// without a group) in the destination header the proxy routes by.
+func (st *stack) router() router {
+	if st.cfg != cfgOracle {
+		return func(request) target { return target{base: st.base} }
+	}
+	var rr atomic.Uint64
+	n := len(st.sims)
+	return func(r request) target {
+		i := 0
+		if r.Group >= 0 {
+			i = r.Group % n
+		} else {
+			i = int((rr.Add(1) - 1) % uint64(n))
+		}
+		return target{base: st.base, dest: st.sims[i].addr}
+	}
+}
+
+// runStats is one row of a table.
+type runStats struct {
+	cfg                 string
+	pods                []string
+	perPod              []int
+	hits, queries       []float64
+	wall                time.Duration
+	t                   tally
+	ttft                []time.Duration // simulated, sorted, answered requests
+	outTokens           int
+	itl                 time.Duration // simulated
+	simTTFT             time.Duration // mean TTFT the sims recorded (simulated)
+	simTTFTKnown        bool
+	cores               float64
+	cpuBy               string
+	prefixIndex         indexSize
+	prefixIndexExplored bool // the picker's metrics were read
+}
+
+// overhead is the client's mean TTFT minus the sims' own.
+func (r *runStats) overhead() string {
+	if !r.simTTFTKnown {
+		return "-"
+	}
+	return ms(mean(r.ttft) - r.simTTFT)
+}
+
+func (r *runStats) hitRate() float64 {
+	var h, q float64
+	for i := range r.hits {
+		h, q = h+r.hits[i], q+r.queries[i]
+	}
+	if q == 0 {
+		return math.NaN()
+	}
+	return h / q
+}
+
+func (r *runStats) reqPerSec(scale float64) float64 {
+	return float64(r.t.ok) / (r.wall.Seconds() * scale)
+}
+
+func (r *runStats) tokPerSec(scale float64) float64 {
+	return float64(r.outTokens) / (r.wall.Seconds() * scale)
+}
+
+// sharedTable runs workload w under every configuration and prints its table.
+func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error {
+	fmt.Printf("## (%s) %s\n\n%s.\n\n", w.key, w.name, w.describe)
+	var reqs []request
+	for _, s := range w.sessions {
+		reqs = append(reqs, s...)
+	}
+	var rows []*runStats
+	for _, cfg := range cfgs {
+		r, err := e.sharedRun(ctx, w, reqs, cfg)
+		if err != nil {
+			return fmt.Errorf("(%s) %s, %s: %w", w.key, w.name, cfg, err)
+		}
+		rows = append(rows, r)
+	}
+	t := &table{
+		header: []string{"config", "requests per pod", "hit rate per pod", "hit rate", "req/s", "output tok/s", "TTFT mean", "TTFT p99", "errors / 429", "TTFT overhead", "ITL", "CPU"},
+		right:  []bool{false, true, true, true, true, true, true, true, true, true, true, true},
+	}
+	for _, r := range rows {
+		per := make([]string, len(r.perPod))
+		hit := make([]string, len(r.perPod))
+		for i := range r.perPod {
+			per[i] = fmt.Sprint(r.perPod[i])
+			h := math.NaN()
+			if r.queries[i] > 0 {
+				h = r.hits[i] / r.queries[i]
+			}
+			hit[i] = pctString(h)
+		}
+		t.add(r.cfg, strings.Join(per, " / "), strings.Join(hit, " / "), pctString(r.hitRate()),
+			fmt.Sprintf("%.2f", r.reqPerSec(e.scale)), fmt.Sprintf("%.0f", r.tokPerSec(e.scale)),
+			ms(mean(r.ttft)), ms(percentile(r.ttft, 0.99)), fmt.Sprintf("%d / %d", r.t.errs, r.t.n429),
+			r.overhead(), ms(r.itl), fmt.Sprintf("%.2f", r.cores))
+	}
+	fmt.Print(t.String())
+	fmt.Println()
+	byCfg := map[string]*runStats{}
+	for _, r := range rows {
+		byCfg[r.cfg] = r
+	}
+	def, oracle, load := byCfg[cfgDefault], byCfg[cfgOracle], byCfg[cfgLoadOnly]
+	switch w.key {
+	case "a":
+		if def != nil && oracle != nil {
+			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s); on vLLM the routers reached 0.50–0.55 of the hand split (39–43%% / 77.5%%).\n",
+				ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
+			dp, op := percentile(def.ttft, 0.99), percentile(oracle.ttft, 0.99)
+			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). The oracle pays the proxy path but no picker (TTFT overhead column: %s vs %s mean).\n",
+				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead())
+			if rnd := byCfg[cfgRandom]; rnd != nil {
+				rp := percentile(rnd.ttft, 0.99)
+				fmt.Printf("- infergate-default / random p99 TTFT, both through the proxy and the picker: %s (%s / %s).\n", ratio(dp.Seconds(), rp.Seconds()), ms(dp), ms(rp))
+			}
+			fmt.Printf("- infergate-default / oracle throughput: %s (req/s); on vLLM the hand split gave +13.6%% (0.88).\n",
+				ratio(def.reqPerSec(e.scale), oracle.reqPerSec(e.scale)))
+		} else {
+			fmt.Println("- ratios to the oracle need both infergate-default and oracle in --configs.")
+		}
+	case "b":
+		if def != nil && oracle != nil {
+			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s).\n", ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
+		} else {
+			fmt.Println("- the hit-rate ratio needs both infergate-default and oracle in --configs.")
+		}
+	case "c":
+		if def != nil && load != nil {
+			fmt.Printf("- infergate-default / load-only throughput: **%s** req/s, %s output tok/s (%.2f / %.2f req/s).\n",
+				ratio(def.reqPerSec(e.scale), load.reqPerSec(e.scale)), ratio(def.tokPerSec(e.scale), load.tokPerSec(e.scale)),
+				def.reqPerSec(e.scale), load.reqPerSec(e.scale))
+		} else {
+			fmt.Println("- the throughput ratio needs both infergate-default and load-only in --configs.")
+		}
+	}
+	for _, r := range rows {
+		if note := imbalance(r.perPod); note != "" {
+			fmt.Printf("- %s: %s.\n", r.cfg, note)
+		}
+	}
+	printPrefixIndex(rows)
+	var cpuParts []string
+	for _, r := range rows {
+		cpuParts = append(cpuParts, fmt.Sprintf("%s (%s)", r.cfg, r.cpuBy))
+	}
+	fmt.Printf("- cores by process: %s.\n", strings.Join(cpuParts, "; "))
+	for _, r := range rows {
+		if r.t.errs > 0 {
+			fmt.Printf("- %s: first error: %s\n", r.cfg, r.t.firstErr)
+		}
+	}
+	fmt.Println()
+	return nil
+}
+
+func printPrefixIndex(rows []*runStats) {
+	var bytesParts, blockParts []string
+	read := false
+	for _, r := range rows {
+		if !r.prefixIndexExplored {
+			continue
+		}
+		read = true
+		if r.prefixIndex.bytes != "" {
+			bytesParts = append(bytesParts, r.cfg+" "+r.prefixIndex.bytes)
+		}
+		if r.prefixIndex.blocks != "" {
+			blockParts = append(blockParts, r.cfg+" "+r.prefixIndex.blocks)
+		}
+	}
+	switch {
+	case !read:
+	case len(bytesParts) > 0:
+		fmt.Printf("- picker prefix-index memory at the end of the run: %s.\n", strings.Join(bytesParts, "; "))
+	default:
+		fmt.Print("- picker prefix-index memory: not exposed (no infergate_epp_prefix_index_bytes or similar on the picker's /metrics)")
+		if len(blockParts) > 0 {
+			fmt.Printf("; the index size in blocks at the end of the run: %s", strings.Join(blockParts, "; "))
+		}
+		fmt.Println(".")
+	}
+}
+
+// imbalance describes a spread where the busiest pod took more than 1.5
+// times its fair share of the answered requests, or returns "".
+func imbalance(perPod []int) string {
+	total, busiest := 0, 0
+	for _, n := range perPod {
+		total += n
+		busiest = max(busiest, n)
+	}
+	if total == 0 || len(perPod) < 2 {
+		return ""
+	}
+	share, fair := float64(busiest)/float64(total), 1/float64(len(perPod))
+	if share <= 1.5*fair {
+		return ""
+	}
+	return fmt.Sprintf("the busiest pod took %.0f%% of the requests (fair share %.0f%%)", 100*share, 100*fair)
+}
+
+// sharedRun is one (workload, config) run of workloads a to c.
+func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg string) (*runStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.runTimeout(reqs, w.pods, w.concurrency))
+	defer cancel()
+	st, err := e.startStack(ctx, cfg, w.pods, nil, w.key+"-"+cfg)
+	defer st.procs.stop()
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(sim.DefaultModel, w.concurrency, 5*time.Minute)
+	defer c.close()
+	cpu0 := st.cpu()
+	results, wall := c.runSessions(ctx, w.sessions, w.concurrency, st.router())
+	cores, cpuBy := st.cpu().cores(cpu0, wall)
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("run cut short after %s: %w", wall.Round(time.Millisecond), err)
+	}
+	r, err := e.collect(ctx, st, results, wall)
+	if err != nil {
+		return nil, err
+	}
+	r.cores, r.cpuBy = cores, cpuBy
+	e.itls = append(e.itls, itlSample{"(" + w.key + ") " + cfg, r.itl, cores})
+	fmt.Fprintf(os.Stderr, "(%s) %-17s %d requests in %s wall, hit rate %s, cores: %s\n", w.key, cfg, len(results), wall.Round(time.Millisecond), pctString(r.hitRate()), cpuBy)
+	return r, nil
+}
+
+// collect turns results and the sims' counters into a row.
+func (e *env) collect(ctx context.Context, st *stack, results []result, wall time.Duration) (*runStats, error) {
+	r := &runStats{cfg: st.cfg, wall: wall, t: count(results)}
+	var ttftSum, ttftCount float64
+	idx := map[string]int{}
+	for i, s := range st.sims {
+		r.pods = append(r.pods, s.name)
+		idx[s.name] = i
+		b, err := getBody(ctx, "http://"+s.addr+"/metrics")
+		if err != nil {
+			return nil, fmt.Errorf("%s metrics: %w", s.name, err)
+		}
+		m, err := promSamples(strings.NewReader(string(b)), "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+			"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
+		if err != nil {
+			return nil, err
+		}
+		ttftSum += m["vllm:time_to_first_token_seconds_sum"]
+		ttftCount += m["vllm:time_to_first_token_seconds_count"]
+		r.hits = append(r.hits, m["vllm:prefix_cache_hits_total"])
+		r.queries = append(r.queries, m["vllm:prefix_cache_queries_total"])
+	}
+	r.perPod = make([]int, len(st.sims))
+	var decode time.Duration
+	gaps := 0
+	for _, res := range results {
+		if !res.ok() {
+			continue
+		}
+		if i, ok := idx[res.pod]; ok {
+			r.perPod[i]++
+		}
+		r.outTokens += res.completion
+		if !res.streamed {
+			continue
+		}
+		r.ttft = append(r.ttft, e.sim(res.ttft))
+		if res.completion > 1 {
+			decode += res.decode
+			gaps += res.completion - 1
+		}
+	}
+	slices.Sort(r.ttft)
+	if gaps > 0 {
+		r.itl = e.sim(decode / time.Duration(gaps))
+	}
+	// The sims count every request that reached its first token; compare
+	// only when that is every answered request.
+	if ttftCount > 0 && int(ttftCount) == r.t.ok {
+		r.simTTFT, r.simTTFTKnown = time.Duration(ttftSum/ttftCount*float64(time.Second)), true
+	}
+	if st.metrics != "" {
+		r.prefixIndexExplored = true
+		r.prefixIndex = prefixIndexMemory(ctx, st.metrics)
+	}
+	return r, nil
+}
+
+// sim converts a wall-clock duration to simulated time.
+func (e *env) sim(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * e.scale)
+}
+
+// indexSize is what the picker says about its prefix index.
+type indexSize struct{ bytes, blocks string }
+
+// prefixIndexMemory reads the picker's prefix-index gauges, if it exposes
+// any: memory from infergate_epp_prefix_index_bytes (or failing that any
+// infergate_epp_ metric with "prefix" in its name ending in _bytes), and the
+// indexed blocks from infergate_epp_prefix_index_blocks, summed over
+// endpoints.
+func prefixIndexMemory(ctx context.Context, metricsAddr string) indexSize {
+	var out indexSize
+	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		return out
+	}
+	m, err := promSamples(strings.NewReader(string(b)))
+	if err != nil {
+		return out
+	}
+	const want, blocks = "infergate_epp_prefix_index_bytes", "infergate_epp_prefix_index_blocks"
+	if v, ok := m[blocks]; ok {
+		out.blocks = fmt.Sprintf("%.0f", v)
+	}
+	if v, ok := m[want]; ok {
+		out.bytes = fmt.Sprintf("%s (%s)", bytesString(v), want)
+		return out
+	}
+	var names []string
+	for n := range m {
+		if strings.HasPrefix(n, "infergate_epp_") && strings.Contains(n, "prefix") && strings.HasSuffix(n, "_bytes") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	if len(names) > 0 {
+		out.bytes = fmt.Sprintf("%s (%s)", bytesString(m[names[0]]), names[0])
+	}
+	return out
+}
+
+// phase is one half of a noisy-neighbour run.
+type phase struct {
+	b, a   []result
+	wall   time.Duration
+	cores  float64
+	cpuBy  string
+	bTTFT  []time.Duration // simulated, sorted
+	itl    time.Duration
+	prefix indexSize
+	read   bool
+	perPod []int
+	// Sampled from the sims while A flooded.
+	kv, waiting float64
+	peakWaiting int
+}
+
+func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs []string) error {
+	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing 1 s (simulated) after a refusal. Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the destination header.\n\n",
+		spec.Pods, spec.BObjective, spec.BPriority, spec.BRequests, spec.BPrompt, spec.BOut, spec.BConcurrency,
+		spec.AObjective, spec.APriority, spec.AConcurrency, spec.APrompt, spec.AOut, spec.AConcurrency*(spec.APrompt+spec.AOut),
+		e.floodWarmup(spec).Round(10*time.Millisecond))
+	type row struct {
+		cfg         string
+		alone, with *phase
+	}
+	var rows []row
+	for _, cfg := range cfgs {
+		alone, err := e.noisyRun(ctx, spec, seed, cfg, false)
+		if err != nil {
+			return fmt.Errorf("(d) noisy-neighbour, %s, B alone: %w", cfg, err)
+		}
+		with, err := e.noisyRun(ctx, spec, seed, cfg, true)
+		if err != nil {
+			return fmt.Errorf("(d) noisy-neighbour, %s, B with A: %w", cfg, err)
+		}
+		rows = append(rows, row{cfg, alone, with})
+	}
+	t := &table{
+		header: []string{"config", "B TTFT p99 alone", "B TTFT p99 with A", "p99 ratio", "B TTFT mean alone → with A", "B 429 alone / with A", "A answered (rate)", "A 429", "errors", "requests per pod with A", "KV use / waiting per pod with A", "ITL with A", "CPU with A"},
+		right:  []bool{false, true, true, true, true, true, true, true, true, true, true, true, true},
+	}
+	for _, r := range rows {
+		ba, bw := count(r.alone.b), count(r.with.b)
+		aw := count(r.with.a)
+		pa, pw := percentile(r.alone.bTTFT, 0.99), percentile(r.with.bTTFT, 0.99)
+		per := make([]string, len(r.with.perPod))
+		for i, n := range r.with.perPod {
+			per[i] = fmt.Sprint(n)
+		}
+		t.add(r.cfg, ms(pa), ms(pw), ratio(pw.Seconds(), pa.Seconds()),
+			ms(mean(r.alone.bTTFT))+" → "+ms(mean(r.with.bTTFT)),
+			fmt.Sprintf("%d / %d", ba.n429, bw.n429), fmt.Sprintf("%d (%.1f/s)", aw.ok, float64(aw.ok)/e.sim(r.with.wall).Seconds()), fmt.Sprintf("%d of %d", aw.n429, len(r.with.a)),
+			fmt.Sprint(ba.errs+bw.errs+aw.errs), strings.Join(per, " / "),
+			fmt.Sprintf("%s / %.1f (peak %d)", pctString(r.with.kv), r.with.waiting, r.with.peakWaiting), ms(r.with.itl), fmt.Sprintf("%.2f", r.with.cores))
+	}
+	fmt.Print(t.String())
+	fmt.Println()
+	fmt.Println("- *A answered* counts A's requests that completed while B ran (rate: per simulated second of the phase, A's head start included); *A 429* counts refusals out of all of A's finished attempts (A's requests cut when B finished are not counted); *requests per pod with A* counts both tenants; *KV use / waiting* are the sims' `vllm:kv_cache_usage_perc` and `vllm:num_requests_waiting`, polled every 100 ms (wall) while A flooded, averaged over pods and polls.")
+	var idx []*runStats
+	for _, r := range rows {
+		if r.with.read {
+			idx = append(idx, &runStats{cfg: r.cfg, prefixIndex: r.with.prefix, prefixIndexExplored: true})
+		}
+	}
+	printPrefixIndex(idx)
+	for _, r := range rows {
+		for _, rs := range [][]result{r.alone.b, r.with.b, r.with.a} {
+			if t := count(rs); t.errs > 0 {
+				fmt.Printf("- %s: first error: %s\n", r.cfg, t.firstErr)
+				break
+			}
+		}
+	}
+	fmt.Println()
+	return nil
+}
+
+// floodWarmup is how long (simulated) A floods before B starts: two of A's
+// requests back to back, so the sims' queues are full.
+func (e *env) floodWarmup(spec noisySpec) time.Duration {
+	m := e.model
+	if !m.known {
+		return 6 * time.Second
+	}
+	return 2 * m.service(spec.APrompt, 0, spec.AOut)
+}
+
+func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg string, withA bool) (*phase, error) {
+	bReqs := noisyB(spec, seed)
+	budget := bReqs
+	if withA {
+		// B waits behind A's queue; allow for the whole flood in the sims.
+		for i := range spec.AConcurrency * 4 {
+			budget = append(budget, newFloodGen(spec, seed).request(i))
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.runTimeout(budget, spec.Pods, spec.BConcurrency)+e.runTimeout(budget, spec.Pods, spec.AConcurrency))
+	defer cancel()
+	name := "d-" + cfg + "-alone"
+	if withA {
+		name = "d-" + cfg + "-with-a"
+	}
+	objectives := []objective{{spec.BObjective, spec.BPriority}, {spec.AObjective, spec.APriority}}
+	st, err := e.startStack(ctx, cfg, spec.Pods, objectives, name)
+	defer st.procs.stop()
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(sim.DefaultModel, spec.AConcurrency+spec.BConcurrency, 5*time.Minute)
+	defer c.close()
+	route := st.router()
+	cpu0 := st.cpu()
+	start := time.Now()
+	var (
+		fl      *flood
+		sampler *poolSampler
+	)
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	defer stopFlood()
+	if withA {
+		sampler = samplePool(floodCtx, st.sims, 100*time.Millisecond)
+		fl = c.startFlood(floodCtx, newFloodGen(spec, seed), spec.AConcurrency, route, time.Duration(float64(time.Second)/e.scale))
+		if err := sleepCtx(ctx, time.Duration(float64(e.floodWarmup(spec))/e.scale)); err != nil {
+			return nil, err
+		}
+	}
+	sessions := make([]session, len(bReqs))
+	for i, r := range bReqs {
+		sessions[i] = session{r}
+	}
+	bRes, _ := c.runSessions(ctx, sessions, spec.BConcurrency, route)
+	p := &phase{b: bRes}
+	if fl != nil {
+		stopFlood()
+		p.a = fl.wait()
+		p.kv, p.waiting, p.peakWaiting = sampler.means()
+	}
+	p.wall = time.Since(start)
+	p.cores, p.cpuBy = st.cpu().cores(cpu0, p.wall)
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("run cut short after %s: %w", p.wall.Round(time.Millisecond), err)
+	}
+	all := append(slices.Clone(p.b), p.a...)
+	r, err := e.collect(ctx, st, all, p.wall)
+	if err != nil {
+		return nil, err
+	}
+	p.itl, p.perPod, p.prefix, p.read = r.itl, r.perPod, r.prefixIndex, r.prefixIndexExplored
+	e.itls = append(e.itls, itlSample{"(d) " + cfg + " " + name[len("d-"+cfg+"-"):], p.itl, p.cores})
+	for _, res := range p.b {
+		if res.ok() {
+			p.bTTFT = append(p.bTTFT, e.sim(res.ttft))
+		}
+	}
+	slices.Sort(p.bTTFT)
+	fmt.Fprintf(os.Stderr, "(d) %-17s %-7s B %d requests, A %d, in %s wall, B p99 TTFT %s\n", cfg, map[bool]string{false: "alone", true: "with A"}[withA],
+		len(p.b), len(p.a), p.wall.Round(time.Millisecond), ms(percentile(p.bTTFT, 0.99)))
+	return p, nil
+}

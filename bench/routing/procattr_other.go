@@ -1,0 +1,12 @@
+//go:build !linux
+
+package main
+
+import (
+	"os/exec"
+	"time"
+)
+
+func setProcAttr(*exec.Cmd) {}
+
+func selfCPU() time.Duration { return 0 }

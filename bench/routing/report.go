@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted
+// values: the smallest value with at least p of the values at or below it.
+// It returns 0 for no values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p*float64(len(sorted)) - 1e-9))
+	return sorted[min(max(rank, 1), len(sorted))-1]
+}
+
+func mean(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range v {
+		sum += d
+	}
+	return sum / time.Duration(len(v))
+}
+
+// table is a Markdown table; columns whose alignment is true are
+// right-aligned.
+type table struct {
+	header []string
+	right  []bool
+	rows   [][]string
+}
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) String() string {
+	var b strings.Builder
+	line := func(cells []string) {
+		b.WriteString("|")
+		for i := range t.header {
+			c := ""
+			if i < len(cells) {
+				c = cells[i]
+			}
+			b.WriteString(" " + strings.ReplaceAll(c, "|", `\|`) + " |")
+		}
+		b.WriteString("\n")
+	}
+	line(t.header)
+	b.WriteString("|")
+	for i := range t.header {
+		if i < len(t.right) && t.right[i] {
+			b.WriteString("---:|")
+		} else {
+			b.WriteString("---|")
+		}
+	}
+	b.WriteString("\n")
+	for _, r := range t.rows {
+		line(r)
+	}
+	return b.String()
+}
+
+// ms formats a simulated duration in milliseconds.
+func ms(d time.Duration) string {
+	v := d.Seconds() * 1000
+	if v < 100 {
+		return strconv.FormatFloat(v, 'f', 1, 64) + " ms"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + " ms"
+}
+
+func pctString(f float64) string {
+	if math.IsNaN(f) {
+		return "-"
+	}
+	return strconv.FormatFloat(100*f, 'f', 1, 64) + "%"
+}
+
+// ratio formats a/b, or "-" when it is undefined.
+func ratio(a, b float64) string {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "-"
+	}
+	return strconv.FormatFloat(a/b, 'f', 2, 64)
+}
+
+// promSamples parses Prometheus text exposition into name{labels} → value
+// for the names wanted (all when wanted is empty); the key is the metric
+// name without labels, samples of the same name are summed.
+func promSamples(r io.Reader, wanted ...string) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		if len(wanted) > 0 && !slices.Contains(wanted, name) {
+			continue
+		}
+		if strings.HasPrefix(rest, "{") {
+			// Label values may contain spaces or braces; skip to the closing
+			// brace outside quotes.
+			inQuote, end := false, -1
+			for i := 1; i < len(rest); i++ {
+				switch {
+				case rest[i] == '\\' && inQuote:
+					i++
+				case rest[i] == '"':
+					inQuote = !inQuote
+				case rest[i] == '}' && !inQuote:
+					end = i
+				}
+				if end >= 0 {
+					break
+				}
+			}
+			if end < 0 {
+				continue
+			}
+			rest = rest[end+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		out[name] += v
+	}
+	return out, sc.Err()
+}
+
+// bytesString formats a byte count.
+func bytesString(b float64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", b/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const blockBytes = 16 * bytesPerToken // one KV-cache block of the sims' default size
+
+func TestTextHasExactTokenCountsAndDiffersFromTheFirstBlock(t *testing.T) {
+	g := newTextGen(7)
+	seen := map[string]bool{}
+	for _, n := range []int{1, 16, 17, 128, 2048} {
+		for range 50 {
+			s := g.text(n)
+			if len(s) != n*bytesPerToken {
+				t.Fatalf("text(%d) has %d bytes, want %d", n, len(s), n*bytesPerToken)
+			}
+			if strings.Trim(s, "abcdefghijklmnopqrstuvwxyz ") != "" {
+				t.Fatalf("text(%d) has characters other than lower-case words: %q", n, s)
+			}
+			if n >= 16 {
+				if seen[s[:blockBytes]] {
+					t.Fatalf("two texts share their first block %q", s[:blockBytes])
+				}
+				seen[s[:blockBytes]] = true
+			}
+		}
+	}
+}
+
+func TestMeasuredWorkload(t *testing.T) {
+	s := defaultMeasured
+	w := measuredWorkload(s, 1)
+	if w.pods != 2 || w.concurrency != 32 || w.requests() != 1024 || len(w.sessions) != 1024 {
+		t.Fatalf("pods %d, concurrency %d, requests %d in %d sessions; want 2, 32, 1024 in 1024", w.pods, w.concurrency, w.requests(), len(w.sessions))
+	}
+	prefixBytes := s.PrefixTokens * bytesPerToken
+	byGroup := map[int][]request{}
+	for _, ss := range w.sessions {
+		r := ss[0]
+		if r.Chat || r.MaxTokens != 128 || r.NoStream || r.Objective != "" {
+			t.Fatalf("request %+v: want a streamed completion with max_tokens 128 and no objective", r)
+		}
+		if got := r.promptTokens(); got != 2048+128 {
+			t.Fatalf("prompt of %d tokens, want %d", got, 2048+128)
+		}
+		byGroup[r.Group] = append(byGroup[r.Group], r)
+	}
+	if len(byGroup) != 128 {
+		t.Fatalf("%d prefixes, want 128", len(byGroup))
+	}
+	firstBlocks := map[string]int{}
+	for g, rs := range byGroup {
+		if len(rs) != 8 {
+			t.Fatalf("prefix %d is used %d times, want 8", g, len(rs))
+		}
+		prefix := rs[0].Prompt[:prefixBytes]
+		suffixStarts := map[string]bool{}
+		for _, r := range rs {
+			if r.Prompt[:prefixBytes] != prefix {
+				t.Fatalf("repeats of prefix %d do not share it exactly", g)
+			}
+			// Suffixes differ from their first block on: no hits beyond the prefix.
+			suf := r.Prompt[prefixBytes:]
+			if suffixStarts[suf[:blockBytes]] {
+				t.Fatalf("two repeats of prefix %d start their suffix alike", g)
+			}
+			suffixStarts[suf[:blockBytes]] = true
+		}
+		if other, ok := firstBlocks[prefix[:blockBytes]]; ok {
+			t.Fatalf("prefixes %d and %d share their first block", g, other)
+		}
+		firstBlocks[prefix[:blockBytes]] = g
+	}
+	// Random order: the repeats of a prefix are not sent back to back.
+	adjacent := 0
+	for i := 1; i < len(w.sessions); i++ {
+		if w.sessions[i][0].Group == w.sessions[i-1][0].Group {
+			adjacent++
+		}
+	}
+	if adjacent > 30 {
+		t.Fatalf("%d neighbours share a prefix; the order does not look shuffled", adjacent)
+	}
+	// Seeded: the same seed gives the same workload, another seed another.
+	if again := measuredWorkload(s, 1); !reflect.DeepEqual(again.sessions, w.sessions) {
+		t.Fatal("same seed, different workload")
+	}
+	if other := measuredWorkload(s, 2); other.sessions[0][0].Prompt == w.sessions[0][0].Prompt {
+		t.Fatal("different seeds, same first prompt")
+	}
+}
+
+func TestMultiTurnPromptsGrowAndShareTheSystemPrompt(t *testing.T) {
+	s := defaultMultiTurn
+	w := multiTurnWorkload(s, 1)
+	if w.pods != 4 || w.concurrency != 32 || len(w.sessions) != 64 || w.requests() != 64*6 {
+		t.Fatalf("pods %d, concurrency %d, %d conversations, %d requests", w.pods, w.concurrency, len(w.sessions), w.requests())
+	}
+	system := w.sessions[0][0].Messages[0]
+	if system.Role != "system" || len(system.Content) != 1024*bytesPerToken {
+		t.Fatalf("system prompt %q of %d bytes, want 1024 tokens", system.Role, len(system.Content))
+	}
+	lo, hi := (s.MeanTokens-s.Spread)*bytesPerToken, (s.MeanTokens+s.Spread)*bytesPerToken
+	secondBlocks := map[string]bool{}
+	for c, conv := range w.sessions {
+		if len(conv) != 6 {
+			t.Fatalf("conversation %d has %d turns", c, len(conv))
+		}
+		prevTokens := 0
+		for k, r := range conv {
+			if !r.Chat || r.Group != c || r.NoStream {
+				t.Fatalf("conversation %d turn %d: %+v", c, k, r)
+			}
+			if len(r.Messages) != 2*(k+1) {
+				t.Fatalf("turn %d has %d messages, want %d", k, len(r.Messages), 2*(k+1))
+			}
+			if r.Messages[0] != system {
+				t.Fatalf("conversation %d turn %d does not start with the shared system prompt", c, k)
+			}
+			for i, m := range r.Messages[1:] {
+				want := "user"
+				if i%2 == 1 {
+					want = "assistant"
+				}
+				if m.Role != want || len(m.Content) < lo || len(m.Content) > hi {
+					t.Fatalf("turn %d message %d: %s of %d bytes, want %s of %d..%d", k, i+1, m.Role, len(m.Content), want, lo, hi)
+				}
+			}
+			if r.MaxTokens < s.MeanTokens-s.Spread || r.MaxTokens > s.MeanTokens+s.Spread {
+				t.Fatalf("max_tokens %d", r.MaxTokens)
+			}
+			if k > 0 {
+				prev := conv[k-1]
+				// The history is resent unchanged, then the previous answer
+				// (as long as it asked for) and a new user message.
+				if !reflect.DeepEqual(r.Messages[:len(prev.Messages)], prev.Messages) {
+					t.Fatalf("conversation %d turn %d does not resend turn %d", c, k, k-1)
+				}
+				if got := len(r.Messages[len(prev.Messages)].Content); got != prev.MaxTokens*bytesPerToken {
+					t.Fatalf("answer in the history has %d bytes, the turn asked for %d tokens", got, prev.MaxTokens)
+				}
+				if !strings.HasPrefix(r.promptText(), prev.promptText()) {
+					t.Fatal("a turn's prompt does not extend the previous one")
+				}
+			}
+			if tok := r.promptTokens(); tok <= prevTokens {
+				t.Fatalf("turn %d has %d prompt tokens, not more than the previous %d", k, tok, prevTokens)
+			} else {
+				prevTokens = tok
+			}
+		}
+		first := conv[0].Messages[1].Content[:blockBytes]
+		if secondBlocks[first] {
+			t.Fatalf("conversation %d starts like another one after the system prompt", c)
+		}
+		secondBlocks[first] = true
+	}
+}
+
+func TestNoSharingWorkload(t *testing.T) {
+	s := defaultNoSharing
+	w := noSharingWorkload(s, 1)
+	if w.pods != 4 || w.concurrency != 32 || w.requests() != 1024 {
+		t.Fatalf("pods %d, concurrency %d, requests %d", w.pods, w.concurrency, w.requests())
+	}
+	first := map[string]bool{}
+	minP, maxP, minO, maxO := 1<<30, 0, 1<<30, 0
+	for _, ss := range w.sessions {
+		r := ss[0]
+		p := r.promptTokens()
+		minP, maxP, minO, maxO = min(minP, p), max(maxP, p), min(minO, r.MaxTokens), max(maxO, r.MaxTokens)
+		if r.Group != -1 {
+			t.Fatal("no-sharing requests must not carry a group")
+		}
+		if first[r.Prompt[:blockBytes]] {
+			t.Fatal("two prompts share their first block")
+		}
+		first[r.Prompt[:blockBytes]] = true
+	}
+	if minP < 200 || maxP > 1200 || minO < 32 || maxO > 256 {
+		t.Fatalf("prompts %d..%d tokens, outputs %d..%d; want within 200..1200 and 32..256", minP, maxP, minO, maxO)
+	}
+	if maxP-minP < 900 || maxO-minO < 200 {
+		t.Fatalf("prompts %d..%d tokens, outputs %d..%d: the ranges are barely used", minP, maxP, minO, maxO)
+	}
+}
+
+func TestNoisyNeighbourRequests(t *testing.T) {
+	s := defaultNoisy
+	b := noisyB(s, 1)
+	if len(b) != s.BRequests {
+		t.Fatalf("%d B requests", len(b))
+	}
+	for _, r := range b {
+		if r.promptTokens() != s.BPrompt || r.Objective != "interactive" || r.NoStream || r.MaxTokens != s.BOut {
+			t.Fatalf("B request %+v", r)
+		}
+	}
+	f := newFloodGen(s, 1)
+	a0, a1 := f.request(0), f.request(1)
+	if a0.promptTokens() != 4096 || a0.Objective != "batch" || !a0.NoStream || a0.MaxTokens != s.AOut {
+		t.Fatalf("A request: %d tokens, objective %q, no-stream %v", a0.promptTokens(), a0.Objective, a0.NoStream)
+	}
+	if a0.Prompt[:blockBytes] == a1.Prompt[:blockBytes] {
+		t.Fatal("A's requests share their first block")
+	}
+	if newFloodGen(s, 1).request(1).Prompt != a1.Prompt {
+		t.Fatal("A's request 1 differs between generators of the same seed")
+	}
+	// The flood must over-commit the KV cache of the pool's default sims.
+	if need, have := s.AConcurrency*(s.APrompt+s.AOut), s.Pods*163472; need <= have {
+		t.Fatalf("A keeps %d tokens in flight, the pool holds %d: not a flood", need, have)
+	}
+}
+
+func TestPercentileIsNearestRank(t *testing.T) {
+	var hundred []time.Duration
+	for i := 1; i <= 100; i++ {
+		hundred = append(hundred, time.Duration(i))
+	}
+	for _, tc := range []struct {
+		in   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{hundred, 0.99, 99},
+		{hundred, 0.5, 50},
+		{hundred, 1, 100},
+		{hundred, 0.001, 1},
+		{hundred[:10], 0.99, 10},
+		{hundred[:10], 0.9, 9},
+		{hundred[:1], 0.99, 1},
+		{hundred[:200/2], 0.995, 100},
+		{nil, 0.99, 0},
+	} {
+		if got := percentile(tc.in, tc.p); got != tc.want {
+			t.Errorf("percentile(%d values, %g) = %d, want %d", len(tc.in), tc.p, got, tc.want)
+		}
+	}
+	if m := mean([]time.Duration{1, 2, 6}); m != 3 {
+		t.Errorf("mean = %d, want 3", m)
+	}
+}
+
+func TestTableIsMarkdown(t *testing.T) {
+	tb := &table{header: []string{"config", "hit rate", "p99"}, right: []bool{false, true, true}}
+	tb.add("oracle", pctString(0.7753), ms(690*time.Millisecond))
+	tb.add("a|b", pctString(0.4), ms(1584*time.Millisecond+400*time.Microsecond))
+	tb.add("short")
+	want := "| config | hit rate | p99 |\n" +
+		"|---|---:|---:|\n" +
+		"| oracle | 77.5% | 690 ms |\n" +
+		"| a\\|b | 40.0% | 1584 ms |\n" +
+		"| short |  |  |\n"
+	if got := tb.String(); got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	for _, tc := range []struct{ got, want string }{
+		{ms(12345 * time.Microsecond), "12.3 ms"},
+		{ms(99949 * time.Microsecond), "99.9 ms"},
+		{ratio(3, 2), "1.50"},
+		{ratio(1, 0), "-"},
+		{bytesString(1.5 * (1 << 20)), "1.50 MiB"},
+		{bytesString(512), "512 B"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
+
+func TestPromSamples(t *testing.T) {
+	text := `# HELP vllm:prefix_cache_hits_total Prompt tokens found.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5e+06
+vllm:prefix_cache_queries_total{model_name="m"} 2000
+infergate_epp_prefix_index_blocks{endpoint="127.0.0.1:1"} 10
+infergate_epp_prefix_index_blocks{endpoint="127.0.0.1:2"} 32
+odd{label="a } b",other="x\"}"} 7
+bare 3
+`
+	m, err := promSamples(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{
+		"vllm:prefix_cache_hits_total": 1.5e6, "vllm:prefix_cache_queries_total": 2000,
+		"infergate_epp_prefix_index_blocks": 42, "odd": 7, "bare": 3,
+	}
+	if !reflect.DeepEqual(m, want) {
+		t.Fatalf("got %v, want %v", m, want)
+	}
+	only, _ := promSamples(strings.NewReader(text), "bare")
+	if !reflect.DeepEqual(only, map[string]float64{"bare": 3}) {
+		t.Fatalf("filtered: %v", only)
+	}
+}
+
+func TestParseSimHelp(t *testing.T) {
+	help := `Flags:
+      --inter-token-latency duration      time per output token after the first (default 8ms)
+      --max-num-seqs int                  requests that run at once; the rest wait (default 256)
+      --prefill-overhead duration         fixed part of the time to first token (default 5ms)
+      --prefill-time-per-token duration   time to first token per uncached prompt token (default 15µs)
+      --time-scale float                  speed-up of simulated time: 100 runs 100x faster (default 1)
+`
+	m := parseSimHelp(help)
+	want := simModel{maxNumSeqs: 256, overhead: 5 * time.Millisecond, perToken: 15 * time.Microsecond, itl: 8 * time.Millisecond, known: true}
+	if m != want {
+		t.Fatalf("got %+v, want %+v", m, want)
+	}
+	if got := m.service(2176, 2048, 128); got != 5*time.Millisecond+128*15*time.Microsecond+127*8*time.Millisecond {
+		t.Fatalf("service time %s", got)
+	}
+	if parseSimHelp("no flags here").known {
+		t.Fatal("empty help parsed as known")
+	}
+}
+
+func TestFlagLists(t *testing.T) {
+	if k, err := parseWorkloads("d,measured, b,a"); err != nil || !reflect.DeepEqual(k, []string{"a", "b", "d"}) {
+		t.Fatalf("workloads %v %v", k, err)
+	}
+	if _, err := parseWorkloads("e"); err == nil {
+		t.Fatal("unknown workload accepted")
+	}
+	if c, err := parseConfigs("oracle,round-robin"); err != nil || !reflect.DeepEqual(c, []string{cfgRoundRobin, cfgOracle}) {
+		t.Fatalf("configs %v %v", c, err)
+	}
+	if _, err := parseConfigs("fastest"); err == nil {
+		t.Fatal("unknown config accepted")
+	}
+}
+
+func TestLineWatchFindsTheAddressAcrossWrites(t *testing.T) {
+	w := newLineWatch("devproxy listening on ")
+	for _, chunk := range []string{"starting\ndevproxy listen", "ing on http://127.0.0.1:4", "242\nmore\n"} {
+		if _, err := w.Write([]byte(chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case got := <-w.found:
+		if got != "http://127.0.0.1:4242" {
+			t.Fatalf("got %q", got)
+		}
+	default:
+		t.Fatal("address not found")
+	}
+}
+
+func TestOracleRoutesByGroupAndRoundRobinOtherwise(t *testing.T) {
+	st := &stack{cfg: cfgOracle, base: "http://proxy", sims: []simInfo{{addr: "a"}, {addr: "b"}, {addr: "c"}}}
+	route := st.router()
+	for g, want := range map[int]string{0: "a", 4: "b", 5: "c"} {
+		if got := route(request{Group: g}); got != (target{base: "http://proxy", dest: want}) {
+			t.Fatalf("group %d went to %+v, want %s via the proxy", g, got, want)
+		}
+	}
+	var got []string
+	for range 4 {
+		got = append(got, route(request{Group: -1}).dest)
+	}
+	if !reflect.DeepEqual(got, []string{"a", "b", "c", "a"}) {
+		t.Fatalf("round robin went %v", got)
+	}
+	proxied := (&stack{cfg: cfgDefault, base: "http://proxy", sims: st.sims}).router()
+	if got := proxied(request{Group: 1}); got != (target{base: "http://proxy"}) {
+		t.Fatalf("a picker config went to %+v", got)
+	}
+}
+
+func TestImbalance(t *testing.T) {
+	if got := imbalance([]int{0, 0, 0, 384}); got != "the busiest pod took 100% of the requests (fair share 25%)" {
+		t.Fatalf("got %q", got)
+	}
+	for _, even := range [][]int{{96, 96, 96, 96}, {99, 101, 106, 78}, {524, 500}, {0, 0}, {7}} {
+		if got := imbalance(even); got != "" {
+			t.Fatalf("%v: got %q", even, got)
+		}
+	}
+}

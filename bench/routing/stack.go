@@ -1,0 +1,522 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The configurations compared, in table order.
+const (
+	cfgRoundRobin = "round-robin"
+	cfgRandom     = "random"
+	cfgLoadOnly   = "load-only"
+	cfgDefault    = "infergate-default"
+	cfgOracle     = "oracle"
+)
+
+var allConfigs = []string{cfgRoundRobin, cfgRandom, cfgLoadOnly, cfgDefault, cfgOracle}
+
+// pickerConfigs are the EndpointPickerConfig files of the picker rows;
+// infergate-default runs the picker without one.
+var pickerConfigs = map[string]string{
+	cfgRandom: `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: random-picker
+`,
+	cfgLoadOnly: `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: max-score-picker
+`,
+}
+
+// usesPicker reports whether the configuration runs the endpoint picker.
+func usesPicker(cfg string) bool { return cfg != cfgRoundRobin && cfg != cfgOracle }
+
+// proc is one child process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// procs are the children of one run; stop interrupts and reaps them all.
+type procs struct {
+	dir  string
+	mu   sync.Mutex
+	list []*proc
+}
+
+// start runs binary with args, stderr (and stdout unless out is set) going
+// to a log file; out receives stdout lines when set.
+func (p *procs) start(name, binary string, out io.Writer, args ...string) (*proc, error) {
+	logPath := filepath.Join(p.dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(binary, args...)
+	cmd.Stderr = logf
+	cmd.Stdout = logf
+	if out != nil {
+		cmd.Stdout = out
+	}
+	setProcAttr(cmd)
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s %s: %w", binary, args[0], err)
+	}
+	c := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(c.done) }()
+	p.mu.Lock()
+	p.list = append(p.list, c)
+	p.mu.Unlock()
+	return c, nil
+}
+
+// stop interrupts every child (last started first), waits up to 5s for each
+// and kills what is left.
+func (p *procs) stop() {
+	p.mu.Lock()
+	list := slices.Clone(p.list)
+	p.list = nil
+	p.mu.Unlock()
+	for _, c := range slices.Backward(list) {
+		_ = c.cmd.Process.Signal(os.Interrupt)
+	}
+	deadline := time.After(5 * time.Second)
+	for _, c := range list {
+		select {
+		case <-c.done:
+		case <-deadline:
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+}
+
+// exited reports whether the child has ended.
+func (c *proc) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// cpu is the user+system CPU time the child has used so far.
+func (c *proc) cpu() time.Duration {
+	d, _ := cpuTime(c.cmd.Process.Pid)
+	return d
+}
+
+// simInfo is one running simulator.
+type simInfo struct {
+	name, addr string
+	proc       *proc
+}
+
+// stack is everything one (workload, config) run talks to.
+type stack struct {
+	cfg     string
+	procs   *procs
+	sims    []simInfo
+	base    string // dev proxy URL
+	picker  *proc
+	metrics string // picker metrics address, when there is a picker
+}
+
+// objective is a pool-file objective.
+type objective struct {
+	name     string
+	priority int
+}
+
+type env struct {
+	binary string
+	scale  float64
+	dir    string
+	model  simModel
+	itls   []itlSample // one per run, for the machine check
+}
+
+// startStack starts pods fresh simulators and, depending on cfg, the picker
+// and the dev proxy in front of them. The caller must stop st.procs, also
+// when an error is returned.
+func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives []objective, runName string) (*stack, error) {
+	dir := filepath.Join(e.dir, runName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	st := &stack{cfg: cfg, procs: &procs{dir: dir}}
+	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
+	for i := range pods {
+		name := fmt.Sprintf("pod-%d", i)
+		addr := freeAddr()
+		_, port, _ := net.SplitHostPort(addr)
+		p, err := st.procs.start(name, e.binary, nil, "sim", "--name", name, "--port", port, "--time-scale", scale)
+		if err != nil {
+			return st, err
+		}
+		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p})
+	}
+	for _, s := range st.sims {
+		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc); err != nil {
+			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, tail(s.proc.log))
+		}
+	}
+	proxyArgs := []string{"devproxy", "--port", "0"}
+	switch {
+	case cfg == cfgOracle:
+		// The hand split still goes through the proxy, so that it pays the
+		// same proxy path as the pickers and the comparison is of routing
+		// alone: the client names the sim in the destination header and
+		// the proxy routes by it like an ORIGINAL_DST cluster.
+		proxyArgs = append(proxyArgs, "--routing", "original-dst-header")
+	case usesPicker(cfg):
+		var pool strings.Builder
+		fmt.Fprintf(&pool, "name: %s\nendpoints:\n", runName)
+		for _, s := range st.sims {
+			fmt.Fprintf(&pool, "- address: %s\n  name: %s\n", s.addr, s.name)
+		}
+		if len(objectives) > 0 {
+			pool.WriteString("objectives:\n")
+			for _, o := range objectives {
+				fmt.Fprintf(&pool, "- {name: %s, priority: %d}\n", o.name, o.priority)
+			}
+		}
+		poolFile := filepath.Join(dir, "pool.yaml")
+		if err := os.WriteFile(poolFile, []byte(pool.String()), 0o600); err != nil {
+			return st, err
+		}
+		grpcAddr, metricsAddr := freeAddr(), freeAddr()
+		_, gport, _ := net.SplitHostPort(grpcAddr)
+		_, mport, _ := net.SplitHostPort(metricsAddr)
+		args := []string{"epp", "--pool-file", poolFile, "--secure-serving=false",
+			"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport, "--grpc-health-port", "0",
+			"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport}
+		if text, ok := pickerConfigs[cfg]; ok {
+			f := filepath.Join(dir, "epp-config.yaml")
+			if err := os.WriteFile(f, []byte(text), 0o600); err != nil {
+				return st, err
+			}
+			args = append(args, "--config-file", f)
+		}
+		p, err := st.procs.start("epp", e.binary, nil, args...)
+		if err != nil {
+			return st, err
+		}
+		st.picker, st.metrics = p, metricsAddr
+		if err := waitScraped(ctx, metricsAddr, pods, p); err != nil {
+			return st, fmt.Errorf("picker: %w (log: %s)", err, tail(p.log))
+		}
+		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false")
+	default:
+		var addrs []string
+		for _, s := range st.sims {
+			addrs = append(addrs, s.addr)
+		}
+		proxyArgs = append(proxyArgs, "--fallback-endpoints", strings.Join(addrs, ","))
+	}
+	out := newLineWatch("devproxy listening on ")
+	p, err := st.procs.start("devproxy", e.binary, out, proxyArgs...)
+	if err != nil {
+		return st, err
+	}
+	select {
+	case u := <-out.found:
+		st.base = u
+	case <-p.done:
+		return st, fmt.Errorf("devproxy exited (log: %s)", tail(p.log))
+	case <-time.After(15 * time.Second):
+		return st, fmt.Errorf("devproxy did not report its address within 15s (log: %s)", tail(p.log))
+	case <-ctx.Done():
+		return st, ctx.Err()
+	}
+	if err := waitHTTP(ctx, st.base+"/v1/models", p); err != nil {
+		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, tail(p.log))
+	}
+	return st, nil
+}
+
+// cpuSnap is the CPU time used so far by kind of process: sims, picker,
+// proxy and the driver itself.
+type cpuSnap map[string]time.Duration
+
+var cpuKinds = []string{"sims", "picker", "proxy", "driver"}
+
+func (st *stack) cpu() cpuSnap {
+	st.procs.mu.Lock()
+	defer st.procs.mu.Unlock()
+	m := cpuSnap{"driver": selfCPU()}
+	for _, c := range st.procs.list {
+		kind := c.name
+		switch {
+		case strings.HasPrefix(kind, "pod-"):
+			kind = "sims"
+		case kind == "epp":
+			kind = "picker"
+		case kind == "devproxy":
+			kind = "proxy"
+		}
+		m[kind] += c.cpu()
+	}
+	return m
+}
+
+// cores returns the cores used between before and s over wall: in total
+// and by kind of process.
+func (s cpuSnap) cores(before cpuSnap, wall time.Duration) (float64, string) {
+	total := 0.0
+	var parts []string
+	for _, k := range cpuKinds {
+		v, ok := s[k]
+		if !ok {
+			continue
+		}
+		c := (v - before[k]).Seconds() / wall.Seconds()
+		total += c
+		parts = append(parts, fmt.Sprintf("%s %.2f", k, c))
+	}
+	return total, strings.Join(parts, ", ")
+}
+
+// lineWatch is a writer that reports the rest of the first line starting
+// with prefix and discards everything.
+type lineWatch struct {
+	prefix string
+	found  chan string
+	mu     sync.Mutex
+	buf    []byte
+	done   bool
+}
+
+func newLineWatch(prefix string) *lineWatch {
+	return &lineWatch{prefix: prefix, found: make(chan string, 1)}
+}
+
+func (w *lineWatch) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return len(b), nil
+	}
+	w.buf = append(w.buf, b...)
+	for {
+		i := slices.Index(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.TrimSpace(string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+		if rest, ok := strings.CutPrefix(line, w.prefix); ok {
+			w.found <- rest
+			w.done, w.buf = true, nil
+			break
+		}
+	}
+	return len(b), nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitHTTP waits up to 15s for url to answer 200, giving up early when the
+// process serving it exits.
+func waitHTTP(ctx context.Context, url string, p *proc) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return errors.New("process exited")
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		if err := sleepCtx(ctx, 25*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%s did not answer 200 within 15s", url)
+}
+
+// waitScraped waits until the picker has fresh metrics of all n endpoints.
+func waitScraped(ctx context.Context, metricsAddr string, n int, p *proc) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return errors.New("exited")
+		}
+		if fresh, err := freshEndpoints(ctx, metricsAddr); err == nil && fresh == n {
+			return nil
+		}
+		if err := sleepCtx(ctx, 25*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("did not report %d endpoints with fresh metrics within 20s", n)
+}
+
+var freshRE = regexp.MustCompile(`(?m)^infergate_epp_endpoints\{state="fresh"\} (\S+)$`)
+
+func freshEndpoints(ctx context.Context, metricsAddr string) (int, error) {
+	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		return 0, err
+	}
+	m := freshRE.FindSubmatch(b)
+	if m == nil {
+		return 0, errors.New("no infergate_epp_endpoints gauge")
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	return int(v), err
+}
+
+func getBody(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
+
+// cpuTime is the user+system CPU a process has used (from /proc, Linux).
+func cpuTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised command name; utime and stime are the
+	// 12th and 13th of them, in clock ticks of 1/100 s.
+	_, rest, ok := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("unexpected /proc stat values")
+	}
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// simModel is the simulators' latency model, read from `infergate sim
+// --help` so that the figures follow the binary's defaults.
+type simModel struct {
+	maxNumSeqs              int
+	overhead, perToken, itl time.Duration
+	known                   bool
+}
+
+var helpDefaultRE = regexp.MustCompile(`--([a-z-]+) \S+ .*\(default ([^)]+)\)`)
+
+func readSimModel(binary string) simModel {
+	out, err := exec.Command(binary, "sim", "--help").CombinedOutput()
+	if err != nil {
+		return simModel{}
+	}
+	return parseSimHelp(string(out))
+}
+
+// parseSimHelp reads the latency and concurrency defaults from the flag
+// list of `infergate sim --help`.
+func parseSimHelp(help string) simModel {
+	defs := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(help))
+	for sc.Scan() {
+		if m := helpDefaultRE.FindStringSubmatch(sc.Text()); m != nil {
+			defs[m[1]] = m[2]
+		}
+	}
+	var m simModel
+	var errs []error
+	dur := func(k string) time.Duration {
+		d, err := time.ParseDuration(defs[k])
+		errs = append(errs, err)
+		return d
+	}
+	m.overhead = dur("prefill-overhead")
+	m.perToken = dur("prefill-time-per-token")
+	m.itl = dur("inter-token-latency")
+	n, err := strconv.Atoi(defs["max-num-seqs"])
+	m.maxNumSeqs = n
+	errs = append(errs, err)
+	m.known = errors.Join(errs...) == nil && n > 0
+	return m
+}
+
+// service is the simulated time a request holds a running slot: prefill of
+// the uncached prompt, then one inter-token latency per token after the
+// first.
+func (m simModel) service(promptTokens, cachedTokens, outputTokens int) time.Duration {
+	return m.overhead + time.Duration(promptTokens-cachedTokens)*m.perToken + time.Duration(max(outputTokens-1, 0))*m.itl
+}
