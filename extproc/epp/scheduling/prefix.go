@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/prefix"
 )
 
@@ -213,21 +214,34 @@ func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, sc
 
 // prefixAffinityFilter keeps only the endpoints that hold most of the
 // prompt, so a prefix keeps landing where its KV cache is, unless those
-// endpoints are clearly busier than the rest (their shortest waiting queue
-// longer than the others' by more than maxWaitingQueueGap): then affinity
-// gives way to load, and the prefix scorer abstains for the request.
-// Without any holder it keeps all.
+// endpoints are clearly busier than the rest: then affinity gives way to
+// load, and the prefix scorer abstains for the request. Without any holder
+// it keeps all.
+//
+// "Clearly busier" compares the least busy holder with the least busy
+// other endpoint: a waiting queue longer by more than maxWaitingQueueGap
+// (a wait for a slot costs more than recomputing a prompt), or more than
+// maxRunningRatio times the running requests, plus a slack of 4 so that
+// small counts do not flap. The second rule matters for a prefix that
+// every request shares (a common system prompt): without it the first
+// endpoint to cache it would draw all traffic while batching hides the
+// load from the queue.
 type prefixAffinityFilter struct {
 	named
-	threshold   float64
-	maxQueueGap int
+	threshold    float64
+	maxQueueGap  int
+	runningRatio float64
 }
+
+// runningSlack is added to the running-requests bound.
+const runningSlack = 4
 
 func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error) {
 	p := struct {
 		AffinityThreshold  float64 `json:"affinityThreshold"`
 		MaxWaitingQueueGap int     `json:"maxWaitingQueueGap"`
-	}{AffinityThreshold: 0.8, MaxWaitingQueueGap: 2}
+		MaxRunningRatio    float64 `json:"maxRunningRatio"`
+	}{AffinityThreshold: 0.8, MaxWaitingQueueGap: 2, MaxRunningRatio: 2}
 	if err := DecodeParams(params, &p); err != nil {
 		return nil, err
 	}
@@ -237,7 +251,22 @@ func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error
 	if p.MaxWaitingQueueGap < 0 {
 		return nil, fmt.Errorf("parameters.maxWaitingQueueGap: must not be negative, got %d", p.MaxWaitingQueueGap)
 	}
-	return &prefixAffinityFilter{named: named{"prefix-cache-affinity-filter", name}, threshold: p.AffinityThreshold, maxQueueGap: p.MaxWaitingQueueGap}, nil
+	if !(p.MaxRunningRatio >= 1) {
+		return nil, fmt.Errorf("parameters.maxRunningRatio: must be at least 1, got %v", p.MaxRunningRatio)
+	}
+	return &prefixAffinityFilter{named: named{"prefix-cache-affinity-filter", name},
+		threshold: p.AffinityThreshold, maxQueueGap: p.MaxWaitingQueueGap, runningRatio: p.MaxRunningRatio}, nil
+}
+
+// load is the least busy endpoint's figures on one side; -1 is unknown.
+type load struct{ waiting, running int }
+
+func (l *load) add(m *datastore.Metrics) {
+	if m == nil {
+		return
+	}
+	l.waiting = minKnown(l.waiting, m.WaitingQueueSize)
+	l.running = minKnown(l.running, m.RunningRequests)
 }
 
 func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []Endpoint) []Endpoint {
@@ -246,29 +275,31 @@ func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []End
 		return eps
 	}
 	var sticky []Endpoint
-	bestSticky, bestOther := -1, -1 // smallest waiting queue on each side, -1 unknown
+	holders, others := load{-1, -1}, load{-1, -1}
 	for _, e := range eps {
-		q := -1
-		if e.Metrics != nil {
-			q = e.Metrics.WaitingQueueSize
-		}
 		if m.Fraction(e.Address) >= f.threshold {
 			sticky = append(sticky, e)
-			bestSticky = minKnown(bestSticky, q)
+			holders.add(e.Metrics)
 		} else {
-			bestOther = minKnown(bestOther, q)
+			others.add(e.Metrics)
 		}
 	}
 	if len(sticky) == 0 || len(sticky) == len(eps) {
 		return eps
 	}
-	if bestSticky >= 0 && bestOther >= 0 && bestSticky-bestOther > f.maxQueueGap {
-		// The cache holders are clearly busier: a wait in their queue costs
-		// more than recomputing the prefix elsewhere, so load decides.
+	if f.clearlyBusier(holders, others) {
 		req.SetAttr(affinityBrokenAttr, true)
 		return eps
 	}
 	return sticky
+}
+
+func (f *prefixAffinityFilter) clearlyBusier(holders, others load) bool {
+	if holders.waiting >= 0 && others.waiting >= 0 && holders.waiting-others.waiting > f.maxQueueGap {
+		return true
+	}
+	return holders.running >= 0 && others.running >= 0 &&
+		float64(holders.running) > f.runningRatio*float64(others.running)+runningSlack
 }
 
 func minKnown(cur, v int) int {

@@ -103,7 +103,14 @@ func TestPrefixAffinityFilter(t *testing.T) {
 			ep("10.0.0.3:8000", &datastore.Metrics{WaitingQueueSize: q3}, nil),
 		}
 	}
-	f := build(t, "prefix-cache-affinity-filter", `{"affinityThreshold":0.8,"maxWaitingQueueGap":4}`).(Filter)
+	running := func(r1, r2, r3 int) []Endpoint {
+		return []Endpoint{
+			ep("10.0.0.1:8000", &datastore.Metrics{RunningRequests: r1}, nil),
+			ep("10.0.0.2:8000", &datastore.Metrics{RunningRequests: r2}, nil),
+			ep("10.0.0.3:8000", &datastore.Metrics{RunningRequests: r3}, nil),
+		}
+	}
+	f := build(t, "prefix-cache-affinity-filter", `{"affinityThreshold":0.8,"maxWaitingQueueGap":4,"maxRunningRatio":2}`).(Filter)
 	cases := []struct {
 		name   string
 		blocks map[string]int
@@ -116,6 +123,8 @@ func TestPrefixAffinityFilter(t *testing.T) {
 		{"holder a little busier still kept", map[string]int{"10.0.0.1:8000": 10}, queued(4, 0, 1), 1},
 		{"holder clearly busier gives way", map[string]int{"10.0.0.1:8000": 10}, queued(9, 0, 1), 3},
 		{"cold keeps all", map[string]int{}, queued(0, 0, 0), 3},
+		{"holder running far more gives way", map[string]int{"10.0.0.1:8000": 10}, running(30, 2, 5), 3},
+		{"holder running somewhat more is kept", map[string]int{"10.0.0.1:8000": 10}, running(12, 4, 5), 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
