@@ -6,7 +6,7 @@ BIN      := bin/infergate
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build test lint vet fmt demo bench bench-scheduling bench-epp clean
+.PHONY: all build test lint vet fmt demo bench bench-scheduling bench-epp bench-routing clean
 
 all: build
 
@@ -31,14 +31,18 @@ vet:
 demo: build
 	$(GO) run ./test/demo --binary $(BIN)
 
-## bench: scheduling micro-benchmarks and the ext_proc load driver.
-bench: bench-scheduling bench-epp
+## bench: scheduling micro-benchmarks, the ext_proc load driver and the routing benchmark.
+bench: bench-scheduling bench-epp bench-routing
 
 bench-scheduling:
-	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/
+	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
+
+## bench-routing: four workloads through the dev proxy, the picker and simulators under five routing configs (about 8 minutes).
+bench-routing: build
+	$(GO) run ./bench/routing --binary $(BIN)
 
 clean:
 	rm -rf bin build
