@@ -203,7 +203,8 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		// same proxy path as the pickers and the comparison is of routing
 		// alone: the client names the sim in the destination header and
 		// the proxy routes by it like an ORIGINAL_DST cluster.
-		proxyArgs = append(proxyArgs, "--routing", "original-dst-header")
+		// Requests without the header (the readiness probe) go round robin.
+		proxyArgs = append(proxyArgs, "--routing", "original-dst-header", "--fallback-endpoints", st.simAddrs())
 	case usesPicker(cfg):
 		var pool strings.Builder
 		fmt.Fprintf(&pool, "name: %s\nendpoints:\n", runName)
@@ -243,11 +244,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		}
 		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false")
 	default:
-		var addrs []string
-		for _, s := range st.sims {
-			addrs = append(addrs, s.addr)
-		}
-		proxyArgs = append(proxyArgs, "--fallback-endpoints", strings.Join(addrs, ","))
+		proxyArgs = append(proxyArgs, "--fallback-endpoints", st.simAddrs())
 	}
 	out := newLineWatch("devproxy listening on ")
 	p, err := st.procs.start("devproxy", e.binary, out, proxyArgs...)
@@ -268,6 +265,15 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, tail(p.log))
 	}
 	return st, nil
+}
+
+// simAddrs lists the sims' addresses as the proxy's flags take them.
+func (st *stack) simAddrs() string {
+	addrs := make([]string, len(st.sims))
+	for i, s := range st.sims {
+		addrs[i] = s.addr
+	}
+	return strings.Join(addrs, ",")
 }
 
 // cpuSnap is the CPU time used so far by kind of process: sims, picker,
