@@ -161,7 +161,7 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		for i := range candidates {
 			candidates[i].Metrics = candidates[i].FreshMetrics(now, p.opts.MetricsStaleness)
 		}
-	} else if req.Priority < 0 && p.opts.Saturation.Saturated(now, all) {
+	} else if req.Priority < 0 && p.opts.Saturation.Shed(now, all) {
 		return reject(429, ReasonSaturated, fmt.Sprintf("pool saturated; objective %q is sheddable", objective)), outcomeShed
 	}
 

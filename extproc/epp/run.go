@@ -116,6 +116,7 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 		QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
 		KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
 		MetricsStaleness:     loaded.Saturation.MetricsStaleness,
+		SheddableThreshold:   loaded.Saturation.SheddableThreshold,
 	}
 	var queue *flowcontrol.Queue
 	if fc := loaded.FlowControl; fc.Enabled {

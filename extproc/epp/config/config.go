@@ -111,6 +111,9 @@ type Saturation struct {
 	KVCacheUtilThreshold float64
 	// MetricsStaleness: older metrics make an endpoint count as saturated.
 	MetricsStaleness time.Duration
+	// SheddableThreshold is the saturation at which sheddable requests are
+	// refused (without flow control).
+	SheddableThreshold float64
 }
 
 // FlowControlGate is the feature gate that turns on queueing.
@@ -177,7 +180,7 @@ const (
 func build(c *EndpointPickerConfig) (*Loaded, error) {
 	l := &Loaded{
 		DataLayer:    DataLayer{Scheme: "http", Path: "/metrics", Interval: 50 * time.Millisecond, InsecureSkipVerify: true, EngineLabel: "llm-d.ai/engine-type"},
-		Saturation:   Saturation{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: 200 * time.Millisecond},
+		Saturation:   Saturation{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: 200 * time.Millisecond, SheddableThreshold: 0.8},
 		FeatureGates: map[string]bool{},
 	}
 	switch c.APIVersion {
@@ -483,9 +486,16 @@ func (s *Saturation) apply(params json.RawMessage) error {
 		QueueDepthThreshold       *float64  `json:"queueDepthThreshold"`
 		KVCacheUtilThreshold      *float64  `json:"kvCacheUtilThreshold"`
 		MetricsStalenessThreshold *duration `json:"metricsStalenessThreshold"`
+		SheddableThreshold        *float64  `json:"sheddableThreshold"`
 	}
 	if err := scheduling.DecodeParams(params, &p); err != nil {
 		return err
+	}
+	if p.SheddableThreshold != nil {
+		if !(*p.SheddableThreshold > 0 && *p.SheddableThreshold <= 1) {
+			return fmt.Errorf("parameters.sheddableThreshold: must be in (0,1], got %v", *p.SheddableThreshold)
+		}
+		s.SheddableThreshold = *p.SheddableThreshold
 	}
 	if p.QueueDepthThreshold != nil {
 		if !(*p.QueueDepthThreshold > 0) {

@@ -13,10 +13,16 @@ import (
 // the pool's is their average. An endpoint with stale or missing metrics
 // counts as fully saturated, so a pool that cannot be observed sheds
 // sheddable work rather than piling it on.
+//
+// Sheddable requests are refused from SheddableThreshold on, before the
+// pool is full: if they could fill it to the brim, the servers would queue
+// and the requests that must not be shed would wait behind them.
 type UtilizationDetector struct {
 	QueueDepthThreshold  float64
 	KVCacheUtilThreshold float64
 	MetricsStaleness     time.Duration
+	// SheddableThreshold in (0,1]; 0 means 1 (shed only when full).
+	SheddableThreshold float64
 }
 
 // Saturation returns the pool's saturation at now (1.0 = at capacity).
@@ -40,6 +46,15 @@ func (d UtilizationDetector) Saturation(now time.Time, eps []*datastore.Endpoint
 // Saturated reports whether the pool is at or beyond capacity.
 func (d UtilizationDetector) Saturated(now time.Time, eps []*datastore.Endpoint) bool {
 	return d.Saturation(now, eps) >= 1
+}
+
+// Shed reports whether a sheddable request should be refused now.
+func (d UtilizationDetector) Shed(now time.Time, eps []*datastore.Endpoint) bool {
+	at := d.SheddableThreshold
+	if at <= 0 {
+		at = 1
+	}
+	return d.Saturation(now, eps) >= at
 }
 
 // Capacity is the pool's headroom for flow control: how many more requests

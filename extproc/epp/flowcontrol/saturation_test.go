@@ -59,3 +59,16 @@ func TestCapacity(t *testing.T) {
 		t.Fatalf("saturated pool: headroom %d", h)
 	}
 }
+
+func TestShedBeforeFull(t *testing.T) {
+	now := time.Now()
+	e := &datastore.Endpoint{}
+	e.SetMetrics(&datastore.Metrics{KVCacheUsage: 0.68, UpdatedAt: now}) // saturation 0.85
+	eps := []*datastore.Endpoint{e}
+	if !(UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Second, SheddableThreshold: 0.8}).Shed(now, eps) {
+		t.Error("a pool at 0.85 must shed at threshold 0.8")
+	}
+	if (UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Second}).Shed(now, eps) {
+		t.Error("without a threshold, shedding waits for a full pool")
+	}
+}
