@@ -242,7 +242,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		if err := waitScraped(ctx, metricsAddr, pods, p); err != nil {
 			return st, fmt.Errorf("picker: %w (log: %s)", err, tail(p.log))
 		}
-		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false")
+		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false,response-body=none")
 	default:
 		proxyArgs = append(proxyArgs, "--fallback-endpoints", st.simAddrs())
 	}

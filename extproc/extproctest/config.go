@@ -203,8 +203,22 @@ func ParseFilterFlag(s string) (FilterConfig, error) {
 				return FilterConfig{}, fmt.Errorf("tls %q: want true or false", v)
 			}
 			fc.TLS = b
+		case "response-body":
+			// An endpoint picker needs only the response headers (the
+			// served endpoint comes with them); sparing it the body saves
+			// a round trip per streamed chunk.
+			mode := DefaultProcessingMode()
+			switch v {
+			case "streamed":
+			case "none":
+				mode.ResponseBodyMode = filterv3.ProcessingMode_NONE
+				mode.ResponseTrailerMode = filterv3.ProcessingMode_SKIP
+			default:
+				return FilterConfig{}, fmt.Errorf("response-body %q: want streamed or none", v)
+			}
+			fc.ProcessingMode = mode
 		default:
-			return FilterConfig{}, fmt.Errorf("unknown option %q (want failure-mode or tls)", k)
+			return FilterConfig{}, fmt.Errorf("unknown option %q (want failure-mode, tls or response-body)", k)
 		}
 	}
 	return fc, nil

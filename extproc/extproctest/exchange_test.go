@@ -600,6 +600,7 @@ func TestParseFilterFlag(t *testing.T) {
 		{in: "epp=127.0.0.1:9002,failure-mode=open", wantErr: "FailOpen or FailClose"},
 		{in: "epp=127.0.0.1:9002,tls=maybe", wantErr: "true or false"},
 		{in: "epp=127.0.0.1:9002,mode=x", wantErr: "unknown option"},
+		{in: "epp=127.0.0.1:9002,response-body=sometimes", wantErr: "streamed or none"},
 	} {
 		got, err := ParseFilterFlag(tc.in)
 		if tc.wantErr != "" {
@@ -611,5 +612,11 @@ func TestParseFilterFlag(t *testing.T) {
 		if err != nil || got.Name != tc.want.Name || got.Target != tc.want.Target || got.FailureModeAllow != tc.want.FailureModeAllow || got.TLS != tc.want.TLS {
 			t.Errorf("%q: got %+v, %v", tc.in, got, err)
 		}
+	}
+	fc, err := ParseFilterFlag("epp=127.0.0.1:9002,response-body=none")
+	if err != nil || fc.ProcessingMode.GetResponseBodyMode() != filterv3.ProcessingMode_NONE ||
+		fc.ProcessingMode.GetResponseTrailerMode() != filterv3.ProcessingMode_SKIP ||
+		fc.ProcessingMode.GetRequestBodyMode() != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		t.Fatalf("response-body=none: %+v, %v", fc.ProcessingMode, err)
 	}
 }

@@ -413,3 +413,45 @@ func TestEndpointWithBrokenMetricsKeepsServing(t *testing.T) {
 		}
 	}
 }
+
+// TestPickerWithoutResponseBodies runs the picker the way the project's
+// integrations configure it: response headers only (the served endpoint
+// comes with them), no response body round trips.
+func TestPickerWithoutResponseBodies(t *testing.T) {
+	_, pool := newPool(t, 2)
+	e := startEPP(t, pool)
+	fc, err := extproctest.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := extproctest.New(extproctest.Config{Filters: []extproctest.FilterConfig{fc}, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + loopback.Serve(t, p.Serve)
+	for range 10 {
+		r, err := post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"hi","max_tokens":3,"stream":true}`)
+		if err != nil || r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("%v %+v", err, r)
+		}
+	}
+	resp, err := client.Get("http://" + e.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `infergate_epp_served_total{match="primary"} 10`) {
+		t.Fatalf("served endpoints not recorded from response headers alone:\n%s", grepLines(string(body), "served"))
+	}
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
