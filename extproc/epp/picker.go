@@ -181,6 +181,9 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	for _, o := range p.picks {
 		o.Picked(ctx, req, res)
 	}
+	// Until the next scrape shows it, account for the KV this request
+	// will take (prompt bytes / 4 estimates its tokens).
+	targets[0].AddPending(len(r.Body) / 4)
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {

@@ -90,14 +90,25 @@ type Endpoint struct {
 	Spec
 	metrics   atomic.Pointer[Metrics]
 	scrapeErr atomic.Pointer[string]
+	// pending counts the estimated KV tokens of requests routed here since
+	// the last scrape, which the scraped figures cannot show yet.
+	pending atomic.Int64
 }
+
+// AddPending records a request routed here before the next scrape.
+func (e *Endpoint) AddPending(tokens int) { e.pending.Add(int64(tokens)) }
+
+// Pending is the estimated KV tokens routed here since the last scrape.
+func (e *Endpoint) Pending() int { return int(e.pending.Load()) }
 
 // Metrics returns the latest metrics, or nil if none were scraped yet.
 func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
 
-// SetMetrics publishes a new scrape and clears the scrape error.
+// SetMetrics publishes a new scrape and clears the scrape error; the new
+// figures include what was pending.
 func (e *Endpoint) SetMetrics(m *Metrics) {
 	e.metrics.Store(m)
+	e.pending.Store(0)
 	e.scrapeErr.Store(nil)
 }
 

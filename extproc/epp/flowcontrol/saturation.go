@@ -10,6 +10,7 @@ import (
 
 // UtilizationDetector measures pool saturation from scraped metrics: each
 // endpoint's saturation is max(queue/QueueDepthThreshold, kv/KVCacheUtilThreshold),
+// where kv includes the estimated tokens routed there since the scrape,
 // the pool's is their average. An endpoint with stale or missing metrics
 // counts as fully saturated, so a pool that cannot be observed sheds
 // sheddable work rather than piling it on.
@@ -38,7 +39,14 @@ func (d UtilizationDetector) Saturation(now time.Time, eps []*datastore.Endpoint
 			total++
 			continue
 		}
-		total += max(float64(m.WaitingQueueSize)/d.QueueDepthThreshold, m.KVCacheUsage/d.KVCacheUtilThreshold)
+		kv := m.KVCacheUsage
+		// Requests routed since the scrape are not in its figures yet; a
+		// burst inside one scrape interval would otherwise overfill the
+		// pool before the detector sees it.
+		if capacity := m.BlockSize * m.NumGPUBlocks; capacity > 0 {
+			kv += float64(e.Pending()) / float64(capacity)
+		}
+		total += max(float64(m.WaitingQueueSize)/d.QueueDepthThreshold, kv/d.KVCacheUtilThreshold)
 	}
 	return total / float64(len(eps))
 }

@@ -72,3 +72,19 @@ func TestShedBeforeFull(t *testing.T) {
 		t.Error("without a threshold, shedding waits for a full pool")
 	}
 }
+
+func TestPendingTokensCountUntilTheNextScrape(t *testing.T) {
+	now := time.Now()
+	d := UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Second}
+	e := &datastore.Endpoint{}
+	e.SetMetrics(&datastore.Metrics{KVCacheUsage: 0.2, BlockSize: 16, NumGPUBlocks: 100, UpdatedAt: now}) // 1,600 tokens
+	eps := []*datastore.Endpoint{e}
+	e.AddPending(800) // half the cache routed since the scrape
+	if got := d.Saturation(now, eps); got < 0.87 || got > 0.88 {
+		t.Fatalf("saturation %v, want (0.2+0.5)/0.8 = 0.875", got)
+	}
+	e.SetMetrics(&datastore.Metrics{KVCacheUsage: 0.7, BlockSize: 16, NumGPUBlocks: 100, UpdatedAt: now})
+	if e.Pending() != 0 {
+		t.Fatal("a new scrape must absorb what was pending")
+	}
+}
