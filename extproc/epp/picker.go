@@ -16,6 +16,7 @@ import (
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/epp/prefix"
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference"
@@ -182,8 +183,8 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		o.Picked(ctx, req, res)
 	}
 	// Until the next scrape shows it, account for the KV this request
-	// will take (prompt bytes / 4 estimates its tokens).
-	targets[0].AddPending(len(r.Body) / 4)
+	// will take, estimating its tokens from its bytes.
+	targets[0].AddPending(len(r.Body) / prefix.BytesPerToken)
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {
