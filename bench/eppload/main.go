@@ -37,6 +37,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/childproc"
 )
 
 func main() {
@@ -85,7 +86,13 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 	if err := os.WriteFile(poolFile, []byte(pool), 0o600); err != nil {
 		return err
 	}
-	grpcAddr, healthAddr, metricsAddr := freeAddr(), freeAddr(), freeAddr()
+	var addrs [3]string
+	for i := range addrs {
+		if addrs[i], err = childproc.FreeAddr(); err != nil {
+			return err
+		}
+	}
+	grpcAddr, healthAddr, metricsAddr := addrs[0], addrs[1], addrs[2]
 	_, gport, _ := net.SplitHostPort(grpcAddr)
 	_, hport, _ := net.SplitHostPort(healthAddr)
 	_, mport, _ := net.SplitHostPort(metricsAddr)
@@ -132,7 +139,7 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 		if err != nil {
 			return err
 		}
-		cpuBefore, err := cpuTime(cmd.Process.Pid)
+		cpuBefore, err := childproc.CPUTime(cmd.Process.Pid)
 		if err != nil {
 			return err
 		}
@@ -153,7 +160,7 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 		r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
 		fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
 			pct(r.service, 0.5), pct(r.service, 0.99), pct(r.service, 1))
-		cpuAfter, err := cpuTime(cmd.Process.Pid)
+		cpuAfter, err := childproc.CPUTime(cmd.Process.Pid)
 		if err != nil {
 			return err
 		}
@@ -190,15 +197,6 @@ func startSims(ctx context.Context, n int) (string, error) {
 		fmt.Fprintf(&sb, "- address: %s\n  name: sim-%d\n", ln.Addr(), i)
 	}
 	return sb.String(), nil
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func waitReady(ctx context.Context, addr string) error {
@@ -381,7 +379,7 @@ func pct(sorted []time.Duration, p float64) string {
 // during a long request body upload) and reports the picker's RSS growth
 // per stream.
 func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) (float64, error) {
-	before, err := rss(pid)
+	before, err := childproc.RSS(pid)
 	if err != nil {
 		return 0, err
 	}
@@ -397,27 +395,11 @@ func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) 
 		}
 	}
 	time.Sleep(time.Second) // let the picker accept them all
-	after, err := rss(pid)
+	after, err := childproc.RSS(pid)
 	if err != nil {
 		return 0, err
 	}
 	return float64(after-before) / float64(n), nil
-}
-
-func rss(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb * 1024, err
-		}
-	}
-	return 0, errors.New("VmRSS not found")
 }
 
 // fetchProfile saves the picker's CPU profile over d.
@@ -499,25 +481,4 @@ func (h *histogram) quantileSince(before *histogram, q float64) string {
 		}
 	}
 	return "+Inf"
-}
-
-// cpuTime is the user+system CPU a process has used (from /proc).
-func cpuTime(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised command name; utime and stime are the
-	// 12th and 13th of them, in clock ticks of 1/100 s on Linux.
-	_, rest, ok := strings.Cut(string(raw), ") ")
-	f := strings.Fields(rest)
-	if !ok || len(f) < 13 {
-		return 0, errors.New("unexpected /proc stat format")
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("unexpected /proc stat values")
-	}
-	return time.Duration(u+st) * 10 * time.Millisecond, nil
 }

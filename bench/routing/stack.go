@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/infergate/infergate/test/childproc"
 )
 
 // The configurations compared, in table order.
@@ -137,7 +139,7 @@ func (c *proc) exited() bool {
 
 // cpu is the user+system CPU time the child has used so far.
 func (c *proc) cpu() time.Duration {
-	d, _ := cpuTime(c.cmd.Process.Pid)
+	d, _ := childproc.CPUTime(c.cmd.Process.Pid)
 	return d
 }
 
@@ -183,7 +185,10 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
 	for i := range pods {
 		name := fmt.Sprintf("pod-%d", i)
-		addr := freeAddr()
+		addr, err := childproc.FreeAddr()
+		if err != nil {
+			return st, err
+		}
 		_, port, _ := net.SplitHostPort(addr)
 		p, err := st.procs.start(name, e.binary, nil, "sim", "--name", name, "--port", port, "--time-scale", scale)
 		if err != nil {
@@ -193,7 +198,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 	}
 	for _, s := range st.sims {
 		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc); err != nil {
-			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, tail(s.proc.log))
+			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))
 		}
 	}
 	proxyArgs := []string{"devproxy", "--port", "0"}
@@ -221,7 +226,14 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		if err := os.WriteFile(poolFile, []byte(pool.String()), 0o600); err != nil {
 			return st, err
 		}
-		grpcAddr, metricsAddr := freeAddr(), freeAddr()
+		grpcAddr, err := childproc.FreeAddr()
+		if err != nil {
+			return st, err
+		}
+		metricsAddr, err := childproc.FreeAddr()
+		if err != nil {
+			return st, err
+		}
 		_, gport, _ := net.SplitHostPort(grpcAddr)
 		_, mport, _ := net.SplitHostPort(metricsAddr)
 		args := []string{"epp", "--pool-file", poolFile, "--secure-serving=false",
@@ -240,7 +252,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		}
 		st.picker, st.metrics = p, metricsAddr
 		if err := waitScraped(ctx, metricsAddr, pods, p); err != nil {
-			return st, fmt.Errorf("picker: %w (log: %s)", err, tail(p.log))
+			return st, fmt.Errorf("picker: %w (log: %s)", err, childproc.Tail(p.log, 5))
 		}
 		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false,response-body=none")
 	default:
@@ -255,14 +267,14 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 	case u := <-out.found:
 		st.base = u
 	case <-p.done:
-		return st, fmt.Errorf("devproxy exited (log: %s)", tail(p.log))
+		return st, fmt.Errorf("devproxy exited (log: %s)", childproc.Tail(p.log, 5))
 	case <-time.After(15 * time.Second):
-		return st, fmt.Errorf("devproxy did not report its address within 15s (log: %s)", tail(p.log))
+		return st, fmt.Errorf("devproxy did not report its address within 15s (log: %s)", childproc.Tail(p.log, 5))
 	case <-ctx.Done():
 		return st, ctx.Err()
 	}
 	if err := waitHTTP(ctx, st.base+"/v1/models", p); err != nil {
-		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, tail(p.log))
+		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, childproc.Tail(p.log, 5))
 	}
 	return st, nil
 }
@@ -355,15 +367,6 @@ func (w *lineWatch) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // waitHTTP waits up to 15s for url to answer 200, giving up early when the
 // process serving it exits.
 func waitHTTP(ctx context.Context, url string, p *proc) error {
@@ -446,33 +449,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-5):], "\n")
-}
-
-// cpuTime is the user+system CPU a process has used (from /proc, Linux).
-func cpuTime(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised command name; utime and stime are the
-	// 12th and 13th of them, in clock ticks of 1/100 s.
-	_, rest, ok := strings.Cut(string(raw), ") ")
-	f := strings.Fields(rest)
-	if !ok || len(f) < 13 {
-		return 0, errors.New("unexpected /proc stat format")
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("unexpected /proc stat values")
-	}
-	return time.Duration(u+s) * 10 * time.Millisecond, nil
 }
 
 // simModel is the simulators' latency model, read from `infergate sim

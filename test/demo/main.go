@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/infergate/infergate/test/childproc"
 )
 
 // server is one simulated model server and how it differs from the others.
@@ -70,7 +72,9 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	var pool strings.Builder
 	pool.WriteString("name: demo\nendpoints:\n")
 	for _, s := range servers {
-		s.addr = freeAddr()
+		if s.addr, err = childproc.FreeAddr(); err != nil {
+			return err
+		}
 		_, port, _ := net.SplitHostPort(s.addr)
 		args := append([]string{"sim", "--name", s.name, "--port", port}, append(common, s.args...)...)
 		if err := procs.start(ctx, filepath.Join(dir, s.name+".log"), binary, args...); err != nil {
@@ -89,7 +93,10 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	if err := os.WriteFile(poolFile, []byte(pool.String()), 0o600); err != nil {
 		return err
 	}
-	eppAddr := freeAddr()
+	eppAddr, err := childproc.FreeAddr()
+	if err != nil {
+		return err
+	}
 	_, eppPort, _ := net.SplitHostPort(eppAddr)
 	if err := procs.start(ctx, filepath.Join(dir, "epp.log"), binary, "epp", "--pool-file", poolFile,
 		"--grpc-bind-address", "127.0.0.1", "--grpc-port", eppPort, "--grpc-health-port", "0", "--metrics-port", "0",
@@ -104,12 +111,12 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	}
 	base, err := proxyURL(proxyOut)
 	if err != nil {
-		return fmt.Errorf("devproxy: %w (log: %s)", err, tail(proxyLog))
+		return fmt.Errorf("devproxy: %w (log: %s)", err, childproc.Tail(proxyLog, 5))
 	}
 	fmt.Printf("  %-10s %s  TLS, the default profile\n", "epp", eppAddr)
 	fmt.Printf("  %-10s %s  ext_proc filter 'epp' (FailClose), routes by the picker's envoy.lb metadata\n\n", "devproxy", strings.TrimPrefix(base, "http://"))
 	if err := waitPicks(ctx, base); err != nil {
-		return fmt.Errorf("%w (picker log: %s)", err, tail(filepath.Join(dir, "epp.log")))
+		return fmt.Errorf("%w (picker log: %s)", err, childproc.Tail(filepath.Join(dir, "epp.log"), 5))
 	}
 
 	fmt.Printf("Sending %d chat requests, %d at a time, from %d apps; each app has its own long system prompt...\n\n", nRequests, concurrency, apps)
@@ -341,15 +348,6 @@ func (p *processes) stopAll() {
 	fmt.Printf("\nStopped %d processes.\n", len(p.cmds))
 }
 
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func waitHTTP(ctx context.Context, url string) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -398,12 +396,6 @@ func waitPicks(ctx context.Context, base string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return errors.New("the proxy got no pick from the picker within 15s")
-}
-
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-5):], "\n")
 }
 
 // hitRate reads a sim's prefix-cache counters.

@@ -1,0 +1,72 @@
+// Package childproc has the small process helpers the demo and the benchmark
+// drivers share: free loopback addresses for the children they start, the
+// tail of a child's log, and a child's CPU time and memory from /proc.
+package childproc
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FreeAddr returns a loopback address with a port free right now, for a
+// child process that takes its port as a flag. Another process may take it
+// before the child binds; children here start at once, so that is rare.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("free loopback port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// Tail returns the last n lines of a log file, for error messages.
+func Tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// CPUTime is the user+system CPU a process has used, from /proc (Linux).
+func CPUTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised command name; utime and stime are the
+	// 12th and 13th of them, in clock ticks of 1/100 s.
+	_, rest, ok := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("unexpected /proc stat values")
+	}
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// RSS is a process's resident memory in bytes, from /proc (Linux).
+func RSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("VmRSS not found")
+}

@@ -1,0 +1,35 @@
+package childproc
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestSelfFigures(t *testing.T) {
+	cpu, err := CPUTime(os.Getpid())
+	if err != nil || cpu < 0 {
+		t.Fatalf("cpu %v, %v", cpu, err)
+	}
+	rss, err := RSS(os.Getpid())
+	if err != nil || rss < 1<<20 {
+		t.Fatalf("rss %d, %v: a Go test binary holds more than 1 MiB", rss, err)
+	}
+	if _, err := CPUTime(-1); err == nil {
+		t.Fatal("no error for a process that does not exist")
+	}
+}
+
+func TestTailAndFreeAddr(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "log")
+	if err := os.WriteFile(p, []byte("a\nb\nc\nd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := Tail(p, 2); got != "c\nd" {
+		t.Fatalf("tail %q", got)
+	}
+	addr, err := FreeAddr()
+	if err != nil || addr == "" {
+		t.Fatalf("%q %v", addr, err)
+	}
+}
