@@ -74,6 +74,7 @@ It is not a production proxy.`,
 			if err != nil {
 				return fmt.Errorf("devproxy logger: %w", err)
 			}
+			tuneGC()
 
 			proxy, err := extproctest.New(extproctest.Config{
 				Listen:            net.JoinHostPort(address, strconv.Itoa(port)),
