@@ -278,13 +278,19 @@ func (st *stack) router() router {
 
 // runStats is one row of a table.
 type runStats struct {
-	cfg                 string
-	pods                []string
-	perPod              []int
-	hits, queries       []float64
-	wall                time.Duration
-	t                   tally
-	ttft                []time.Duration // simulated, sorted, answered requests
+	cfg           string
+	pods          []string
+	perPod        []int
+	hits, queries []float64
+	wall          time.Duration
+	t             tally
+	ttft          []time.Duration // simulated, sorted, answered requests
+	// prefill is each streamed request's TTFT as the sims' latency model
+	// gives it (overhead + uncached tokens × per-token time, from the
+	// cached tokens the response reports): what routing decides, without
+	// the proxy, the picker's hop or the machine. Sorted; empty if the
+	// model is unknown.
+	prefill             []time.Duration
 	outTokens           int
 	itl                 time.Duration // simulated
 	simTTFT             time.Duration // mean TTFT the sims recorded (simulated)
@@ -372,6 +378,11 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 			dp, op := percentile(def.ttft, 0.99), percentile(oracle.ttft, 0.99)
 			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). The oracle pays the proxy path but no picker (TTFT overhead column: %s vs %s mean).\n",
 				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead())
+			if len(def.prefill) > 0 && len(oracle.prefill) > 0 {
+				dm, om := percentile(def.prefill, 0.99), percentile(oracle.prefill, 0.99)
+				fmt.Printf("- the same p99 from the sims' latency model and each response's cached tokens (routing alone, no proxy, picker or machine): %s (%s / %s).\n",
+					ratio(dm.Seconds(), om.Seconds()), ms(dm), ms(om))
+			}
 			if rnd := byCfg[cfgRandom]; rnd != nil {
 				rp := percentile(rnd.ttft, 0.99)
 				fmt.Printf("- infergate-default / random p99 TTFT, both through the proxy and the picker: %s (%s / %s).\n", ratio(dp.Seconds(), rp.Seconds()), ms(dp), ms(rp))
@@ -524,12 +535,16 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 			continue
 		}
 		r.ttft = append(r.ttft, e.sim(res.ttft))
+		if e.model.known && res.prompt > 0 {
+			r.prefill = append(r.prefill, e.model.overhead+time.Duration(res.prompt-res.cached)*e.model.perToken)
+		}
 		if res.completion > 1 {
 			decode += res.decode
 			gaps += res.completion - 1
 		}
 	}
 	slices.Sort(r.ttft)
+	slices.Sort(r.prefill)
 	if gaps > 0 {
 		r.itl = e.sim(decode / time.Duration(gaps))
 	}
