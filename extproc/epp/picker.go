@@ -114,10 +114,9 @@ func (x *exchange) HandleRequest(ctx context.Context, r *server.Request) *server
 func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time) (*server.Decision, string) {
 	p := x.p
 	req := &scheduling.Request{
-		ID:        r.Headers.Get("x-request-id"),
-		Headers:   r.Headers,
-		Body:      r.Body,
-		BodyBytes: len(r.Body),
+		ID:      r.Headers.Get("x-request-id"),
+		Headers: r.Headers,
+		Body:    r.Body,
 	}
 	if req.ID == "" {
 		req.ID = strconv.FormatUint(p.seq.Add(1), 10)

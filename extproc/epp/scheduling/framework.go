@@ -32,7 +32,6 @@ type Request struct {
 	// Priority comes from the request's objective; < 0 may be shed.
 	Priority   int
 	FairnessID string
-	BodyBytes  int
 }
 
 // Prompt returns the request's prompt text, parsing the body on first use
@@ -123,12 +122,10 @@ type ProfileHandler interface {
 	Primary(done map[string]*ProfileResult) (string, error)
 }
 
-// Scored is a candidate with its total and per-scorer scores (aligned with
-// the profile's scorers), kept so a decision can be explained.
+// Scored is a candidate with its weighted total score.
 type Scored struct {
 	Endpoint
-	Score      float64
-	Components []float64
+	Score float64
 }
 
 // WeightedScorer is a scorer with its profile weight.
@@ -149,10 +146,8 @@ type Profile struct {
 type ProfileResult struct {
 	Targets []Scored
 	// Candidates are all scored endpoints (in no particular order), kept so
-	// a decision can be explained.
+	// a decision can be explained (--emit-endpoint-scores).
 	Candidates []Scored
-	// Scorers names the components of each target's Components.
-	Scorers []string
 }
 
 // Result is the outcome of one scheduling decision.
@@ -239,29 +234,24 @@ func (p *Profile) Run(ctx context.Context, req *Request, eps []Endpoint) (*Profi
 		}
 	}
 	scored := make([]Scored, len(eps))
-	comps := make([]float64, len(eps)*len(p.Scorers))
 	for i := range eps {
-		scored[i] = Scored{Endpoint: eps[i], Components: comps[i*len(p.Scorers) : (i+1)*len(p.Scorers) : (i+1)*len(p.Scorers)]}
+		scored[i] = Scored{Endpoint: eps[i]}
 	}
 	buf := make([]float64, len(eps))
-	for j, ws := range p.Scorers {
+	for _, ws := range p.Scorers {
 		clear(buf)
 		ws.Score(ctx, req, eps, buf)
 		for i, v := range buf {
-			v = clamp01(v)
-			scored[i].Components[j] = v
-			scored[i].Score += ws.Weight * v
+			scored[i].Score += ws.Weight * clamp01(v)
 		}
 	}
-	targets := p.Picker.Pick(ctx, slices.Clone(scored))
+	// Pickers may reorder scored in place; Candidates is documented as
+	// unordered, so it can share the slice with the targets.
+	targets := p.Picker.Pick(ctx, scored)
 	if len(targets) == 0 {
 		return nil, fmt.Errorf("picker %s: %w", p.Picker.Name(), ErrNoCandidates)
 	}
-	names := make([]string, len(p.Scorers))
-	for j, ws := range p.Scorers {
-		names[j] = ws.Name()
-	}
-	return &ProfileResult{Targets: targets, Candidates: scored, Scorers: names}, nil
+	return &ProfileResult{Targets: targets, Candidates: scored}, nil
 }
 
 func clamp01(v float64) float64 {

@@ -232,8 +232,8 @@ func TestProfileClampsAndWeights(t *testing.T) {
 	if got["a:1"] != 3 || got["b:1"] != 1 || got["c:1"] != 1 {
 		t.Fatalf("scores %v; want a=2*1+1, b=2*0+1, c=2*0(NaN)+1", got)
 	}
-	if len(res.Scorers) != 2 || res.Targets[0].Components[0] != 1 {
-		t.Fatalf("components not recorded: %+v", res.Targets[0])
+	if len(res.Candidates) != 3 {
+		t.Fatalf("candidates %d, want all 3", len(res.Candidates))
 	}
 }
 
