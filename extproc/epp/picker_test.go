@@ -478,18 +478,6 @@ schedulingProfiles:
 	}
 }
 
-func TestReadinessFollowsTheEndpointSet(t *testing.T) {
-	// The command wires readiness to the store; here the contract the
-	// command relies on: an unsynced store says so.
-	s := datastore.New()
-	if s.Synced() {
-		t.Fatal("new store claims to be synced")
-	}
-	if err := s.Replace(nil); err != nil || !s.Synced() {
-		t.Fatal("an empty but loaded set is synced")
-	}
-}
-
 // counterValue reads one labelled counter from a registry.
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()

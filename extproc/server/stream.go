@@ -116,7 +116,7 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 		return nil
 	case s.reqMode == filterv3.ProcessingMode_BUFFERED || s.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy waits for the headers response before it sends the body.
-		return s.send(headersResponse(nil))
+		return s.send(headersResponse(nil, true))
 	default:
 		return s.reject(&Rejection{Status: 500, Reason: "unsupported-processing-mode",
 			Message: fmt.Sprintf("request body mode %s is not supported; use FULL_DUPLEX_STREAMED, BUFFERED or NONE", s.reqMode)})
@@ -177,8 +177,7 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	}
 	switch phase {
 	case requestPhaseHeaders:
-		resp := headersResponse(d)
-		return s.send(resp)
+		return s.send(headersResponse(d, true))
 	case requestPhaseBufferedBody:
 		resp := &extprocv3.ProcessingResponse{
 			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
@@ -195,7 +194,7 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	}
 	// FULL_DUPLEX_STREAMED: headers response, then the body re-emitted in
 	// bounded chunks, then the trailers response if the request had trailers.
-	if err := s.send(headersResponse(d)); err != nil {
+	if err := s.send(headersResponse(d, true)); err != nil {
 		return err
 	}
 	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true); err != nil {
@@ -219,9 +218,7 @@ func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders
 	if d.Reject != nil {
 		return s.reject(d.Reject)
 	}
-	resp := headersResponse(d)
-	resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: resp.GetRequestHeaders()}
-	return s.send(resp)
+	return s.send(headersResponse(d, false))
 }
 
 func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
@@ -280,16 +277,18 @@ func (s *stream) summary(err error) Summary {
 	return Summary{ResponseMetadata: s.respMetadata, ResponseStatus: s.respStatus, Err: err}
 }
 
-// headersResponse builds a request-headers response from d (nil = continue
-// unchanged). Callers re-wrap it for the response path.
-func headersResponse(d *Decision) *extprocv3.ProcessingResponse {
+// headersResponse answers the request headers (request true) or the
+// response headers with d (nil = continue unchanged).
+func headersResponse(d *Decision, request bool) *extprocv3.ProcessingResponse {
 	if d == nil {
 		d = &Decision{}
 	}
 	hr := &extprocv3.HeadersResponse{Response: commonResponse(d)}
-	resp := &extprocv3.ProcessingResponse{
-		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr},
-		DynamicMetadata: d.DynamicMetadata,
+	resp := &extprocv3.ProcessingResponse{DynamicMetadata: d.DynamicMetadata}
+	if request {
+		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}
+	} else {
+		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}
 	}
 	return resp
 }
