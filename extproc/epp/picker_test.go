@@ -282,17 +282,23 @@ func TestPickGoesOutAsHeaderAndMetadata(t *testing.T) {
 	}
 }
 
-func TestFallbackListIsDistinctAndBestFirst(t *testing.T) {
-	cfg := `apiVersion: llm-d.ai/v1alpha1
+// queueWithFallbacks is a profile that ranks by waiting queue and answers
+// the best n endpoints.
+func queueWithFallbacks(n int) string {
+	return fmt.Sprintf(`apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: queue-scorer
 - type: max-score-picker
-  parameters: {maxNumOfEndpoints: 3}
+  parameters: {maxNumOfEndpoints: %d}
 schedulingProfiles:
 - name: default
   plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
-`
+`, n)
+}
+
+func TestFallbackListIsDistinctAndBestFirst(t *testing.T) {
+	cfg := queueWithFallbacks(3)
 	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000")})
 	queues := map[string]int{"10.0.0.1:8000": 9, "10.0.0.2:8000": 0, "10.0.0.3:8000": 3, "10.0.0.4:8000": 6}
 	for addr, q := range queues {
@@ -433,16 +439,7 @@ func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
 }
 
 func TestServedEndpointIsRecorded(t *testing.T) {
-	cfg := `apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: max-score-picker
-  parameters: {maxNumOfEndpoints: 2}
-schedulingProfiles:
-- name: default
-  plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
-`
+	cfg := queueWithFallbacks(2)
 	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")})
 	respond := func(a *answer, served string) {
 		t.Helper()
