@@ -48,10 +48,15 @@ const (
 	fieldMessages
 	fieldSystem
 	fieldInput
+	fieldInstructions
+	fieldMaxTokens
+	fieldMaxCompletionTokens
+	fieldMaxOutputTokens
 	numFields
 )
 
-var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input"}
+var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
+	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens"}
 
 // scan validates body as one JSON object and records its fields' spans.
 func scan(body []byte) (scanner, error) {

@@ -5,6 +5,7 @@ package inference
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 )
 
@@ -22,37 +23,121 @@ type Request struct {
 }
 
 // ParseRequest reads an inference request body (OpenAI completions, chat
-// completions, responses; Anthropic messages) in one validating pass over
-// the body and one over the prompt fields, building nothing else.
+// completions, embeddings, responses; Anthropic messages) in one validating
+// pass over the body and one over the prompt fields, building nothing else.
 func ParseRequest(raw []byte) (*Request, error) {
-	s, err := scan(raw)
+	b, err := Parse(raw)
 	if err != nil {
 		return nil, err
 	}
-	model, err := s.model()
+	model, err := b.Model()
 	if err != nil {
 		return nil, err
 	}
 	var sb strings.Builder
-	sb.Grow(s.fields[fieldSystem].end - s.fields[fieldSystem].start + s.fields[fieldPrompt].end - s.fields[fieldPrompt].start +
-		s.fields[fieldInput].end - s.fields[fieldInput].start + s.fields[fieldMessages].end - s.fields[fieldMessages].start)
-	for _, f := range []int{fieldSystem, fieldPrompt, fieldInput, fieldMessages} {
-		if sp := s.fields[f]; sp.end > 0 {
-			w := textWalker{b: raw[:sp.end], i: sp.start, sb: &sb}
-			w.value(true)
-		}
-	}
-	sp := s.fields[fieldStream]
-	return &Request{Model: model, Prompt: sb.String(), Stream: sp.end > 0 && string(raw[sp.start:sp.end]) == "true"}, nil
+	sb.Grow(b.textFieldBytes())
+	b.Texts(func(t Text) bool {
+		sb.WriteString(t.Value)
+		return true
+	})
+	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream()}, nil
 }
 
-// textWalker collects the text of an already validated JSON value: a
-// string, the strings in an array, and in objects only the "text" and
-// "content" fields (so roles, types and image URLs are left out).
+// Body is a validated JSON request body with the positions of the
+// top-level fields routing and guardrails read.
+type Body struct {
+	s scanner
+}
+
+// Parse validates raw as one JSON object. Malformed JSON (including invalid
+// UTF-8) is ErrInvalidJSON with the byte offset in the message.
+func Parse(raw []byte) (*Body, error) {
+	s, err := scan(raw)
+	if err != nil {
+		return nil, err
+	}
+	return &Body{s: s}, nil
+}
+
+// Raw returns the body as parsed.
+func (b *Body) Raw() []byte { return b.s.b }
+
+// Model returns the non-empty "model" string or ErrMissingModel.
+func (b *Body) Model() (string, error) { return b.s.model() }
+
+// Stream reports "stream": true.
+func (b *Body) Stream() bool {
+	sp := b.s.fields[fieldStream]
+	return sp.end > 0 && string(b.s.b[sp.start:sp.end]) == "true"
+}
+
+// MaxTokens returns the output-token cap the request asks for: the first
+// present of max_tokens (completions, chat, Anthropic), max_completion_tokens
+// (chat) and max_output_tokens (responses), with its field name. ok is false
+// when none is present as a non-negative integer.
+func (b *Body) MaxTokens() (field string, n int64, sp Span, ok bool) {
+	for _, f := range []int{fieldMaxTokens, fieldMaxCompletionTokens, fieldMaxOutputTokens} {
+		s := b.s.fields[f]
+		if s.end == 0 {
+			continue
+		}
+		v, err := strconv.ParseInt(string(b.s.b[s.start:s.end]), 10, 64)
+		if err != nil || v < 0 {
+			continue
+		}
+		return fieldNames[f], v, Span{s.start, s.end}, true
+	}
+	return "", 0, Span{}, false
+}
+
+// Span is a byte range [Start, End) of the body.
+type Span struct{ Start, End int }
+
+// Text is one text string of the request: a prompt, a system prompt or
+// instructions, an input, or the content of a message or a text part.
+type Text struct {
+	// Span covers the JSON string including its quotes.
+	Span
+	// Value is the decoded string.
+	Value string
+}
+
+// textFields are read in prompt order: what the model sees first comes first.
+var textFields = [...]int{fieldSystem, fieldInstructions, fieldPrompt, fieldInput, fieldMessages}
+
+func (b *Body) textFieldBytes() int {
+	n := 0
+	for _, f := range textFields {
+		n += b.s.fields[f].end - b.s.fields[f].start
+	}
+	return n
+}
+
+// Texts calls fn for each text string of the request in prompt order (the
+// system prompt and instructions, then prompt, input and messages) until fn
+// returns false. Inside those fields it visits strings, the strings in
+// arrays, and in objects only the "text" and "content" fields, so roles,
+// types, tool names and image URLs are left alone.
+func (b *Body) Texts(fn func(Text) bool) {
+	for _, f := range textFields {
+		sp := b.s.fields[f]
+		if sp.end == 0 {
+			continue
+		}
+		w := textWalker{b: b.s.b[:sp.end], i: sp.start, fn: fn}
+		w.value(true)
+		if w.stop {
+			return
+		}
+	}
+}
+
+// textWalker visits the text of an already validated JSON value.
 type textWalker struct {
-	b  []byte
-	i  int
-	sb *strings.Builder
+	b    []byte
+	i    int
+	fn   func(Text) bool
+	stop bool
 }
 
 func (w *textWalker) space() {
@@ -90,22 +175,19 @@ func (w *textWalker) str() ([]byte, bool) {
 
 func (w *textWalker) value(collect bool) {
 	w.space()
-	if w.i >= len(w.b) {
+	if w.i >= len(w.b) || w.stop {
 		return
 	}
 	switch w.b[w.i] {
 	case '"':
+		start := w.i
 		q, escaped := w.str()
-		switch {
-		case !collect:
-		case escaped:
-			w.sb.WriteString(stringValue(q, true))
-		default:
-			w.sb.Write(q[1 : len(q)-1])
+		if collect && !w.fn(Text{Span: Span{start, w.i}, Value: stringValue(q, escaped)}) {
+			w.stop = true
 		}
 	case '[':
 		w.i++
-		for {
+		for !w.stop {
 			w.space()
 			if w.i >= len(w.b) || w.b[w.i] == ']' {
 				w.i++
@@ -119,7 +201,7 @@ func (w *textWalker) value(collect bool) {
 		}
 	case '{':
 		w.i++
-		for {
+		for !w.stop {
 			w.space()
 			if w.i >= len(w.b) || w.b[w.i] == '}' {
 				w.i++
@@ -139,4 +221,84 @@ func (w *textWalker) value(collect bool) {
 			w.i++
 		}
 	}
+}
+
+// Edit replaces a span of the body with raw JSON.
+type Edit struct {
+	Span
+	JSON []byte
+}
+
+// Rewrite returns a copy of the body with the edits applied. Edits must not
+// overlap; they may come in any order.
+func (b *Body) Rewrite(edits []Edit) []byte {
+	sortEdits(edits)
+	raw := b.s.b
+	n := len(raw)
+	for _, e := range edits {
+		n += len(e.JSON) - (e.End - e.Start)
+	}
+	out := make([]byte, 0, n)
+	at := 0
+	for _, e := range edits {
+		out = append(out, raw[at:e.Start]...)
+		out = append(out, e.JSON...)
+		at = e.End
+	}
+	return append(out, raw[at:]...)
+}
+
+// sortEdits is an insertion sort: edits come almost in order (prompt order
+// differs from body order only across fields).
+func sortEdits(e []Edit) {
+	for i := 1; i < len(e); i++ {
+		for j := i; j > 0 && e[j].Start < e[j-1].Start; j-- {
+			e[j], e[j-1] = e[j-1], e[j]
+		}
+	}
+}
+
+// AppendQuoted appends s as a JSON string. It escapes what RFC 8259
+// requires plus U+2028/U+2029 (as encoding/json does, for script safety);
+// s must be valid UTF-8 (decoded JSON strings are).
+func AppendQuoted(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < 0x80 {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		// U+2028 and U+2029 are E2 80 A8 / E2 80 A9.
+		if c == 0xE2 && i+2 < len(s) && s[i+1] == 0x80 && (s[i+2] == 0xA8 || s[i+2] == 0xA9) {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[s[i+2]&0xF])
+			i += 3
+			start = i
+			continue
+		}
+		i++
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }

@@ -19,6 +19,8 @@ func TestParseRequest(t *testing.T) {
 		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":{}},{"type":"text","text":"y"}]}]}`, "m", "xy", nil, false},
 		{"anthropic", `{"model":"claude","system":"sys","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`, "claude", "syshi", nil, false},
 		{"responses", `{"model":"m","input":"q"}`, "m", "q", nil, false},
+		{"responses instructions", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"q"}]}],"instructions":"be brief"}`, "m", "be briefq", nil, false},
+		{"embeddings", `{"model":"e","input":["a","b"]}`, "e", "ab", nil, false},
 		{"missing model", `{"prompt":"x"}`, "", "", ErrMissingModel, false},
 		{"empty model", `{"model":"","prompt":"x"}`, "", "", ErrMissingModel, false},
 		{"not json", `{"model":`, "", "", nil, true},
@@ -55,6 +57,7 @@ func referencePrompt(raw []byte) (string, bool) {
 		Messages json.RawMessage `json:"messages"`
 		System   json.RawMessage `json:"system"`
 		Input    json.RawMessage `json:"input"`
+		Instr    json.RawMessage `json:"instructions"`
 	}
 	var top map[string]json.RawMessage
 	if json.Unmarshal(raw, &top) != nil {
@@ -62,9 +65,9 @@ func referencePrompt(raw []byte) (string, bool) {
 	}
 	// Exact-key lookups, as the walker does (encoding/json struct decoding
 	// would also accept other casings).
-	b.Prompt, b.Messages, b.System, b.Input = top["prompt"], top["messages"], top["system"], top["input"]
+	b.Prompt, b.Messages, b.System, b.Input, b.Instr = top["prompt"], top["messages"], top["system"], top["input"], top["instructions"]
 	var sb strings.Builder
-	for _, v := range []json.RawMessage{b.System, b.Prompt, b.Input, b.Messages} {
+	for _, v := range []json.RawMessage{b.System, b.Instr, b.Prompt, b.Input, b.Messages} {
 		refText(&sb, v, true)
 	}
 	return sb.String(), true

@@ -1,0 +1,116 @@
+package pii
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestFind(t *testing.T) {
+	cases := []struct {
+		text string
+		want []string // "kind:matched text"
+	}{
+		{"write to jane.doe+ai@mail.example.co.uk today", []string{"email:jane.doe+ai@mail.example.co.uk"}},
+		{"end of sentence a@b.io.", []string{"email:a@b.io"}},
+		{"not an address: user@localhost or @handle or a@b.c1", nil},
+		{"card 4111 1111 1111 1111 ok", []string{"credit-card:4111 1111 1111 1111"}},
+		{"card 4111-1111-1111-1111", []string{"credit-card:4111-1111-1111-1111"}},
+		{"mc 5555555555554444, amex 378282246310005", []string{"credit-card:5555555555554444", "credit-card:378282246310005"}},
+		{"bad luhn 4111 1111 1111 1112", nil},
+		{"unknown issuer 9111111111111111 passes Luhn? no matter", nil},
+		{"mixed separators 4111 1111-1111 1111", nil},
+		{"too long 41111111111111111111111", nil},
+		{"ssn 078-05-1120.", []string{"ssn:078-05-1120"}},
+		{"ssn 123 45 6789", []string{"ssn:123 45 6789"}},
+		{"invalid ssn 000-12-3456 666-12-3456 900-12-3456 123-00-4567 123-45-0000", nil},
+		{"bare nine digits 123456789", nil},
+		{"call (555) 123-4567 now", []string{"phone:(555) 123-4567"}},
+		{"call 555-123-4567 or 555.123.4567", []string{"phone:555-123-4567", "phone:555.123.4567"}},
+		{"london +44 20 7946 0958", []string{"phone:+44 20 7946 0958"}},
+		{"us +1 (415) 555-2671", []string{"phone:+1 (415) 555-2671"}},
+		{"compact +14155552671", []string{"phone:+14155552671"}},
+		{"too short +123 45", nil},
+		{"order 12345678 and 2024-01-15 and 10:30", nil},
+		{"host 192.168.1.10 and 10.0.0.1", []string{"ipv4:192.168.1.10", "ipv4:10.0.0.1"}},
+		{"not ip 256.1.1.1, 1.2.3.4.5, v1.2.3.4, 01.2.3.4", nil},
+		{"v6 2001:db8::ff00:42:8329 and fe80::1.", []string{"ipv6:2001:db8::ff00:42:8329", "ipv6:fe80::1"}},
+		{"time 12:30:45, mac 00:1A:2B:3C:4D:5E, std::vector", nil},
+		{"iban GB82 WEST 1234 5698 7654 32 paid", []string{"iban:GB82 WEST 1234 5698 7654 32"}},
+		{"iban DE89370400440532013000", []string{"iban:DE89370400440532013000"}},
+		{"bad iban DE89370400440532013001 and XX12345678901234", nil},
+		{"two kinds: bob@x.org 078-05-1120", []string{"email:bob@x.org", "ssn:078-05-1120"}},
+		{"glued abc4111111111111111", nil},
+		{"unicode é jane@ex.com ü", []string{"email:jane@ex.com"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.text, func(t *testing.T) {
+			var got []string
+			for _, m := range Find(nil, tc.text, All) {
+				got = append(got, m.Kind.String()+":"+tc.text[m.Start:m.End])
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFindHonoursSet(t *testing.T) {
+	text := "a@b.io 078-05-1120 10.0.0.1"
+	set, err := ParseKind("ssn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := Find(nil, text, set)
+	if len(ms) != 1 || ms[0].Kind != SSN {
+		t.Fatalf("got %v", ms)
+	}
+	ip, _ := ParseKind("ip")
+	if !ip.Has(IPv4) || !ip.Has(IPv6) || ip.Has(Email) {
+		t.Fatalf("ip set %b", ip)
+	}
+	if _, err := ParseKind("passport"); err == nil || !strings.Contains(err.Error(), "credit-card") {
+		t.Fatalf("err = %v, want the list of kinds", err)
+	}
+}
+
+func FuzzFind(f *testing.F) {
+	for _, s := range []string{"jane@ex.com 4111 1111 1111 1111", "+44 20 7946 0958", "2001:db8::1", "GB82 WEST 1234 5698 7654 32", "078-05-1120 (555) 123-4567"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		prev := 0
+		for _, m := range Find(nil, text, All) {
+			if m.Start < prev || m.End <= m.Start || m.End > len(text) {
+				t.Fatalf("bad match %+v after %d in %q", m, prev, text)
+			}
+			prev = m.End
+		}
+	})
+}
+
+func BenchmarkFind(b *testing.B) {
+	for _, size := range []int{1 << 10, 64 << 10} {
+		text := sampleText(size)
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			var ms []Match
+			for b.Loop() {
+				ms = Find(ms[:0], text, All)
+			}
+		})
+	}
+}
+
+// sampleText is prose with a little PII and many numbers, as prompts have.
+func sampleText(n int) string {
+	const para = "Please summarise the Q3 report: revenue grew 12.5% to 4,210 units across 17 regions (see table 3.2). " +
+		"Contact jane.doe@example.com or call (555) 123-4567 about invoice 2024-118. The server at 10.20.30.40 " +
+		"logged 3 errors at 12:30:45; ticket ABC-1234 is open. Refund to GB82 WEST 1234 5698 7654 32 if needed.\n"
+	var sb strings.Builder
+	for sb.Len() < n {
+		sb.WriteString(para)
+	}
+	return sb.String()[:n]
+}

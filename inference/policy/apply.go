@@ -1,0 +1,311 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/infergate/infergate/inference"
+	"github.com/infergate/infergate/inference/pii"
+)
+
+// Header names the processors set, and the reasons a rejection carries.
+const (
+	// Header names are lower-case, as HTTP/2 and Envoy's header maps have
+	// them; X-Gateway-Model-Name is the same header.
+	ModelHeader     = "x-gateway-model-name"
+	BaseModelHeader = "x-gateway-base-model-name"
+	// MaskedHeader lists the rules that masked something, comma-separated,
+	// so the upstream and the access log can tell the prompt was changed.
+	MaskedHeader = "x-infergate-masked"
+	// GuardrailHeader names the rule that rejected a request.
+	GuardrailHeader = "x-infergate-guardrail"
+	// DropReasonHeader carries the machine-readable reason of a rejection;
+	// the same header the endpoint picker uses.
+	DropReasonHeader = "x-llm-d-request-dropped-reason"
+
+	ReasonTooLarge         = "request-too-large"
+	ReasonInvalidJSON      = "invalid-json"
+	ReasonMissingModel     = "missing-model"
+	ReasonModelNotAllowed  = "model-not-allowed"
+	ReasonModelNotFound    = "model-not-found"
+	ReasonPromptTooLarge   = "prompt-too-large"
+	ReasonPromptTooLong    = "prompt-too-many-tokens"
+	ReasonMaxTokensTooHigh = "max-tokens-too-high"
+	ReasonDenied           = "denied"
+	ReasonPII              = "pii"
+)
+
+// BytesPerToken is the prompt-size estimate: about four bytes of English
+// text per token for the common tokenizers. Limits on tokens use it.
+const BytesPerToken = 4
+
+// maxMaskPasses bounds re-masking: a pass can in theory join text into a
+// new finding, and the result must hold none.
+const maxMaskPasses = 4
+
+// Policy is a compiled Config; safe for concurrent use.
+type Policy struct {
+	limits        Limits
+	clamp         bool
+	base          map[string]string
+	rejectUnknown bool
+	allow         []string
+	kinds         pii.Set
+	ruleOfKind    [16]int
+	pii           []piiRule
+	deny          []denyRule
+	lowerText     bool
+}
+
+type piiRule struct {
+	name        string
+	re          *regexp.Regexp
+	reject      bool
+	replacement string
+}
+
+type denyRule struct {
+	name     string
+	contains []string
+	re       *regexp.Regexp
+	message  string
+}
+
+// Result is the decision for one request body.
+type Result struct {
+	Model, BaseModel string
+	// Body is the rewritten body (masked text, clamped max_tokens); nil
+	// when the body goes on unchanged.
+	Body []byte
+	// Masked names the rules that masked something, in rule order.
+	Masked []string
+	// Reject, when set, is the answer to send instead of forwarding.
+	Reject *Rejection
+}
+
+// Rejection is an error answer.
+type Rejection struct {
+	Status int
+	Reason string
+	// Rule names the guardrail that refused, if one did.
+	Rule    string
+	Message string
+}
+
+// Headers returns the request headers to set for a forwarded request.
+func (r *Result) Headers() [][2]string {
+	h := [][2]string{{ModelHeader, r.Model}, {BaseModelHeader, r.BaseModel}}
+	if len(r.Masked) > 0 {
+		h = append(h, [2]string{MaskedHeader, strings.Join(r.Masked, ",")})
+	}
+	return h
+}
+
+// Response renders a rejection as the HTTP answer both deliveries send:
+// headers and an OpenAI-style JSON error body.
+func (r *Rejection) Response() (headers [][2]string, body []byte) {
+	headers = [][2]string{{"content-type", "application/json"}, {DropReasonHeader, r.Reason}}
+	if r.Rule != "" {
+		headers = append(headers, [2]string{GuardrailHeader, r.Rule})
+	}
+	return headers, inference.ErrorJSON(r.Status, r.Reason, r.Message)
+}
+
+func reject(status int, reason, rule, format string, args ...any) Result {
+	return Result{Reject: &Rejection{Status: status, Reason: reason, Rule: rule, Message: fmt.Sprintf(format, args...)}}
+}
+
+// Apply decides what happens to one request body.
+func (p *Policy) Apply(raw []byte) Result {
+	if l := p.limits.MaxBodyBytes; l > 0 && int64(len(raw)) > l {
+		return reject(413, ReasonTooLarge, "", "request body of %d bytes exceeds the limit of %d bytes", len(raw), l)
+	}
+	body, err := inference.Parse(raw)
+	if err != nil {
+		return reject(400, ReasonInvalidJSON, "", "%v", err)
+	}
+	model, err := body.Model()
+	if err != nil {
+		return reject(400, ReasonMissingModel, "", `the request body has no "model" string`)
+	}
+	if len(p.allow) > 0 && !p.allowed(model) {
+		return reject(403, ReasonModelNotAllowed, "models.allow", "model %q is not allowed here", model)
+	}
+	base, known := p.base[model]
+	if !known {
+		if p.rejectUnknown {
+			return reject(404, ReasonModelNotFound, "", "model %q is not served here", model)
+		}
+		base = model
+	}
+	res := Result{Model: model, BaseModel: base}
+
+	var texts []inference.Text
+	promptBytes := int64(0)
+	body.Texts(func(t inference.Text) bool {
+		texts = append(texts, t)
+		promptBytes += int64(len(t.Value))
+		return true
+	})
+	if l := p.limits.MaxPromptBytes; l > 0 && promptBytes > l {
+		return reject(413, ReasonPromptTooLarge, "", "prompt of %d bytes exceeds the limit of %d bytes", promptBytes, l)
+	}
+	if l := p.limits.MaxPromptTokens; l > 0 {
+		if est := (promptBytes + BytesPerToken - 1) / BytesPerToken; est > l {
+			return reject(413, ReasonPromptTooLong, "", "prompt of about %d tokens exceeds the limit of %d tokens", est, l)
+		}
+	}
+	for _, t := range texts {
+		if r := p.denied(t.Value); r != nil {
+			return reject(403, ReasonDenied, r.name, "%s", r.message)
+		}
+	}
+
+	var edits []inference.Edit
+	var used uint64 // bit i: pii rule i masked something
+	for _, t := range texts {
+		masked, changed, rej := p.mask(t.Value, &used)
+		if rej != nil {
+			return *rej
+		}
+		if changed {
+			edits = append(edits, inference.Edit{Span: t.Span, JSON: inference.AppendQuoted(nil, masked)})
+		}
+	}
+	for i, r := range p.pii {
+		if used&(1<<i) != 0 {
+			res.Masked = append(res.Masked, r.name)
+		}
+	}
+
+	if ceiling := p.limits.MaxTokens; ceiling > 0 {
+		if field, n, sp, ok := body.MaxTokens(); ok && n > ceiling {
+			if !p.clamp {
+				return reject(413, ReasonMaxTokensTooHigh, "limits.maxTokens", "%s of %d exceeds the limit of %d", field, n, ceiling)
+			}
+			edits = append(edits, inference.Edit{Span: sp, JSON: strconv.AppendInt(nil, ceiling, 10)})
+		}
+	}
+	if len(edits) > 0 {
+		res.Body = body.Rewrite(edits)
+	}
+	return res
+}
+
+func (p *Policy) allowed(model string) bool {
+	for _, a := range p.allow {
+		if prefix, ok := strings.CutSuffix(a, "*"); ok {
+			if strings.HasPrefix(model, prefix) {
+				return true
+			}
+		} else if a == model {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Policy) denied(text string) *denyRule {
+	lower := ""
+	if p.lowerText {
+		lower = strings.ToLower(text)
+	}
+	for i := range p.deny {
+		r := &p.deny[i]
+		for _, s := range r.contains {
+			if strings.Contains(lower, s) {
+				return r
+			}
+		}
+		if r.re != nil && r.re.MatchString(text) {
+			return r
+		}
+	}
+	return nil
+}
+
+// finding is a span of text one PII rule claims.
+type finding struct {
+	start, end, rule int
+}
+
+// errUnmaskable is returned when masking keeps producing findings; it
+// cannot happen with the built-in replacements, but a custom replacement
+// may itself match a rule.
+var errUnmaskable = errors.New("masking did not converge")
+
+// mask applies the PII rules to one text: a reject rule that finds
+// anything rejects; mask rules replace their findings. It repeats until
+// no rule finds anything, so no detected personal data survives.
+func (p *Policy) mask(text string, used *uint64) (string, bool, *Result) {
+	if len(p.pii) == 0 {
+		return text, false, nil
+	}
+	changed := false
+	var ms []pii.Match
+	var fs []finding
+	for pass := 0; ; pass++ {
+		fs = fs[:0]
+		if p.kinds != 0 {
+			ms = pii.Find(ms[:0], text, p.kinds)
+			for _, m := range ms {
+				fs = append(fs, finding{m.Start, m.End, p.ruleOfKind[m.Kind]})
+			}
+		}
+		for i, r := range p.pii {
+			if r.re == nil {
+				continue
+			}
+			for _, loc := range r.re.FindAllStringIndex(text, -1) {
+				if loc[1] > loc[0] {
+					fs = append(fs, finding{loc[0], loc[1], i})
+				}
+			}
+		}
+		if len(fs) == 0 {
+			return text, changed, nil
+		}
+		for _, f := range fs {
+			if r := p.pii[f.rule]; r.reject {
+				res := reject(403, ReasonPII, r.name, "the request contains personal data (%s) and was refused", r.name)
+				return "", false, &res
+			}
+		}
+		if pass == maxMaskPasses {
+			res := reject(403, ReasonPII, p.pii[fs[0].rule].name, "personal data could not be masked: %v", errUnmaskable)
+			return "", false, &res
+		}
+		text = replace(text, fs, p.pii, used)
+		changed = true
+	}
+}
+
+// replace rewrites the findings (sorted, overlaps merged into the first)
+// with their rules' replacements.
+func replace(text string, fs []finding, rules []piiRule, used *uint64) string {
+	for i := 1; i < len(fs); i++ {
+		for j := i; j > 0 && fs[j].start < fs[j-1].start; j-- {
+			fs[j], fs[j-1] = fs[j-1], fs[j]
+		}
+	}
+	var sb strings.Builder
+	sb.Grow(len(text))
+	at := 0
+	for k := 0; k < len(fs); k++ {
+		f := fs[k]
+		end := f.end
+		for k+1 < len(fs) && fs[k+1].start < end {
+			end = max(end, fs[k+1].end)
+			k++
+		}
+		sb.WriteString(text[at:f.start])
+		sb.WriteString(rules[f.rule].replacement)
+		*used |= 1 << f.rule
+		at = end
+	}
+	sb.WriteString(text[at:])
+	return sb.String()
+}

@@ -1,0 +1,276 @@
+// Package policy is the payload processor's decision for one request body:
+// which model and base model it names, and what the guardrails (model
+// allow-list, limits, deny rules, personal-data rules) make of it. The
+// ext_proc server and the Wasm plugin both run it, so they answer alike.
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/infergate/infergate/inference/pii"
+)
+
+// Config is the payload processor's configuration: a YAML file for the
+// ext_proc server, the same fields as JSON in the Wasm plugin configuration.
+// The zero Config sets the model headers and checks nothing else.
+type Config struct {
+	Models Models     `json:"models,omitempty"`
+	Limits Limits     `json:"limits,omitempty"`
+	PII    []PIIRule  `json:"pii,omitempty"`
+	Deny   []DenyRule `json:"deny,omitempty"`
+}
+
+// Models maps requested models to base models and says which may be asked for.
+type Models struct {
+	// Bases lists base models with the LoRA adapters served on them; an
+	// adapter resolves to its base, a base to itself.
+	Bases []BaseModel `json:"bases,omitempty"`
+	// Unknown says what to do with a model that is neither a base nor an
+	// adapter: "passthrough" (default; the base-model header is the model
+	// itself) or "reject" (404 model-not-found).
+	Unknown string `json:"unknown,omitempty"`
+	// Allow, when not empty, is the only models that may be requested:
+	// exact names, or prefixes written with a trailing '*'. Others get 403.
+	Allow []string `json:"allow,omitempty"`
+}
+
+// BaseModel is a base model and its adapters.
+type BaseModel struct {
+	Name     string   `json:"name"`
+	Adapters []string `json:"adapters,omitempty"`
+}
+
+// Limits bound a request; 0 means no limit. Over a limit is 413.
+type Limits struct {
+	MaxBodyBytes    int64 `json:"maxBodyBytes,omitempty"`
+	MaxPromptBytes  int64 `json:"maxPromptBytes,omitempty"`
+	MaxPromptTokens int64 `json:"maxPromptTokens,omitempty"`
+	// MaxTokens is the ceiling on the output tokens a request may ask for
+	// (max_tokens, max_completion_tokens or max_output_tokens).
+	MaxTokens int64 `json:"maxTokens,omitempty"`
+	// MaxTokensAction is "reject" (default) or "clamp" (rewrite the field
+	// down to the ceiling). A request that names no cap is left alone.
+	MaxTokensAction string `json:"maxTokensAction,omitempty"`
+}
+
+// PIIRule finds personal data in the prompt text with a built-in detector
+// or a regular expression, and masks it or rejects the request.
+type PIIRule struct {
+	Name string `json:"name"`
+	// Detector is a built-in kind: email, credit-card, ssn, phone, ipv4,
+	// ipv6, ip (both), iban. Exactly one of Detector and Pattern is set.
+	Detector string `json:"detector,omitempty"`
+	// Pattern is a Go (RE2) regular expression.
+	Pattern string `json:"pattern,omitempty"`
+	// Action is "mask" or "reject".
+	Action string `json:"action"`
+	// Replacement is the text a masked finding becomes; default
+	// "[NAME]" from the rule name, upper-cased.
+	Replacement string `json:"replacement,omitempty"`
+}
+
+// DenyRule rejects a request whose prompt text contains any of the
+// phrases (case-insensitive) or matches the regular expression.
+type DenyRule struct {
+	Name     string   `json:"name"`
+	Contains []string `json:"contains,omitempty"`
+	Regex    string   `json:"regex,omitempty"`
+	// Message is shown to the client; default names the rule.
+	Message string `json:"message,omitempty"`
+}
+
+// Actions and modes.
+const (
+	ActionMask        = "mask"
+	ActionReject      = "reject"
+	ActionClamp       = "clamp"
+	UnknownPassthrough = "passthrough"
+)
+
+// maxPIIRules keeps the per-request record of which rules fired in one word.
+const maxPIIRules = 64
+
+// DecodeJSON reads a Config from JSON, refusing unknown fields so that a
+// misspelt key fails at start-up instead of silently doing nothing.
+func DecodeJSON(data []byte) (*Config, error) {
+	var c Config
+	if len(bytes.TrimSpace(data)) == 0 {
+		return &c, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("decode: data after the configuration object")
+	}
+	return &c, nil
+}
+
+// Compile validates c and builds the Policy. Errors name the field, e.g.
+// "pii[2].action: ...".
+func Compile(c *Config) (*Policy, error) {
+	p := &Policy{limits: c.Limits, base: map[string]string{}}
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	switch c.Models.Unknown {
+	case "", UnknownPassthrough:
+	case ActionReject:
+		p.rejectUnknown = true
+	default:
+		fail("models.unknown: %q is not passthrough or reject", c.Models.Unknown)
+	}
+	for i, b := range c.Models.Bases {
+		if b.Name == "" {
+			fail("models.bases[%d].name: empty", i)
+			continue
+		}
+		if prev, ok := p.base[b.Name]; ok && prev != b.Name {
+			fail("models.bases[%d].name: %q is already an adapter of %q", i, b.Name, prev)
+		}
+		p.base[b.Name] = b.Name
+		for j, a := range b.Adapters {
+			if prev, ok := p.base[a]; ok {
+				// The multi-pool routing guide requires unique names: one
+				// adapter on two bases could not pick a pool.
+				fail("models.bases[%d].adapters[%d]: %q already maps to %q", i, j, a, prev)
+				continue
+			}
+			if a == "" {
+				fail("models.bases[%d].adapters[%d]: empty", i, j)
+				continue
+			}
+			p.base[a] = b.Name
+		}
+	}
+	for i, a := range c.Models.Allow {
+		if a == "" || a == "*" {
+			fail("models.allow[%d]: %q allows nothing or everything; leave the list out instead", i, a)
+		}
+	}
+	p.allow = c.Models.Allow
+
+	l := c.Limits
+	for name, v := range map[string]int64{"maxBodyBytes": l.MaxBodyBytes, "maxPromptBytes": l.MaxPromptBytes,
+		"maxPromptTokens": l.MaxPromptTokens, "maxTokens": l.MaxTokens} {
+		if v < 0 {
+			fail("limits.%s: %d is negative", name, v)
+		}
+	}
+	switch l.MaxTokensAction {
+	case "", ActionReject:
+	case ActionClamp:
+		p.clamp = true
+	default:
+		fail("limits.maxTokensAction: %q is not reject or clamp", l.MaxTokensAction)
+	}
+
+	names := map[string]string{}
+	seenName := func(field, name string) {
+		if name == "" {
+			fail("%s.name: empty", field)
+			return
+		}
+		if prev, ok := names[name]; ok {
+			fail("%s.name: %q is also %s", field, name, prev)
+		}
+		names[name] = field
+	}
+	if len(c.PII) > maxPIIRules {
+		fail("pii: %d rules; at most %d", len(c.PII), maxPIIRules)
+	}
+	byKind := map[pii.Kind]int{}
+	for i, r := range c.PII {
+		field := fmt.Sprintf("pii[%d]", i)
+		seenName(field, r.Name)
+		cr := piiRule{name: r.Name, replacement: r.Replacement}
+		switch r.Action {
+		case ActionMask:
+		case ActionReject:
+			cr.reject = true
+		default:
+			fail("%s.action: %q is not mask or reject", field, r.Action)
+		}
+		if cr.replacement == "" {
+			cr.replacement = "[" + strings.ToUpper(strings.ReplaceAll(r.Name, "-", "_")) + "]"
+		}
+		switch {
+		case (r.Detector == "") == (r.Pattern == ""):
+			fail("%s: set exactly one of detector and pattern", field)
+		case r.Detector != "":
+			set, err := pii.ParseKind(r.Detector)
+			if err != nil {
+				fail("%s.detector: %w", field, err)
+				break
+			}
+			for k := pii.Email; set != 0 && int(k) < 16; k++ {
+				if !set.Has(k) {
+					continue
+				}
+				if prev, ok := byKind[k]; ok {
+					fail("%s.detector: %s is already detected by pii[%d]", field, k, prev)
+				}
+				byKind[k] = i
+			}
+			p.kinds |= set
+		default:
+			re, err := regexp.Compile(r.Pattern)
+			if err != nil {
+				fail("%s.pattern: %w", field, err)
+				break
+			}
+			if re.MatchString("") {
+				fail("%s.pattern: %q matches the empty string", field, r.Pattern)
+				break
+			}
+			cr.re = re
+		}
+		p.pii = append(p.pii, cr)
+	}
+	for k := range p.ruleOfKind {
+		p.ruleOfKind[k] = -1
+	}
+	for k, i := range byKind {
+		p.ruleOfKind[k] = i
+	}
+
+	for i, r := range c.Deny {
+		field := fmt.Sprintf("deny[%d]", i)
+		seenName(field, r.Name)
+		dr := denyRule{name: r.Name, message: r.Message}
+		if len(r.Contains) == 0 && r.Regex == "" {
+			fail("%s: set contains or regex", field)
+		}
+		for j, s := range r.Contains {
+			if strings.TrimSpace(s) == "" {
+				fail("%s.contains[%d]: empty", field, j)
+				continue
+			}
+			dr.contains = append(dr.contains, strings.ToLower(s))
+		}
+		if r.Regex != "" {
+			re, err := regexp.Compile(r.Regex)
+			if err != nil {
+				fail("%s.regex: %w", field, err)
+			} else {
+				dr.re = re
+			}
+		}
+		if dr.message == "" {
+			dr.message = fmt.Sprintf("the request was refused by the %q rule", r.Name)
+		}
+		p.lowerText = p.lowerText || len(dr.contains) > 0
+		p.deny = append(p.deny, dr)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}

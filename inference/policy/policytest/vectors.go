@@ -1,0 +1,195 @@
+// Package policytest holds the payload processor's shared test vectors: one
+// table of request bodies and configurations with the answer every delivery
+// (the core, the ext_proc server, the Wasm plugin) must give.
+package policytest
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/infergate/infergate/inference/policy"
+)
+
+//go:embed vectors.json
+var vectorsJSON []byte
+
+// Vector is one case.
+type Vector struct {
+	Name       string
+	ConfigName string
+	// Config is the configuration as JSON (the Wasm plugin configuration;
+	// the ext_proc server reads the same as YAML).
+	Config []byte
+	Body   []byte
+	// Status is 200 when the request must be forwarded, else the status of
+	// the immediate answer.
+	Status int
+	// Headers must be on the forwarded request (Status 200); NoHeaders must not.
+	Headers   map[string]string
+	NoHeaders []string
+	// ForwardedBody is the body the upstream must see (Status 200).
+	ForwardedBody []byte
+	// Reason and Rule are the drop-reason and guardrail headers of a rejection.
+	Reason, Rule string
+}
+
+type file struct {
+	Configs map[string]json.RawMessage `json:"configs"`
+	Cases   []struct {
+		Name          string            `json:"name"`
+		Config        string            `json:"config"`
+		Body          string            `json:"body"`
+		Status        int               `json:"status"`
+		Headers       map[string]string `json:"headers"`
+		NoHeaders     []string          `json:"noHeaders"`
+		ForwardedBody *string           `json:"forwardedBody"`
+		Reason        string            `json:"reason"`
+		Rule          string            `json:"rule"`
+	} `json:"cases"`
+}
+
+// repeat lets a vector name a long run of one character: "@repeat:a:4100".
+var repeat = regexp.MustCompile(`@repeat:(.):(\d+)`)
+
+func expand(s string) []byte {
+	return []byte(repeat.ReplaceAllStringFunc(s, func(m string) string {
+		sub := repeat.FindStringSubmatch(m)
+		n, _ := strconv.Atoi(sub[2])
+		return strings.Repeat(sub[1], n)
+	}))
+}
+
+// Load returns the vectors.
+func Load() ([]Vector, error) {
+	var f file
+	dec := json.NewDecoder(bytes.NewReader(vectorsJSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("vectors.json: %w", err)
+	}
+	out := make([]Vector, 0, len(f.Cases))
+	for _, c := range f.Cases {
+		cfg, ok := f.Configs[c.Config]
+		if !ok {
+			return nil, fmt.Errorf("vectors.json: case %q names unknown config %q", c.Name, c.Config)
+		}
+		v := Vector{Name: c.Name, ConfigName: c.Config, Config: cfg, Body: expand(c.Body), Status: c.Status,
+			Headers: c.Headers, NoHeaders: c.NoHeaders, Reason: c.Reason, Rule: c.Rule}
+		v.ForwardedBody = v.Body
+		if c.ForwardedBody != nil {
+			v.ForwardedBody = expand(*c.ForwardedBody)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Configs returns each named configuration as JSON.
+func Configs() (map[string][]byte, error) {
+	var f file
+	if err := json.Unmarshal(vectorsJSON, &f); err != nil {
+		return nil, fmt.Errorf("vectors.json: %w", err)
+	}
+	out := make(map[string][]byte, len(f.Configs))
+	for k, v := range f.Configs {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// Outcome is what a delivery did with a request: forwarded it (Status 200,
+// the request headers and body the upstream saw) or answered it (the
+// status, response headers and body of the immediate answer).
+type Outcome struct {
+	Status  int
+	Headers map[string]string // lower-case names
+	Body    []byte
+}
+
+// Check compares an outcome with the vector. wantErrorBody, when not nil,
+// is the exact error body expected (the core's rendering), so every
+// delivery answers byte for byte alike.
+func (v *Vector) Check(o Outcome, wantErrorBody []byte) error {
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if o.Status != v.Status {
+		add("status %d, want %d (body %.200s)", o.Status, v.Status, o.Body)
+	}
+	if v.Status == 200 {
+		for k, want := range v.Headers {
+			if got, ok := o.Headers[k]; !ok || got != want {
+				add("header %s = %q (present %v), want %q", k, got, ok, want)
+			}
+		}
+		for _, k := range v.NoHeaders {
+			if got, ok := o.Headers[k]; ok {
+				add("header %s = %q, want none", k, got)
+			}
+		}
+		if !bytes.Equal(o.Body, v.ForwardedBody) {
+			add("forwarded body\n  %.300s\nwant\n  %.300s", o.Body, v.ForwardedBody)
+		}
+	} else {
+		if got := o.Headers["x-llm-d-request-dropped-reason"]; got != v.Reason {
+			add("drop reason %q, want %q", got, v.Reason)
+		}
+		if got := o.Headers["x-infergate-guardrail"]; got != v.Rule {
+			add("guardrail header %q, want %q", got, v.Rule)
+		}
+		var eb struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(o.Body, &eb); err != nil {
+			add("error body %q: %v", o.Body, err)
+		} else if eb.Error.Type != v.Reason || eb.Error.Code != v.Status || eb.Error.Message == "" {
+			add("error body %s: want type %q code %d and a message", o.Body, v.Reason, v.Status)
+		}
+		if wantErrorBody != nil && !bytes.Equal(o.Body, wantErrorBody) {
+			add("error body\n  %s\nwant the core's\n  %s", o.Body, wantErrorBody)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// CoreOutcome runs the core on a body: what every delivery is compared with.
+func CoreOutcome(p *policy.Policy, body []byte) (Outcome, []byte) {
+	res := p.Apply(body)
+	if res.Reject != nil {
+		hs, eb := res.Reject.Response()
+		return Outcome{Status: res.Reject.Status, Headers: lower(hs), Body: eb}, eb
+	}
+	fwd := body
+	if res.Body != nil {
+		fwd = res.Body
+	}
+	return Outcome{Status: 200, Headers: lower(res.Headers()), Body: fwd}, nil
+}
+
+// Compile builds the vector's policy.
+func (v *Vector) Compile() (*policy.Policy, error) {
+	cfg, err := policy.DecodeJSON(v.Config)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", v.ConfigName, err)
+	}
+	return policy.Compile(cfg)
+}
+
+func lower(hs [][2]string) map[string]string {
+	m := make(map[string]string, len(hs))
+	for _, h := range hs {
+		m[strings.ToLower(h[0])] = h[1]
+	}
+	return m
+}
