@@ -86,9 +86,9 @@ type DenyRule struct {
 
 // Actions and modes.
 const (
-	ActionMask        = "mask"
-	ActionReject      = "reject"
-	ActionClamp       = "clamp"
+	ActionMask         = "mask"
+	ActionReject       = "reject"
+	ActionClamp        = "clamp"
 	UnknownPassthrough = "passthrough"
 )
 
