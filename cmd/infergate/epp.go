@@ -1,26 +1,18 @@
 package main
 
 import (
-	"fmt"
-	"net"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/epp"
-	"github.com/infergate/infergate/extproc/server"
 )
 
 func newEPPCommand() *cobra.Command {
 	var (
-		c                                 epp.StandaloneConfig
-		grpcPort, healthPort, metricsPort int
-		grpcBind, healthBind, metricsBind string
-		secure                            bool
-		certPath                          string
-		logs                              logFlags
+		c      epp.StandaloneConfig
+		listen listenFlags
+		logs   logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -37,22 +29,8 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 			}
 			tuneGC()
 			c.Logger = log
-			c.GRPCAddr = net.JoinHostPort(grpcBind, strconv.Itoa(grpcPort))
-			if healthPort > 0 {
-				c.HealthAddr = net.JoinHostPort(healthBind, strconv.Itoa(healthPort))
-			}
-			if metricsPort > 0 {
-				c.MetricsAddr = net.JoinHostPort(metricsBind, strconv.Itoa(metricsPort))
-			}
-			c.TLS = server.TLSOptions{Enabled: secure}
-			if certPath != "" {
-				c.TLS.CertFile = filepath.Join(certPath, "tls.crt")
-				c.TLS.KeyFile = filepath.Join(certPath, "tls.key")
-			}
-			for name, port := range map[string]int{"--grpc-port": grpcPort, "--grpc-health-port": healthPort, "--metrics-port": metricsPort} {
-				if port < 0 || port > 65535 {
-					return fmt.Errorf("%s: %d is not a port", name, port)
-				}
+			if c.GRPCAddr, c.HealthAddr, c.MetricsAddr, c.TLS, err = listen.addrs(); err != nil {
+				return err
 			}
 			s, err := epp.NewStandalone(c)
 			if err != nil {
@@ -64,14 +42,7 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 		},
 	}
 	fs := cmd.Flags()
-	fs.IntVar(&grpcPort, "grpc-port", 9002, "ext_proc gRPC port")
-	fs.StringVar(&grpcBind, "grpc-bind-address", "", "address the ext_proc listener binds (empty: all interfaces)")
-	fs.IntVar(&healthPort, "grpc-health-port", 9003, "gRPC health port (services liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor); 0 disables")
-	fs.StringVar(&healthBind, "grpc-health-bind-address", "", "address the health listener binds (empty: all interfaces)")
-	fs.IntVar(&metricsPort, "metrics-port", 9090, "Prometheus metrics port; 0 disables")
-	fs.StringVar(&metricsBind, "metrics-bind-address", "", "address the metrics listener binds (empty: all interfaces)")
-	fs.BoolVar(&secure, "secure-serving", true, "serve ext_proc over TLS (a self-signed certificate unless --cert-path is set)")
-	fs.StringVar(&certPath, "cert-path", "", "directory holding tls.crt and tls.key for secure serving")
+	listen.register(fs, 9002, 9003)
 	fs.StringVar(&c.PoolFile, "pool-file", "", "YAML file listing the pool's endpoints (standalone mode)")
 	fs.StringVar(&c.ConfigFile, "config-file", "", "EndpointPickerConfig file (default: the built-in profile)")
 	fs.StringVar(&c.ConfigText, "config-text", "", "EndpointPickerConfig as text")

@@ -32,6 +32,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(
 		newVersionCommand(),
 		newEPPCommand(),
+		newPayloadCommand(),
 		newSimCommand(),
 		newDevproxyCommand(),
 	)

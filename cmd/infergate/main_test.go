@@ -35,6 +35,14 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 	if err := os.WriteFile(badConfig, []byte("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: queue-scorer\n    weight: -1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	badPayload := filepath.Join(dir, "payload.yaml")
+	if err := os.WriteFile(badPayload, []byte("pii:\n- name: email\n  detector: email\n  action: block\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badYAML := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(badYAML, []byte("limits:\n  maxBodyBytes: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	local := []string{"--grpc-bind-address", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0"}
 	cases := []struct {
 		name string
@@ -49,6 +57,10 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 		{"both configs", append([]string{"epp", "--pool-file", pool, "--config-file", badConfig, "--config-text", "x"}, local...), "mutually exclusive"},
 		{"port out of range", append([]string{"epp", "--pool-file", pool, "--grpc-port", "70000"}, local...), "--grpc-port: 70000"},
 		{"scrape interval under the floor", append([]string{"epp", "--pool-file", pool, "--refresh-metrics-interval", "1ms"}, local...), "data layer"},
+		{"payload bad rule", append([]string{"payload", "--config-file", badPayload}, local...), badPayload + `: pii[0].action: "block" is not mask or reject`},
+		{"payload broken YAML", append([]string{"payload", "--config-file", badYAML}, local...), badYAML + ": YAML"},
+		{"payload missing config", append([]string{"payload", "--config-file", filepath.Join(dir, "none.yaml")}, local...), "none.yaml"},
+		{"payload port out of range", append(append([]string{"payload"}, local...), "--grpc-health-port", "-2"), "--grpc-health-port: -2"},
 		{"devproxy bad filter", []string{"devproxy", "--ext-proc", "nonsense"}, "--ext-proc"},
 		{"devproxy bad routing", []string{"devproxy", "--routing", "magic"}, "--routing"},
 		{"sim bad seqs", []string{"sim", "--max-num-seqs", "0"}, "--max-num-seqs"},

@@ -235,7 +235,9 @@ func (x *exchange) HandleResponseHeaders(ctx context.Context, r *server.Response
 	return nil
 }
 
-func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) []byte { return chunk }
+func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) ([]byte, *structpb.Struct) {
+	return chunk, nil
+}
 
 func (x *exchange) Close(ctx context.Context, s server.Summary) {
 	if x.picked == nil {

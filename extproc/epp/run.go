@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -16,6 +15,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/internal/filewatch"
 )
 
 // StandaloneConfig is everything the standalone endpoint picker needs: a
@@ -175,7 +175,7 @@ func (s *Standalone) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.scraper.Run(ctx, s.store)
-	go s.pool.watch(ctx, s.cfg.PoolFilePoll)
+	go filewatch.Watch(ctx, s.pool.path, s.pool.stamp, s.cfg.PoolFilePoll, s.pool.reload)
 	if s.queue != nil {
 		go s.queue.Run(ctx)
 	}
@@ -191,12 +191,11 @@ type poolFileSource struct {
 	store       *datastore.Store
 	picker      *Picker
 	log         logr.Logger
-	modTime     time.Time
-	size        int64
+	stamp       filewatch.Stamp
 }
 
 func (p *poolFileSource) load() (*datastore.PoolFile, error) {
-	st, err := os.Stat(p.path)
+	stamp, err := filewatch.StampOf(p.path)
 	if err != nil {
 		return nil, fmt.Errorf("pool file: %w", err)
 	}
@@ -211,30 +210,16 @@ func (p *poolFileSource) load() (*datastore.PoolFile, error) {
 	if err := p.store.Replace(specs); err != nil {
 		return nil, fmt.Errorf("pool file %s: %w", p.path, err)
 	}
-	p.modTime, p.size = st.ModTime(), st.Size()
+	p.stamp = stamp
 	return pf, nil
 }
 
-func (p *poolFileSource) watch(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		st, err := os.Stat(p.path)
-		if err != nil || (st.ModTime().Equal(p.modTime) && st.Size() == p.size) {
-			continue
-		}
-		pf, err := p.load()
-		if err != nil {
-			p.log.Error(err, "pool file changed but cannot be used; keeping the previous endpoints")
-			p.modTime, p.size = st.ModTime(), st.Size() // do not log the same broken edit every tick
-			continue
-		}
-		p.picker.SetPriorities(pf.Priorities())
-		p.log.Info("pool file reloaded", "endpoints", len(pf.Endpoints))
+func (p *poolFileSource) reload() {
+	pf, err := p.load()
+	if err != nil {
+		p.log.Error(err, "pool file changed but cannot be used; keeping the previous endpoints")
+		return
 	}
+	p.picker.SetPriorities(pf.Priorities())
+	p.log.Info("pool file reloaded", "endpoints", len(pf.Endpoints))
 }

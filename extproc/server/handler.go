@@ -27,8 +27,9 @@ type Exchange interface {
 	// HandleResponseHeaders is called when the upstream's response headers arrive.
 	HandleResponseHeaders(ctx context.Context, resp *Response) *Decision
 	// HandleResponseBody sees each response body chunk as it streams and
-	// returns what to forward in its place (usually the chunk itself).
-	HandleResponseBody(ctx context.Context, chunk []byte, endOfStream bool) []byte
+	// returns what to forward in its place (usually the chunk itself), and
+	// dynamic metadata to emit with it (nil for none).
+	HandleResponseBody(ctx context.Context, chunk []byte, endOfStream bool) ([]byte, *structpb.Struct)
 	// Close is called once when the stream ends for any reason; err is nil
 	// when the exchange ran to its natural end.
 	Close(ctx context.Context, summary Summary)
@@ -105,6 +106,8 @@ type Rejection struct {
 	Reason string
 	// Message goes into the JSON error body; for humans.
 	Message string
+	// Headers are added to the answer, after content-type and the drop reason.
+	Headers []Header
 }
 
 // DropReasonHeader carries Rejection.Reason. The name matches the one the

@@ -1,39 +1,25 @@
 package server
 
 import (
-	"encoding/json"
-	"net/http"
-
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-)
 
-// errorBody is the OpenAI-style error shape clients of inference APIs parse.
-type errorBody struct {
-	Error struct {
-		Message string `json:"message"`
-		Type    string `json:"type"`
-		Code    int    `json:"code"`
-	} `json:"error"`
-}
+	"github.com/infergate/infergate/inference"
+)
 
 // ImmediateResponse turns a rejection into an ext_proc immediate response:
 // the status, a drop-reason header, and a JSON error body.
 func ImmediateResponse(r *Rejection) *extprocv3.ProcessingResponse {
-	var eb errorBody
-	eb.Error.Message = r.Message
-	if eb.Error.Message == "" {
-		eb.Error.Message = http.StatusText(r.Status)
-	}
-	eb.Error.Type = r.Reason
-	eb.Error.Code = r.Status
-	body, _ := json.Marshal(eb) // cannot fail: strings and an int
+	body := inference.ErrorJSON(r.Status, r.Reason, r.Message)
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 		rawHeader("content-type", "application/json"),
 	}}
 	if r.Reason != "" {
 		hm.SetHeaders = append(hm.SetHeaders, rawHeader(DropReasonHeader, r.Reason))
+	}
+	for _, h := range r.Headers {
+		hm.SetHeaders = append(hm.SetHeaders, rawHeader(h.Name, h.Value))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

@@ -54,8 +54,14 @@ func (e *recExchange) HandleResponseHeaders(context.Context, *server.Response) *
 	return &server.Decision{SetHeaders: []server.Header{{Name: "x-resp", Value: "1"}}}
 }
 
-func (e *recExchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) []byte {
-	return chunk
+// HandleResponseBody passes chunks through and emits metadata at the end,
+// as a processor reporting token usage does.
+func (e *recExchange) HandleResponseBody(_ context.Context, chunk []byte, eos bool) ([]byte, *structpb.Struct) {
+	if !eos {
+		return chunk, nil
+	}
+	md, _ := structpb.NewStruct(map[string]any{"test.ns": map[string]any{"bytes": len(chunk)}})
+	return chunk, md
 }
 
 func (e *recExchange) Close(_ context.Context, s server.Summary) {
@@ -327,9 +333,13 @@ func TestMetadataMergedAcrossMessagesAndResponsePath(t *testing.T) {
 		t.Fatalf("response header mutation missing: %v", r)
 	}
 	mustSend(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: x\n\n"), EndOfStream: true}}})
-	sr := mustRecv(t, st).GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+	last := mustRecv(t, st)
+	sr := last.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 	if string(sr.GetBody()) != "data: x\n\n" || !sr.GetEndOfStream() {
 		t.Fatalf("response chunk not passed through: %v", sr)
+	}
+	if n := last.GetDynamicMetadata().GetFields()["test.ns"].GetStructValue().GetFields()["bytes"].GetNumberValue(); n != 9 {
+		t.Errorf("end-of-stream metadata = %v, want test.ns.bytes 9", last.GetDynamicMetadata())
 	}
 	if err := st.CloseSend(); err != nil {
 		t.Fatal(err)

@@ -197,7 +197,7 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	if err := s.send(headersResponse(d, true)); err != nil {
 		return err
 	}
-	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true); err != nil {
+	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true, nil); err != nil {
 		return err
 	}
 	if s.req.HasTrailers {
@@ -222,21 +222,22 @@ func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders
 }
 
 func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
-	out := s.ex.HandleResponseBody(ctx, b.GetBody(), b.GetEndOfStream())
+	out, md := s.ex.HandleResponseBody(ctx, b.GetBody(), b.GetEndOfStream())
 	if s.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return s.sendStreamedBody(out, b.GetEndOfStream(), false)
+		return s.sendStreamedBody(out, b.GetEndOfStream(), false, md)
 	}
 	resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
 	if !bytes.Equal(out, b.GetBody()) {
 		resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
 	}
-	return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}})
+	return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}, DynamicMetadata: md})
 }
 
 // sendStreamedBody re-emits body as streamed_response chunks of at most
-// MaxChunkBytes; endOfStream is set on the last chunk only. An empty body
-// still produces one message so the end of stream reaches the proxy.
-func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool) error {
+// MaxChunkBytes; endOfStream is set on the last chunk only, and md (if
+// any) rides on it. An empty body still produces one message so the end of
+// stream reaches the proxy.
+func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool, md *structpb.Struct) error {
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), MaxChunkBytes)
 		chunk := body[:n]
@@ -247,6 +248,9 @@ func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool) error 
 			}},
 		}}
 		resp := &extprocv3.ProcessingResponse{}
+		if len(body) == 0 {
+			resp.DynamicMetadata = md
+		}
 		if request {
 			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
 		} else {

@@ -118,10 +118,20 @@ func reject(status int, reason, rule, format string, args ...any) Result {
 	return Result{Reject: &Rejection{Status: status, Reason: reason, Rule: rule, Message: fmt.Sprintf(format, args...)}}
 }
 
+// CheckSize rejects a body of n bytes over the body limit; a streaming
+// delivery calls it as chunks arrive so it can answer before the whole
+// body is in.
+func (p *Policy) CheckSize(n int) *Rejection {
+	if l := p.limits.MaxBodyBytes; l > 0 && int64(n) > l {
+		return reject(413, ReasonTooLarge, "", "request body exceeds the limit of %d bytes", l).Reject
+	}
+	return nil
+}
+
 // Apply decides what happens to one request body.
 func (p *Policy) Apply(raw []byte) Result {
-	if l := p.limits.MaxBodyBytes; l > 0 && int64(len(raw)) > l {
-		return reject(413, ReasonTooLarge, "", "request body of %d bytes exceeds the limit of %d bytes", len(raw), l)
+	if r := p.CheckSize(len(raw)); r != nil {
+		return Result{Reject: r}
 	}
 	body, err := inference.Parse(raw)
 	if err != nil {
@@ -142,6 +152,9 @@ func (p *Policy) Apply(raw []byte) Result {
 		base = model
 	}
 	res := Result{Model: model, BaseModel: base}
+	if !p.readsText() {
+		return p.finish(body, res, nil)
+	}
 
 	var texts []inference.Text
 	promptBytes := int64(0)
@@ -181,6 +194,17 @@ func (p *Policy) Apply(raw []byte) Result {
 		}
 	}
 
+	return p.finish(body, res, edits)
+}
+
+// readsText says whether any rule looks at the prompt text; routing alone
+// does not, and skips decoding it.
+func (p *Policy) readsText() bool {
+	return p.limits.MaxPromptBytes > 0 || p.limits.MaxPromptTokens > 0 || len(p.deny) > 0 || len(p.pii) > 0
+}
+
+// finish applies the max-tokens ceiling and the edits.
+func (p *Policy) finish(body *inference.Body, res Result, edits []inference.Edit) Result {
 	if ceiling := p.limits.MaxTokens; ceiling > 0 {
 		if field, n, sp, ok := body.MaxTokens(); ok && n > ceiling {
 			if !p.clamp {

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infergate/infergate/extproc/payload"
+)
+
+func newPayloadCommand() *cobra.Command {
+	var (
+		c      payload.Config
+		listen listenFlags
+		logs   logFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "payload",
+		Short: "Run the payload processor (ext_proc): model headers from the body, guardrails, token usage",
+		Long: `Runs the payload processor: an Envoy ext_proc server (FULL_DUPLEX_STREAMED) that reads
+inference request bodies, sets X-Gateway-Model-Name and X-Gateway-Base-Model-Name, applies the
+guardrails of --config-file (model allow-list, limits, deny rules, PII mask or reject), and reports
+response token usage as dynamic metadata in the io.infergate.payload namespace.
+
+The configuration file is re-read when it changes; streams already open keep the old one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logs.logger()
+			if err != nil {
+				return err
+			}
+			tuneGC()
+			c.Logger = log
+			if c.GRPCAddr, c.HealthAddr, c.MetricsAddr, c.TLS, err = listen.addrs(); err != nil {
+				return err
+			}
+			s, err := payload.New(c)
+			if err != nil {
+				return err
+			}
+			log.Info("payload processor ready", "grpc", s.GRPCAddr(), "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "config", c.ConfigFile)
+			return s.Run(cmd.Context())
+		},
+	}
+	fs := cmd.Flags()
+	listen.register(fs, 9004, 9005)
+	fs.StringVar(&c.ConfigFile, "config-file", "", "YAML policy: models, limits, pii and deny rules (default: model headers only)")
+	fs.DurationVar(&c.ConfigPoll, "config-poll-interval", time.Second, "how often the config file is checked for changes")
+	fs.Int64Var(&c.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are parsed; 0 = unlimited")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
+	fs.BoolVar(&c.Pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
+	logs.register(fs)
+	return cmd
+}

@@ -1,0 +1,283 @@
+package payload_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/inference/policy/policytest"
+)
+
+// rig is a payload processor on loopback with the Envoy stand-in client.
+type rig struct {
+	svc    *payload.Service
+	client *extproctest.Client
+	cfg    string
+}
+
+// newRig writes configJSON as the YAML file the processor reads (the
+// vectors hold JSON; the file form is YAML) and starts the processor.
+func newRig(t testing.TB, configJSON []byte) *rig {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "payload.yaml")
+	y, err := yaml.JSONToYAML(configJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, y, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := payload.New(payload.Config{GRPCAddr: "127.0.0.1:0", ConfigFile: path, ConfigPoll: 10 * time.Millisecond,
+		MaxRequestBodyBytes: 1 << 20, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("processor stopped with %v", err)
+		}
+	})
+	return &rig{svc: svc, client: client, cfg: path}
+}
+
+func (r *rig) request(t testing.TB, body []byte, chunk int, headers ...string) *extproctest.Result {
+	t.Helper()
+	req := extproctest.Request{Path: "/v1/chat/completions", Headers: extproctest.Headers{{Key: "content-type", Value: "application/json"}, {Key: "content-length", Value: strconv.Itoa(len(body))}}}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Headers = append(req.Headers, extproctest.Header{Key: headers[i], Value: headers[i+1]})
+	}
+	for len(body) > 0 {
+		n := len(body)
+		if chunk > 0 {
+			n = min(chunk, n)
+		}
+		req.Body = append(req.Body, body[:n])
+		body = body[n:]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ex := r.client.Open(ctx)
+	defer ex.Close()
+	res, err := ex.RunRequest(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func outcome(res *extproctest.Result) policytest.Outcome {
+	if lr := res.LocalReply; lr != nil {
+		return policytest.Outcome{Status: lr.Status, Headers: headerMap(lr.Headers), Body: lr.Body}
+	}
+	return policytest.Outcome{Status: 200, Headers: headerMap(res.Headers), Body: res.Body}
+}
+
+func headerMap(h extproctest.Headers) map[string]string {
+	m := make(map[string]string, len(h))
+	for _, kv := range h {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// TestVectors runs the shared vectors through the processor over real
+// gRPC, whole and in small chunks, and compares every answer with the
+// core's byte for byte.
+func TestVectors(t *testing.T) {
+	vs, err := policytest.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rigs := map[string]*rig{}
+	for _, v := range vs {
+		r := rigs[v.ConfigName]
+		if r == nil {
+			r = newRig(t, v.Config)
+			rigs[v.ConfigName] = r
+		}
+		p, err := v.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, wantErr := policytest.CoreOutcome(p, v.Body)
+		for _, chunk := range []int{0, 100} {
+			t.Run(fmt.Sprintf("%s/chunks=%d", v.Name, chunk), func(t *testing.T) {
+				res := r.request(t, v.Body, chunk)
+				got := outcome(res)
+				if err := v.Check(got, wantErr); err != nil {
+					t.Fatal(err)
+				}
+				if got.Status != 200 {
+					return
+				}
+				if !res.ClearRouteCache {
+					t.Error("clear_route_cache not set")
+				}
+				// The stand-in drops content-length in FULL_DUPLEX_STREAMED as
+				// Envoy does; the processor must still have set it right.
+				if cl, ok := contentLengthSet(res); string(v.ForwardedBody) != string(v.Body) && (!ok || cl != strconv.Itoa(len(got.Body))) {
+					t.Errorf("content-length set to %q (%v) for a rewritten body of %d bytes", cl, ok, len(got.Body))
+				}
+				md := res.DynamicMetadata[payload.MetadataNamespace].GetFields()
+				if md["model"].GetStringValue() != v.Headers["x-gateway-model-name"] && v.Headers["x-gateway-model-name"] != "" {
+					t.Errorf("metadata model %v", md["model"])
+				}
+			})
+		}
+	}
+}
+
+// contentLengthSet finds the content-length the processor set on the
+// request headers, if it did.
+func contentLengthSet(res *extproctest.Result) (string, bool) {
+	for _, r := range res.Responses {
+		for _, h := range r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == "content-length" {
+				return string(h.GetHeader().GetRawValue()), true
+			}
+		}
+	}
+	return "", false
+}
+
+func TestClientMaskedHeaderIsDropped(t *testing.T) {
+	r := newRig(t, nil)
+	res := r.request(t, []byte(`{"model":"m","prompt":"x"}`), 0, "x-infergate-masked", "email")
+	if res.Headers.Has("x-infergate-masked") {
+		t.Errorf("client-sent x-infergate-masked reached the upstream: %v", res.Headers)
+	}
+}
+
+// TestUsageReportedWithoutHoldingTheStream streams an SSE response through
+// the processor: every chunk comes back as it went in (nothing held until
+// the end) and the usage of the last event is emitted as metadata.
+func TestUsageReportedWithoutHoldingTheStream(t *testing.T) {
+	r := newRig(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ex := r.client.Open(ctx)
+	defer ex.Close()
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)
+	if _, err := ex.RunRequest(extproctest.Request{Body: [][]byte{body}}); err != nil {
+		t.Fatal(err)
+	}
+	events := [][]byte{
+		[]byte("data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n"),
+		[]byte("data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,"),
+		[]byte("\"completion_tokens\":2,\"total_tokens\":13}}\n\ndata: [DONE]\n\n"),
+	}
+	res, err := ex.RunResponse(extproctest.Response{Headers: extproctest.Headers{{Key: "content-type", Value: "text/event-stream"}}, Body: events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.BodyChunkSizes) != len(events) {
+		t.Errorf("response came back in %d chunks %v, want the %d that went in", len(res.BodyChunkSizes), res.BodyChunkSizes, len(events))
+	}
+	md := res.DynamicMetadata[payload.MetadataNamespace].GetFields()
+	for k, want := range map[string]float64{"llm_input_token": 11, "llm_output_token": 2, "llm_total_token": 13} {
+		if got := md[k].GetNumberValue(); got != want {
+			t.Errorf("%s = %v, want %v (metadata %v)", k, got, want, md)
+		}
+	}
+}
+
+// gatedBody sends its first chunk at once and the rest when the gate opens,
+// so a stream can be held open half sent.
+type gatedBody struct {
+	first, rest []byte
+	gate        chan struct{}
+	sent        chan struct{} // closed once the first chunk is handed over
+	step        int
+}
+
+func (b *gatedBody) Next(ctx context.Context) (extproctest.Chunk, error) {
+	b.step++
+	switch b.step {
+	case 1:
+		close(b.sent)
+		return extproctest.Chunk{Data: b.first}, nil
+	case 2:
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+			return extproctest.Chunk{}, ctx.Err()
+		}
+		return extproctest.Chunk{Data: b.rest, EndOfStream: true}, nil
+	}
+	return extproctest.Chunk{}, io.EOF
+}
+
+func (b *gatedBody) Close() error { return nil }
+
+// TestReloadKeepsOpenStreams changes the policy while a request is half
+// sent: the open stream finishes under the policy it started with, the
+// next one gets the new; a broken edit keeps the last good policy.
+func TestReloadKeepsOpenStreams(t *testing.T) {
+	r := newRig(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body := []byte(`{"model":"gpt-4","prompt":"x"}`)
+	write := func(data string) {
+		if err := os.WriteFile(r.cfg, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open := r.client.Open(ctx)
+	defer open.Close()
+	gated := &gatedBody{first: body[:5], rest: body[5:], gate: make(chan struct{}), sent: make(chan struct{})}
+	type answer struct {
+		h   extproctest.Headers
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		h, b, err := open.Request(extproctest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}}, gated)
+		if err == nil {
+			_, _, err = extproctest.ReadAll(ctx, b)
+		}
+		answered <- answer{h, err}
+	}()
+	<-gated.sent // the headers went first: the stream has its policy
+	write("models:\n  allow: [llama-*]\n")
+	waitFor(t, func() bool { return outcome(r.request(t, body, 0)).Status == 403 })
+	close(gated.gate)
+	a := <-answered
+	if a.err != nil || a.h.Get("x-gateway-model-name") != "gpt-4" {
+		t.Fatalf("the open stream did not finish under its first policy: %v %v", a.err, a.h)
+	}
+	write("models:\n  allow: [\n") // broken
+	time.Sleep(100 * time.Millisecond)
+	if got := outcome(r.request(t, body, 0)).Status; got != 403 {
+		t.Errorf("after a broken edit status %d, want 403 from the last good policy", got)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

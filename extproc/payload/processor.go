@@ -1,0 +1,139 @@
+// Package payload is the payload processor: an ext_proc server that reads
+// inference request bodies, sets the model headers routing matches on,
+// applies the guardrails of inference/policy, and reports token usage
+// from responses as dynamic metadata. The decision itself is the shared
+// core; this package is the ext_proc delivery of it.
+package payload
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference"
+	"github.com/infergate/infergate/inference/policy"
+)
+
+// MetadataNamespace holds what the processor reports for a request:
+// model, base_model, and from the response llm_input_token,
+// llm_output_token and llm_total_token (the key names token-based rate
+// limits already use). The gateway must list it among the ext_proc
+// filter's receiving namespaces or Envoy drops it.
+const MetadataNamespace = "io.infergate.payload"
+
+// Processor is the server.Handler of the payload processor.
+type Processor struct {
+	policy  atomic.Pointer[policy.Policy]
+	metrics *metrics
+	log     logr.Logger
+}
+
+// NewProcessor serves with p until SetPolicy swaps it.
+func NewProcessor(p *policy.Policy, m *metrics, log logr.Logger) *Processor {
+	pr := &Processor{metrics: m, log: log}
+	pr.policy.Store(p)
+	return pr
+}
+
+// SetPolicy replaces the policy for streams that start from now on; open
+// streams finish under the one they started with.
+func (pr *Processor) SetPolicy(p *policy.Policy) { pr.policy.Store(p) }
+
+// NewExchange implements server.Handler.
+func (pr *Processor) NewExchange(context.Context) server.Exchange {
+	return &exchange{pr: pr, policy: pr.policy.Load()}
+}
+
+type exchange struct {
+	pr     *Processor
+	policy *policy.Policy
+	model  string
+	usage  *inference.UsageReader
+}
+
+func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server.Decision {
+	if req.Body == nil {
+		// GET /v1/models and the like: nothing to read, nothing to route on.
+		x.pr.metrics.requests.WithLabelValues("passed", "no-body").Inc()
+		return nil
+	}
+	start := time.Now()
+	res := x.policy.Apply(req.Body)
+	x.pr.metrics.decision.Observe(time.Since(start).Seconds())
+	if r := res.Reject; r != nil {
+		x.pr.metrics.requests.WithLabelValues("rejected", r.Reason).Inc()
+		rej := &server.Rejection{Status: r.Status, Reason: r.Reason, Message: r.Message}
+		if r.Rule != "" {
+			rej.Headers = []server.Header{{Name: policy.GuardrailHeader, Value: r.Rule}}
+		}
+		x.pr.log.V(1).Info("request rejected", "status", r.Status, "reason", r.Reason, "rule", r.Rule)
+		return &server.Decision{Reject: rej}
+	}
+	x.model = res.Model
+	d := &server.Decision{Body: res.Body, ClearRouteCache: true}
+	for _, h := range res.Headers() {
+		d.SetHeaders = append(d.SetHeaders, server.Header{Name: h[0], Value: h[1]})
+	}
+	if len(res.Masked) == 0 {
+		// A client must not be able to claim its prompt was masked.
+		d.RemoveHeaders = []string{policy.MaskedHeader}
+	}
+	for _, rule := range res.Masked {
+		x.pr.metrics.masked.WithLabelValues(rule).Inc()
+	}
+	outcome := "forwarded"
+	if res.Body != nil {
+		outcome = "rewritten"
+	}
+	x.pr.metrics.requests.WithLabelValues(outcome, "").Inc()
+	d.DynamicMetadata = namespaced(map[string]*structpb.Value{
+		"model":      structpb.NewStringValue(res.Model),
+		"base_model": structpb.NewStringValue(res.BaseModel),
+	})
+	return d
+}
+
+func (x *exchange) HandleResponseHeaders(_ context.Context, resp *server.Response) *server.Decision {
+	if x.model != "" && !resp.EndOfStream && strings.HasPrefix(resp.Headers.Get(":status"), "2") {
+		x.usage = inference.NewUsageReader(resp.Headers.Get("content-type"))
+	}
+	return nil
+}
+
+// HandleResponseBody passes every chunk on as it comes (an SSE stream is
+// never held back) and, at the end, reports the usage the server sent.
+func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, endOfStream bool) ([]byte, *structpb.Struct) {
+	if x.usage == nil {
+		return chunk, nil
+	}
+	x.usage.Write(chunk)
+	if !endOfStream {
+		return chunk, nil
+	}
+	u, ok := x.usage.Usage()
+	x.usage = nil
+	if !ok {
+		return chunk, nil
+	}
+	x.pr.metrics.tokens.WithLabelValues(x.model, "prompt").Add(float64(u.PromptTokens))
+	x.pr.metrics.tokens.WithLabelValues(x.model, "completion").Add(float64(u.CompletionTokens))
+	return chunk, namespaced(map[string]*structpb.Value{
+		"model":            structpb.NewStringValue(x.model),
+		"llm_input_token":  structpb.NewNumberValue(float64(u.PromptTokens)),
+		"llm_output_token": structpb.NewNumberValue(float64(u.CompletionTokens)),
+		"llm_total_token":  structpb.NewNumberValue(float64(u.TotalTokens)),
+	})
+}
+
+func (x *exchange) Close(context.Context, server.Summary) {}
+
+func namespaced(fields map[string]*structpb.Value) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}}
+}

@@ -1,0 +1,144 @@
+package inference
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Usage is the token count a model server reports for one response.
+type Usage struct {
+	PromptTokens, CompletionTokens, TotalTokens int64
+}
+
+// MaxUsageBuffer bounds what a UsageReader holds: a non-streamed body up to
+// this size, or one SSE line. Larger ones pass without usage being read.
+const MaxUsageBuffer = 1 << 20
+
+// UsageReader finds the usage of a response as its body streams past,
+// without holding the whole response: for server-sent events it keeps only
+// the current line and reads the data lines that carry "usage" (OpenAI's
+// final chunk with stream_options.include_usage, Anthropic's message_start
+// and message_delta, the responses API's response.completed); for a JSON
+// body it keeps up to MaxUsageBuffer bytes and reads the usage at the end.
+type UsageReader struct {
+	sse      bool
+	buf      []byte
+	overflow bool
+	usage    Usage
+	found    bool
+}
+
+// NewUsageReader reads a response of the given content type.
+func NewUsageReader(contentType string) *UsageReader {
+	return &UsageReader{sse: bytes.HasPrefix(bytes.TrimSpace([]byte(contentType)), []byte("text/event-stream"))}
+}
+
+// Write takes the next body chunk; it never fails.
+func (u *UsageReader) Write(chunk []byte) {
+	if !u.sse {
+		if u.overflow {
+			return
+		}
+		if len(u.buf)+len(chunk) > MaxUsageBuffer {
+			u.overflow, u.buf = true, nil
+			return
+		}
+		u.buf = append(u.buf, chunk...)
+		return
+	}
+	for len(chunk) > 0 {
+		nl := bytes.IndexByte(chunk, '\n')
+		if nl < 0 {
+			u.appendLine(chunk)
+			return
+		}
+		u.appendLine(chunk[:nl])
+		if !u.overflow {
+			u.line(u.buf)
+		}
+		u.buf, u.overflow = u.buf[:0], false
+		chunk = chunk[nl+1:]
+	}
+}
+
+func (u *UsageReader) appendLine(b []byte) {
+	if u.overflow {
+		return
+	}
+	if len(u.buf)+len(b) > MaxUsageBuffer {
+		u.overflow, u.buf = true, u.buf[:0]
+		return
+	}
+	u.buf = append(u.buf, b...)
+}
+
+// line reads one SSE line.
+func (u *UsageReader) line(l []byte) {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(l, "\r"), []byte("data:"))
+	if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
+		return
+	}
+	u.read(bytes.TrimSpace(data))
+}
+
+// Usage returns what was found once the body has ended (it also reads a
+// final SSE line without a newline, and a buffered JSON body).
+func (u *UsageReader) Usage() (Usage, bool) {
+	if len(u.buf) > 0 && !u.overflow {
+		if u.sse {
+			u.line(u.buf)
+		} else {
+			u.read(u.buf)
+		}
+		u.buf = u.buf[:0]
+	}
+	if u.found && u.usage.TotalTokens == 0 {
+		u.usage.TotalTokens = u.usage.PromptTokens + u.usage.CompletionTokens
+	}
+	return u.usage, u.found
+}
+
+// wireUsage covers OpenAI's and Anthropic's names.
+type wireUsage struct {
+	PromptTokens     *int64 `json:"prompt_tokens"`
+	CompletionTokens *int64 `json:"completion_tokens"`
+	TotalTokens      *int64 `json:"total_tokens"`
+	InputTokens      *int64 `json:"input_tokens"`
+	OutputTokens     *int64 `json:"output_tokens"`
+}
+
+// read merges the usage of one JSON document: at the top level, or under
+// "message" (Anthropic message_start) or "response" (responses API events).
+func (u *UsageReader) read(doc []byte) {
+	var d struct {
+		Usage    *wireUsage                  `json:"usage"`
+		Message  *struct{ Usage *wireUsage } `json:"message"`
+		Response *struct{ Usage *wireUsage } `json:"response"`
+	}
+	if json.Unmarshal(doc, &d) != nil {
+		return
+	}
+	for _, w := range []*wireUsage{d.Usage, nested(d.Message), nested(d.Response)} {
+		if w == nil {
+			continue
+		}
+		u.found = true
+		set := func(dst *int64, vals ...*int64) {
+			for _, v := range vals {
+				if v != nil && *v > 0 {
+					*dst = *v
+				}
+			}
+		}
+		set(&u.usage.PromptTokens, w.PromptTokens, w.InputTokens)
+		set(&u.usage.CompletionTokens, w.CompletionTokens, w.OutputTokens)
+		set(&u.usage.TotalTokens, w.TotalTokens)
+	}
+}
+
+func nested(s *struct{ Usage *wireUsage }) *wireUsage {
+	if s == nil {
+		return nil
+	}
+	return s.Usage
+}
