@@ -3,15 +3,20 @@
 
 GO       ?= go
 BIN      := bin/infergate
+WASM     := build/infergate-payload.wasm
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build test lint vet fmt demo bench bench-scheduling bench-epp bench-routing clean
+.PHONY: all build wasm test lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-routing clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/infergate
+
+## wasm: the payload processor as a proxy-wasm plugin (upstream Go, GOOS=wasip1), at $(WASM).
+wasm:
+	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./wasm/payload
 
 ## test: lint, then every test (unit and integration over real gRPC and HTTP on loopback), with the race detector.
 test: lint
@@ -32,10 +37,14 @@ demo: build
 	$(GO) run ./test/demo --binary $(BIN)
 
 ## bench: scheduling micro-benchmarks, the ext_proc load driver and the routing benchmark.
-bench: bench-scheduling bench-epp bench-routing
+bench: bench-scheduling bench-epp bench-payload bench-routing
 
 bench-scheduling:
-	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/
+	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/ ./inference/pii/ ./inference/policy/
+
+## bench-payload: the payload processor's ext_proc round trip (p50/p99) and the Wasm plugin in the wazero host.
+bench-payload:
+	$(GO) test -run '^$$' -bench . -benchtime 3s ./extproc/payload/ ./wasm/payload/
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)

@@ -1,8 +1,9 @@
 // Command demo runs infergate's main job on loopback and explains it: three
-// simulated model servers of different speed, the endpoint picker over
-// them, and the dev proxy in front, each as its own process of the
-// infergate binary. It sends a few hundred chat requests through the proxy,
-// prints how they were spread and why (the picker's scores), and stops
+// simulated model servers of different speed, the payload processor and
+// the endpoint picker in front of them, and the dev proxy running both
+// filters, each as its own process of the infergate binary. It sends a few
+// hundred chat requests through the proxy, prints how they were spread and
+// why (the picker's scores), then shows the guardrails at work, and stops
 // everything. `make demo` runs it.
 package main
 
@@ -62,13 +63,13 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	defer procs.stopAll()
 
 	// Time runs 20x faster than real time in the sims so the demo is quick.
-	common := []string{"--time-scale", "20", "--prefill-overhead", "20ms", "--prefill-time-per-token", "200us"}
+	common := []string{"--time-scale", "20", "--prefill-overhead", "20ms", "--prefill-time-per-token", "200us", "--lora-adapters", demoAdapter}
 	servers := []*server{
 		{name: "sim-large", args: []string{"--max-num-seqs", "12", "--inter-token-latency", "15ms"}, what: "12 concurrent sequences, 15ms/token"},
 		{name: "sim-medium", args: []string{"--max-num-seqs", "6", "--inter-token-latency", "20ms"}, what: "6 concurrent sequences, 20ms/token"},
 		{name: "sim-small", args: []string{"--max-num-seqs", "2", "--inter-token-latency", "30ms"}, what: "2 concurrent sequences, 30ms/token"},
 	}
-	fmt.Println("infergate demo: three simulated model servers, the endpoint picker and the dev proxy, all on 127.0.0.1")
+	fmt.Println("infergate demo: three simulated model servers, the payload processor, the endpoint picker and the dev proxy, all on 127.0.0.1")
 	var pool strings.Builder
 	pool.WriteString("name: demo\nendpoints:\n")
 	for _, s := range servers {
@@ -103,8 +104,28 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 		"--emit-endpoint-scores"); err != nil {
 		return err
 	}
+	payloadFile := filepath.Join(dir, "payload.yaml")
+	if err := os.WriteFile(payloadFile, []byte(payloadConfig), 0o600); err != nil {
+		return err
+	}
+	payloadAddr, err := childproc.FreeAddr()
+	if err != nil {
+		return err
+	}
+	payloadMetrics, err := childproc.FreeAddr()
+	if err != nil {
+		return err
+	}
+	_, payloadPort, _ := net.SplitHostPort(payloadAddr)
+	_, payloadMetricsPort, _ := net.SplitHostPort(payloadMetrics)
+	if err := procs.start(ctx, filepath.Join(dir, "payload.log"), binary, "payload", "--config-file", payloadFile,
+		"--grpc-bind-address", "127.0.0.1", "--grpc-port", payloadPort, "--grpc-health-port", "0",
+		"--metrics-bind-address", "127.0.0.1", "--metrics-port", payloadMetricsPort); err != nil {
+		return err
+	}
 	proxyLog := filepath.Join(dir, "devproxy.log")
 	proxyOut, err := procs.startPiped(ctx, proxyLog, binary, "devproxy", "--port", "0",
+		"--ext-proc", "payload="+payloadAddr+",failure-mode=FailClose,tls=true",
 		"--ext-proc", "epp="+eppAddr+",failure-mode=FailClose,tls=true", "--debug-metadata")
 	if err != nil {
 		return err
@@ -113,15 +134,19 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	if err != nil {
 		return fmt.Errorf("devproxy: %w (log: %s)", err, childproc.Tail(proxyLog, 5))
 	}
+	fmt.Printf("  %-10s %s  TLS; model headers, adapter %s -> its base, e-mail masked, SSN and injection refused\n", "payload", payloadAddr, demoAdapter)
 	fmt.Printf("  %-10s %s  TLS, the default profile\n", "epp", eppAddr)
-	fmt.Printf("  %-10s %s  ext_proc filter 'epp' (FailClose), routes by the picker's envoy.lb metadata\n\n", "devproxy", strings.TrimPrefix(base, "http://"))
+	fmt.Printf("  %-10s %s  ext_proc filters 'payload' then 'epp' (both FailClose), routes by the picker's envoy.lb metadata\n\n", "devproxy", strings.TrimPrefix(base, "http://"))
 	if err := waitPicks(ctx, base); err != nil {
 		return fmt.Errorf("%w (picker log: %s)", err, childproc.Tail(filepath.Join(dir, "epp.log"), 5))
 	}
 
 	fmt.Printf("Sending %d chat requests, %d at a time, from %d apps; each app has its own long system prompt...\n\n", nRequests, concurrency, apps)
 	results, elapsed := send(ctx, base, nRequests, concurrency)
-	return report(ctx, servers, results, elapsed)
+	if err := report(ctx, servers, results, elapsed); err != nil {
+		return err
+	}
+	return guardrails(ctx, base, "http://"+payloadMetrics+"/metrics")
 }
 
 // apps is how many distinct system prompts the demo's requests share.
@@ -173,8 +198,17 @@ func send(ctx context.Context, base string, n, concurrency int) ([]result, time.
 
 func one(ctx context.Context, client *http.Client, base string, i int) result {
 	app := (i * 5) % apps // interleaved, so every app's requests are spread over the run
-	body := fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":%q},{"role":"user","content":"Request %d: write a haiku about routing."}],"max_tokens":%d}`,
-		systemPrompt(app), i, 16+i%48)
+	// Some requests name the LoRA adapter, some carry an e-mail address the
+	// payload processor masks before the request reaches a server.
+	model, user := demoBase, fmt.Sprintf("Request %d: write a haiku about routing.", i)
+	if i%10 == 3 {
+		model = demoAdapter
+	}
+	if i%7 == 2 {
+		user += fmt.Sprintf(" Mail it to user%d@example.com.", i)
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true}}`,
+		model, systemPrompt(app), user, 16+i%48)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return result{app: app, err: err}
@@ -266,7 +300,7 @@ func report(ctx context.Context, servers []*server, results []result, elapsed ti
 	fmt.Println("keeps an app on the servers holding its prompt (the others show as filtered out), unless their waiting")
 	fmt.Println("queue is more than 2 longer than another server's: then load decides and the prompt gets cached on a")
 	fmt.Println("second server. prefix-cache-scorer x3, queue-scorer x2 and kv-cache-utilization-scorer x2 weigh the")
-	fmt.Println("rest (metrics scraped every 50ms); lora-affinity-scorer x1 adds 0.8 everywhere (no adapter loaded).")
+	fmt.Println("rest (metrics scraped every 50ms); lora-affinity-scorer x1 favours servers with the adapter active.")
 	fmt.Println("The small server's queue fills first, so its apps overflow; the large server takes the most work.")
 	fmt.Println("A few decisions, with every candidate's score:")
 	for _, i := range []int{0, len(results) / 4, len(results) / 2, 3 * len(results) / 4, len(results) - 1} {
