@@ -10,9 +10,9 @@ import (
 
 func newEPPCommand() *cobra.Command {
 	var (
-		c      epp.StandaloneConfig
-		listen listenFlags
-		logs   logFlags
+		c    epp.StandaloneConfig
+		srv  serverFlags
+		logs logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -29,7 +29,7 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 			}
 			tuneGC()
 			c.Logger = log
-			if c.GRPCAddr, c.HealthAddr, c.MetricsAddr, c.TLS, err = listen.addrs(); err != nil {
+			if c.Server, err = srv.options(); err != nil {
 				return err
 			}
 			s, err := epp.NewStandalone(c)
@@ -42,16 +42,13 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 		},
 	}
 	fs := cmd.Flags()
-	listen.register(fs, 9002, 9003)
+	srv.register(fs, 9002, 9003)
 	fs.StringVar(&c.PoolFile, "pool-file", "", "YAML file listing the pool's endpoints (standalone mode)")
 	fs.StringVar(&c.ConfigFile, "config-file", "", "EndpointPickerConfig file (default: the built-in profile)")
 	fs.StringVar(&c.ConfigText, "config-text", "", "EndpointPickerConfig as text")
 	fs.DurationVar(&c.RefreshInterval, "refresh-metrics-interval", 0, "how often endpoint metrics are scraped (default: the config's, 50ms)")
 	fs.DurationVar(&c.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "endpoint metrics older than this count as unknown")
-	fs.Int64Var(&c.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413; 0 = unlimited")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&c.EmitScores, "emit-endpoint-scores", false, "add each target's score to the envoy.lb metadata (x-gateway-destination-endpoint-scores)")
-	fs.BoolVar(&c.Pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 	logs.register(fs)
 	return cmd
 }

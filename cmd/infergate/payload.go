@@ -10,9 +10,9 @@ import (
 
 func newPayloadCommand() *cobra.Command {
 	var (
-		c      payload.Config
-		listen listenFlags
-		logs   logFlags
+		c    payload.Config
+		srv  serverFlags
+		logs logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "payload",
@@ -31,7 +31,7 @@ The configuration file is re-read when it changes; streams already open keep the
 			}
 			tuneGC()
 			c.Logger = log
-			if c.GRPCAddr, c.HealthAddr, c.MetricsAddr, c.TLS, err = listen.addrs(); err != nil {
+			if c.Server, err = srv.options(); err != nil {
 				return err
 			}
 			s, err := payload.New(c)
@@ -43,12 +43,9 @@ The configuration file is re-read when it changes; streams already open keep the
 		},
 	}
 	fs := cmd.Flags()
-	listen.register(fs, 9004, 9005)
+	srv.register(fs, 9004, 9005)
 	fs.StringVar(&c.ConfigFile, "config-file", "", "YAML policy: models, limits, pii and deny rules (default: model headers only)")
 	fs.DurationVar(&c.ConfigPoll, "config-poll-interval", time.Second, "how often the config file is checked for changes")
-	fs.Int64Var(&c.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are parsed; 0 = unlimited")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
-	fs.BoolVar(&c.Pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 	logs.register(fs)
 	return cmd
 }

@@ -21,8 +21,9 @@ import (
 // StandaloneConfig is everything the standalone endpoint picker needs: a
 // pool file instead of Kubernetes, a scheduler config, and listeners.
 type StandaloneConfig struct {
-	GRPCAddr, HealthAddr, MetricsAddr string
-	TLS                               server.TLSOptions
+	// Server holds the listeners, TLS, body limit, drain and pprof; its
+	// Gatherer and Logger are set here.
+	Server server.Options
 	// PoolFile lists the endpoints; it is re-read when it changes.
 	PoolFile string
 	// ConfigFile or ConfigText hold an EndpointPickerConfig; neither means
@@ -31,11 +32,8 @@ type StandaloneConfig struct {
 	// RefreshInterval overrides the config's scrape interval when > 0.
 	RefreshInterval time.Duration
 	// MetricsStaleness: endpoint metrics older than this count as unknown.
-	MetricsStaleness    time.Duration
-	MaxRequestBodyBytes int64
-	DrainTimeout        time.Duration
-	EmitScores          bool
-	Pprof               bool
+	MetricsStaleness time.Duration
+	EmitScores       bool
 	// PoolFilePoll is how often the pool file is checked for changes.
 	PoolFilePoll time.Duration
 	Logger       logr.Logger
@@ -141,21 +139,8 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 		return nil, err
 	}
 	pool.picker = picker
-	srv, err := server.New(picker, server.Options{
-		GRPCAddr:     cfg.GRPCAddr,
-		HealthAddr:   cfg.HealthAddr,
-		MetricsAddr:  cfg.MetricsAddr,
-		TLS:          cfg.TLS,
-		Limits:       server.Limits{MaxRequestBodyBytes: cfg.MaxRequestBodyBytes},
-		DrainTimeout: cfg.DrainTimeout,
-		Gatherer:     reg,
-		Pprof:        cfg.Pprof,
-		Logger:       cfg.Logger.WithName("server"),
-	})
+	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
-		return nil, err
-	}
-	if err := srv.Listen(); err != nil {
 		return nil, err
 	}
 	return &Standalone{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}, nil

@@ -14,6 +14,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/infergate/infergate/inference/policy/policytest"
 )
 
 // guardrailConfig turns on every built-in detector, a deny list and limits.
@@ -48,7 +50,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 
 func roundTrip(b *testing.B, streams, rate int) {
 	r := newRig(b, []byte(guardrailConfig))
-	body := chatBody(1 << 10)
+	body := policytest.ChatBody(1 << 10)
 	const conns = 4
 	clients := make([]extprocv3.ExternalProcessorClient, conns)
 	for i := range clients {
@@ -144,16 +146,4 @@ func roundTrip(b *testing.B, streams, rate int) {
 	if rate > 0 {
 		b.ReportMetric(float64(sent[len(sent)*99/100].Microseconds()), "p99-from-send-µs")
 	}
-}
-
-// chatBody is a chat request of about n bytes of prose with some personal data.
-func chatBody(n int) []byte {
-	const turn = `Summarise the Q3 report: revenue grew 12.5% to 4,210 units in 17 regions. Contact jane.doe@example.com or (555) 123-4567 about invoice 2024-118. `
-	var sb strings.Builder
-	sb.WriteString(`{"model":"sql-lora","messages":[{"role":"system","content":"You are careful."}`)
-	for sb.Len() < n-len(turn)-64 {
-		sb.WriteString(`,{"role":"user","content":"` + turn + `"}`)
-	}
-	sb.WriteString(`],"max_tokens":256}`)
-	return []byte(sb.String())
 }

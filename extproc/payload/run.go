@@ -18,17 +18,15 @@ import (
 
 // Config is everything the payload processor needs to start.
 type Config struct {
-	GRPCAddr, HealthAddr, MetricsAddr string
-	TLS                               server.TLSOptions
+	// Server holds the listeners, TLS, body limit, drain and pprof; its
+	// Gatherer and Logger are set here.
+	Server server.Options
 	// ConfigFile is the YAML policy; empty means the zero policy (model
 	// headers only). It is re-read when it changes.
 	ConfigFile string
 	// ConfigPoll is how often ConfigFile is checked for changes.
-	ConfigPoll          time.Duration
-	MaxRequestBodyBytes int64
-	DrainTimeout        time.Duration
-	Pprof               bool
-	Logger              logr.Logger
+	ConfigPoll time.Duration
+	Logger     logr.Logger
 }
 
 // Service is a prepared payload processor: policy loaded and validated,
@@ -93,21 +91,8 @@ func New(cfg Config) (*Service, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 	proc := NewProcessor(pol, m, cfg.Logger.WithName("processor"))
-	srv, err := server.New(proc, server.Options{
-		GRPCAddr:     cfg.GRPCAddr,
-		HealthAddr:   cfg.HealthAddr,
-		MetricsAddr:  cfg.MetricsAddr,
-		TLS:          cfg.TLS,
-		Limits:       server.Limits{MaxRequestBodyBytes: cfg.MaxRequestBodyBytes},
-		DrainTimeout: cfg.DrainTimeout,
-		Gatherer:     reg,
-		Pprof:        cfg.Pprof,
-		Logger:       cfg.Logger.WithName("server"),
-	})
+	srv, err := server.Start(proc, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
-		return nil, err
-	}
-	if err := srv.Listen(); err != nil {
 		return nil, err
 	}
 	return &Service{cfg: cfg, proc: proc, srv: srv, m: m, stamp: stamp}, nil

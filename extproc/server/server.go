@@ -63,6 +63,20 @@ type Server struct {
 	grpcLn, healthLn, metricsLn net.Listener
 }
 
+// Start is New then Listen for a processor binary: opts as configured,
+// with its registry's Gatherer and its logger.
+func Start(handler Handler, opts Options, gatherer prometheus.Gatherer, log logr.Logger) (*Server, error) {
+	opts.Gatherer, opts.Logger = gatherer, log
+	s, err := New(handler, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Listen(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // New validates opts and prepares a server; call Listen then Serve.
 func New(handler Handler, opts Options) (*Server, error) {
 	if opts.GRPCAddr == "" {

@@ -182,7 +182,7 @@ func BenchmarkApply(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, size := range []int{1 << 10, 64 << 10} {
-			body := chatBody(size)
+			body := policytest.ChatBody(size)
 			b.Run(fmt.Sprintf("%s/%dKiB", c.name, size>>10), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				for b.Loop() {
@@ -193,22 +193,4 @@ func BenchmarkApply(b *testing.B) {
 			})
 		}
 	}
-}
-
-// chatBody is a chat request of about n bytes: a system prompt and user
-// turns of prose with numbers, dates and some personal data.
-func chatBody(n int) []byte {
-	const turn = "Please summarise the Q3 report: revenue grew 12.5% to 4,210 units across 17 regions (see table 3.2). " +
-		"Contact jane.doe@example.com or call (555) 123-4567 about invoice 2024-118; the server at 10.20.30.40 " +
-		"logged 3 errors at 12:30:45. Version 1.2.3 shipped. "
-	var sb strings.Builder
-	sb.WriteString(`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a careful assistant."}`)
-	for sb.Len() < n-len(turn)-64 {
-		q, _ := json.Marshal(turn)
-		sb.WriteString(`,{"role":"user","content":`)
-		sb.Write(q)
-		sb.WriteString(`}`)
-	}
-	sb.WriteString(`],"max_tokens":256}`)
-	return []byte(sb.String())
 }

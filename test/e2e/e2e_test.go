@@ -74,14 +74,11 @@ type eppProc struct {
 func startEPP(t *testing.T, poolFile string) *eppProc {
 	t.Helper()
 	s, err := epp.NewStandalone(epp.StandaloneConfig{
-		GRPCAddr:         "127.0.0.1:0",
-		HealthAddr:       "127.0.0.1:0",
-		MetricsAddr:      "127.0.0.1:0",
-		TLS:              server.TLSOptions{Enabled: true},
+		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: 2 * time.Second},
 		PoolFile:         poolFile,
 		PoolFilePoll:     50 * time.Millisecond,
 		MetricsStaleness: 2 * time.Second,
-		DrainTimeout:     2 * time.Second,
 		EmitScores:       true,
 		Logger:           logr.Discard(),
 	})

@@ -72,44 +72,29 @@ func load(t testing.TB, config []byte, opts wasmtest.Options) *wasmtest.Host {
 }
 
 // TestVectors runs the shared vectors through the compiled plugin in the
-// proxy-wasm host, with bodies arriving whole and in small chunks, and
-// compares every answer with the core's byte for byte.
+// proxy-wasm host, with bodies arriving whole and in small chunks.
 func TestVectors(t *testing.T) {
-	vs, err := policytest.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	top := t
 	hosts := map[string]*wasmtest.Host{}
-	for _, v := range vs {
+	policytest.Run(t, func(t *testing.T, v *policytest.Vector, chunk int) policytest.Outcome {
 		h := hosts[v.ConfigName]
 		if h == nil {
-			h = load(t, v.Config, wasmtest.Options{})
+			h = load(top, v.Config, wasmtest.Options{}) // lives as long as the whole test
 			hosts[v.ConfigName] = h
 		}
-		p, err := v.Compile()
+		res, err := h.Do(context.Background(), wasmtest.Request{Path: "/v1/chat/completions", Body: v.Body, ChunkSize: chunk,
+			Headers: [][2]string{{"content-type", "application/json"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, wantErr := policytest.CoreOutcome(p, v.Body)
-		for _, chunk := range []int{0, 100} {
-			t.Run(fmt.Sprintf("%s/chunks=%d", v.Name, chunk), func(t *testing.T) {
-				res, err := h.Do(context.Background(), wasmtest.Request{Path: "/v1/chat/completions", Body: v.Body, ChunkSize: chunk,
-					Headers: [][2]string{{"content-type", "application/json"}}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := policytest.Outcome{Status: 200, Headers: headerMap(res.Headers), Body: res.Body}
-				if res.Local != nil {
-					got = policytest.Outcome{Status: int(res.Local.Status), Headers: headerMap(res.Local.Headers), Body: res.Local.Body}
-				} else if res.RouteCacheCleared != 1 {
-					t.Errorf("clear_route_cache called %d times, want 1", res.RouteCacheCleared)
-				}
-				if err := v.Check(got, wantErr); err != nil {
-					t.Error(err)
-				}
-			})
+		if res.Local != nil {
+			return policytest.Outcome{Status: int(res.Local.Status), Headers: headerMap(res.Local.Headers), Body: res.Local.Body}
 		}
-	}
+		if res.RouteCacheCleared != 1 {
+			t.Errorf("clear_route_cache called %d times, want 1", res.RouteCacheCleared)
+		}
+		return policytest.Outcome{Status: 200, Headers: headerMap(res.Headers), Body: res.Body}
+	})
 }
 
 func headerMap(hs [][2]string) map[string]string {
@@ -170,7 +155,7 @@ func TestOversizedBodyAnsweredBeforeTheEnd(t *testing.T) {
 func TestSoakMemoryStaysFlat(t *testing.T) {
 	cfg := []byte(`{"pii":[{"name":"email","detector":"email","action":"mask"},{"name":"phone","detector":"phone","action":"mask"}]}`)
 	h := load(t, cfg, wasmtest.Options{Clock: wasmtest.SteppingClock(time.Unix(1_700_000_000, 0), time.Millisecond)})
-	body := chatBody(64 << 10)
+	body := policytest.ChatBody(64 << 10)
 	n := 3000
 	if testing.Short() {
 		n = 500
@@ -196,7 +181,7 @@ func TestSoakMemoryStaysFlat(t *testing.T) {
 // body, headers set, nothing rewritten.
 func BenchmarkRouting(b *testing.B) {
 	h := load(b, nil, wasmtest.Options{})
-	body := chatBody(1 << 10)
+	body := policytest.ChatBody(1 << 10)
 	req := wasmtest.Request{Path: "/v1/chat/completions", Body: body}
 	for b.Loop() {
 		if _, err := h.Do(context.Background(), req); err != nil {
@@ -213,7 +198,7 @@ func BenchmarkGuardrails(b *testing.B) {
 		`"deny":[{"name":"injection","contains":["ignore previous instructions"]}]}`)
 	h := load(b, cfg, wasmtest.Options{})
 	for _, size := range []int{1 << 10, 64 << 10} {
-		req := wasmtest.Request{Path: "/v1/chat/completions", Body: chatBody(size)}
+		req := wasmtest.Request{Path: "/v1/chat/completions", Body: policytest.ChatBody(size)}
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
 			for b.Loop() {
 				if _, err := h.Do(context.Background(), req); err != nil {
@@ -222,16 +207,4 @@ func BenchmarkGuardrails(b *testing.B) {
 			}
 		})
 	}
-}
-
-// chatBody is a chat request of about n bytes with some personal data.
-func chatBody(n int) []byte {
-	const turn = `Summarise the Q3 report: revenue grew 12.5% to 4,210 units in 17 regions. Contact jane.doe@example.com or (555) 123-4567 about invoice 2024-118. `
-	var b bytes.Buffer
-	b.WriteString(`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are careful."}`)
-	for b.Len() < n-len(turn)-64 {
-		b.WriteString(`,{"role":"user","content":"` + turn + `"}`)
-	}
-	b.WriteString(`],"max_tokens":256}`)
-	return b.Bytes()
 }

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 
 	"github.com/infergate/infergate/inference/policy"
 )
@@ -192,4 +193,49 @@ func lower(hs [][2]string) map[string]string {
 		m[strings.ToLower(h[0])] = h[1]
 	}
 	return m
+}
+
+// Delivery runs one vector's body through a delivery set up for the
+// vector's configuration, delivered whole (chunk 0) or in chunks of that
+// many bytes, and returns what came out. It may assert more of its own.
+type Delivery func(t *testing.T, v *Vector, chunk int) Outcome
+
+// Run checks a delivery against every vector, whole and in 100-byte
+// chunks, with error bodies compared byte for byte with the core's.
+func Run(t *testing.T, deliver Delivery) {
+	vs, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range vs {
+		v := &vs[i]
+		p, err := v.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, wantErr := CoreOutcome(p, v.Body)
+		for _, chunk := range []int{0, 100} {
+			t.Run(fmt.Sprintf("%s/chunks=%d", v.Name, chunk), func(t *testing.T) {
+				if err := v.Check(deliver(t, v, chunk), wantErr); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+}
+
+// ChatBody is a chat request of about n bytes for benchmarks and soak
+// tests: a system prompt, then user turns of prose with numbers, dates and
+// a little personal data (an e-mail address, a phone number, an IP address).
+func ChatBody(n int) []byte {
+	const turn = "Please summarise the Q3 report: revenue grew 12.5% to 4,210 units across 17 regions (see table 3.2). " +
+		"Contact jane.doe@example.com or call (555) 123-4567 about invoice 2024-118; the server at 10.20.30.40 " +
+		"logged 3 errors at 12:30:45. Version 1.2.3 shipped. "
+	var b bytes.Buffer
+	b.WriteString(`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a careful assistant."}`)
+	for b.Len() < n-len(turn)-64 {
+		b.WriteString(`,{"role":"user","content":"` + turn + `"}`)
+	}
+	b.WriteString(`],"max_tokens":256}`)
+	return b.Bytes()
 }
