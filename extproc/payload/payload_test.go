@@ -144,11 +144,21 @@ func contentLengthSet(res *extproctest.Result) (string, bool) {
 	return "", false
 }
 
-func TestClientMaskedHeaderIsDropped(t *testing.T) {
+// TestClientCannotSetProcessorHeaders sends the processor's own headers
+// from the client, with a body and without: none of the client's values
+// reach the upstream.
+func TestClientCannotSetProcessorHeaders(t *testing.T) {
 	r := newRig(t, nil)
-	res := r.request(t, []byte(`{"model":"m","prompt":"x"}`), 0, "x-infergate-masked", "email")
-	if res.Headers.Has("x-infergate-masked") {
-		t.Errorf("client-sent x-infergate-masked reached the upstream: %v", res.Headers)
+	spoof := []string{"x-infergate-masked", "email", "x-gateway-model-name", "evil", "x-gateway-base-model-name", "evil"}
+	res := r.request(t, []byte(`{"model":"m","prompt":"x"}`), 0, spoof...)
+	if res.Headers.Has("x-infergate-masked") || res.Headers.Get("x-gateway-model-name") != "m" || res.Headers.Get("x-gateway-base-model-name") != "m" {
+		t.Errorf("with a body, client values survived: %v", res.Headers)
+	}
+	res = r.request(t, nil, 0, spoof...)
+	for _, h := range []string{"x-infergate-masked", "x-gateway-model-name", "x-gateway-base-model-name"} {
+		if res.Headers.Has(h) {
+			t.Errorf("without a body, client-sent %s reached the upstream: %v", h, res.Headers)
+		}
 	}
 }
 

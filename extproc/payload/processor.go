@@ -58,9 +58,10 @@ type exchange struct {
 
 func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server.Decision {
 	if req.Body == nil {
-		// GET /v1/models and the like: nothing to read, nothing to route on.
+		// GET /v1/models and the like: nothing to read, nothing to route
+		// on, and no client copy of the model headers may stand in.
 		x.pr.metrics.requests.WithLabelValues("passed", "no-body").Inc()
-		return nil
+		return &server.Decision{RemoveHeaders: policy.OwnHeaders()}
 	}
 	start := time.Now()
 	res := x.policy.Apply(req.Body)

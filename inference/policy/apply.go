@@ -38,6 +38,11 @@ const (
 	ReasonPII              = "pii"
 )
 
+// OwnHeaders are the request headers only the processor may set: a client
+// copy is removed (or overwritten) so it cannot steer routing or claim
+// masking.
+func OwnHeaders() []string { return []string{ModelHeader, BaseModelHeader, MaskedHeader} }
+
 // BytesPerToken is the prompt-size estimate: about four bytes of English
 // text per token for the common tokenizers. Limits on tokens use it.
 const BytesPerToken = 4

@@ -64,7 +64,12 @@ type stream struct {
 // model headers can still be set and content-length fixed.
 func (s *stream) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
 	if endOfStream {
-		return types.ActionContinue // no body: nothing to read
+		// No body: nothing to read, and no client copy of the model
+		// headers may stand in.
+		for _, h := range policy.OwnHeaders() {
+			logErr(proxywasm.RemoveHttpRequestHeader(h))
+		}
+		return types.ActionContinue
 	}
 	return types.ActionPause
 }

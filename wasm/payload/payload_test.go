@@ -118,15 +118,27 @@ func TestBadConfigFailsStart(t *testing.T) {
 	}
 }
 
-func TestClientMaskedHeaderIsDropped(t *testing.T) {
+// TestClientCannotSetProcessorHeaders sends the plugin's own headers from
+// the client, with a body and without: none of the client's values reach
+// the upstream.
+func TestClientCannotSetProcessorHeaders(t *testing.T) {
 	h := load(t, nil, wasmtest.Options{})
-	res, err := h.Do(context.Background(), wasmtest.Request{Body: []byte(`{"model":"m","prompt":"x"}`),
-		Headers: [][2]string{{"x-infergate-masked", "email"}}})
+	spoof := [][2]string{{"x-infergate-masked", "email"}, {"x-gateway-model-name", "evil"}, {"x-gateway-base-model-name", "evil"}}
+	res, err := h.Do(context.Background(), wasmtest.Request{Body: []byte(`{"model":"m","prompt":"x"}`), Headers: spoof})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := headerMap(res.Headers)["x-infergate-masked"]; ok {
-		t.Errorf("client-sent x-infergate-masked %q reached the upstream", v)
+	if got := headerMap(res.Headers); got["x-gateway-model-name"] != "m" || got["x-gateway-base-model-name"] != "m" || got["x-infergate-masked"] != "" {
+		t.Errorf("with a body, client values survived: %v", got)
+	}
+	res, err = h.Do(context.Background(), wasmtest.Request{Headers: spoof})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"x-infergate-masked", "x-gateway-model-name", "x-gateway-base-model-name"} {
+		if v, ok := headerMap(res.Headers)[name]; ok {
+			t.Errorf("without a body, client-sent %s %q reached the upstream", name, v)
+		}
 	}
 }
 
