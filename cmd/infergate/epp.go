@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -10,9 +11,13 @@ import (
 
 func newEPPCommand() *cobra.Command {
 	var (
-		c    epp.StandaloneConfig
-		srv  serverFlags
-		logs logFlags
+		c            epp.Config
+		srv          serverFlags
+		logs         logFlags
+		k            epp.KubeConfig
+		poolGroup    string
+		kubeconfig   string
+		leaderElects bool
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -20,7 +25,10 @@ func newEPPCommand() *cobra.Command {
 		Long: `Runs the endpoint picker: an Envoy ext_proc server that picks the model-server
 endpoint for each inference request and answers x-gateway-destination-endpoint.
 
-Standalone mode takes the endpoints from --pool-file (re-read when it changes).`,
+Standalone mode takes the endpoints from --pool-file (re-read when it changes).
+Kubernetes mode (--pool-name, --pool-namespace) follows an InferencePool and the
+ready Pods it selects, one endpoint per Pod and target port; credentials come
+from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logs.logger()
@@ -32,7 +40,14 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 			if c.Server, err = srv.options(); err != nil {
 				return err
 			}
-			s, err := epp.NewStandalone(c)
+			if k.PoolName != "" || k.Namespace != "" {
+				if poolGroup != inferenceGroup {
+					return fmt.Errorf("--pool-group: %q is not served; the picker follows %s InferencePools", poolGroup, inferenceGroup)
+				}
+				k.Kubeconfig, k.LeaderElection = kubeconfig, leaderElects
+				c.Kube = &k
+			}
+			s, err := epp.NewService(c)
 			if err != nil {
 				return err
 			}
@@ -44,6 +59,11 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 	fs := cmd.Flags()
 	srv.register(fs, 9002, 9003)
 	fs.StringVar(&c.PoolFile, "pool-file", "", "YAML file listing the pool's endpoints (standalone mode)")
+	fs.StringVar(&k.PoolName, "pool-name", "", "InferencePool to serve (Kubernetes mode)")
+	fs.StringVar(&k.Namespace, "pool-namespace", "", "namespace of the InferencePool and its Pods (Kubernetes mode)")
+	fs.StringVar(&poolGroup, "pool-group", inferenceGroup, "API group of the InferencePool")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+	fs.BoolVar(&leaderElects, "ha-enable-leader-election", false, "active-passive replicas: only the holder of the <pool>-epp Lease reports ready")
 	fs.StringVar(&c.ConfigFile, "config-file", "", "EndpointPickerConfig file (default: the built-in profile)")
 	fs.StringVar(&c.ConfigText, "config-text", "", "EndpointPickerConfig as text")
 	fs.DurationVar(&c.RefreshInterval, "refresh-metrics-interval", 0, "how often endpoint metrics are scraped (default: the config's, 50ms)")
@@ -52,3 +72,6 @@ Standalone mode takes the endpoints from --pool-file (re-read when it changes).`
 	logs.register(fs)
 	return cmd
 }
+
+// inferenceGroup is the API group of InferencePool v1.
+const inferenceGroup = "inference.networking.k8s.io"

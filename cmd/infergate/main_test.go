@@ -49,7 +49,11 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no pool file", []string{"epp"}, "--pool-file is required"},
+		{"no pool", []string{"epp"}, "--pool-file (standalone) or --pool-name and --pool-namespace (Kubernetes) is required"},
+		{"pool name without namespace", append([]string{"epp", "--pool-name", "p"}, local...), "--pool-name and --pool-namespace are both required"},
+		{"pool file and pool name", append([]string{"epp", "--pool-file", pool, "--pool-name", "p", "--pool-namespace", "n"}, local...), "mutually exclusive"},
+		{"bad kubeconfig", append([]string{"epp", "--pool-name", "p", "--pool-namespace", "n", "--kubeconfig", filepath.Join(dir, "none")}, local...), "kubernetes credentials"},
+		{"unknown pool group", append([]string{"epp", "--pool-name", "p", "--pool-namespace", "n", "--pool-group", "x.io"}, local...), `--pool-group: "x.io"`},
 		{"missing pool file", append([]string{"epp", "--pool-file", filepath.Join(dir, "nope.yaml")}, local...), "nope.yaml"},
 		{"bad pool file", append([]string{"epp", "--pool-file", badPool}, local...), badPool + ": endpoints[0]: address \"localhost:1\": host must be an IP address"},
 		{"bad config file", append([]string{"epp", "--pool-file", pool, "--config-file", badConfig}, local...), badConfig + ": schedulingProfiles[0]: plugins[0].weight: must be a positive number"},

@@ -9,23 +9,29 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/rest"
 
 	"github.com/infergate/infergate/extproc/epp/config"
 	"github.com/infergate/infergate/extproc/epp/datalayer"
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/epp/kube"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/filewatch"
 )
 
-// StandaloneConfig is everything the standalone endpoint picker needs: a
-// pool file instead of Kubernetes, a scheduler config, and listeners.
-type StandaloneConfig struct {
+// Config is everything the endpoint picker needs: where its endpoints come
+// from (a pool file, or an InferencePool in Kubernetes), a scheduler
+// config, and listeners.
+type Config struct {
 	// Server holds the listeners, TLS, body limit, drain and pprof; its
 	// Gatherer and Logger are set here.
 	Server server.Options
-	// PoolFile lists the endpoints; it is re-read when it changes.
+	// PoolFile lists the endpoints (standalone mode); it is re-read when
+	// it changes. Exactly one of PoolFile and Kube is set.
 	PoolFile string
+	// Kube follows an InferencePool and its Pods (Kubernetes mode).
+	Kube *KubeConfig
 	// ConfigFile or ConfigText hold an EndpointPickerConfig; neither means
 	// config.DefaultConfig.
 	ConfigFile, ConfigText string
@@ -39,23 +45,50 @@ type StandaloneConfig struct {
 	Logger       logr.Logger
 }
 
-// Standalone is a prepared endpoint picker: config loaded and validated,
+// KubeConfig says which InferencePool to serve.
+type KubeConfig struct {
+	// RestConfig, when nil, is loaded from Kubeconfig, then $KUBECONFIG
+	// and ~/.kube/config, then the in-cluster service account.
+	RestConfig          *rest.Config
+	Kubeconfig          string
+	Namespace, PoolName string
+	// LeaderElection makes replicas active-passive (only the leader is ready).
+	LeaderElection bool
+}
+
+// Service is a prepared endpoint picker: config loaded and validated,
 // listeners bound. Run serves it.
-type Standalone struct {
-	cfg     StandaloneConfig
+type Service struct {
+	cfg     Config
 	store   *datastore.Store
 	picker  *Picker
 	srv     *server.Server
 	scraper *datalayer.Scraper
-	pool    *poolFileSource
+	pool    *poolFileSource    // standalone mode
+	kube    kube.Options       // Kubernetes mode
 	queue   *flowcontrol.Queue // nil unless flow control is on
 }
 
-// NewStandalone loads and validates every file (failing fast with the file
-// and field named) and binds the listeners.
-func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
-	if cfg.PoolFile == "" {
-		return nil, errors.New("--pool-file is required in standalone mode")
+// NewService loads and validates every file (failing fast with the file and
+// field named) and binds the listeners.
+func NewService(cfg Config) (*Service, error) {
+	switch {
+	case cfg.PoolFile == "" && cfg.Kube == nil:
+		return nil, errors.New("--pool-file (standalone) or --pool-name and --pool-namespace (Kubernetes) is required")
+	case cfg.PoolFile != "" && cfg.Kube != nil:
+		return nil, errors.New("--pool-file and --pool-name are mutually exclusive")
+	case cfg.Kube != nil && (cfg.Kube.PoolName == "" || cfg.Kube.Namespace == ""):
+		return nil, errors.New("--pool-name and --pool-namespace are both required in Kubernetes mode")
+	}
+	var restCfg *rest.Config
+	if k := cfg.Kube; k != nil {
+		restCfg = k.RestConfig
+		if restCfg == nil {
+			var err error
+			if restCfg, err = kube.LoadConfig(k.Kubeconfig); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if cfg.ConfigFile != "" && cfg.ConfigText != "" {
 		return nil, errors.New("--config-file and --config-text are mutually exclusive")
@@ -87,10 +120,15 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	}
 
 	store := datastore.New()
-	pool := &poolFileSource{path: cfg.PoolFile, engineLabel: loaded.DataLayer.EngineLabel, store: store, log: cfg.Logger.WithName("pool-file")}
-	pf, err := pool.load()
-	if err != nil {
-		return nil, err
+	var pool *poolFileSource
+	priorities := map[string]int{}
+	if cfg.PoolFile != "" {
+		pool = &poolFileSource{path: cfg.PoolFile, engineLabel: loaded.DataLayer.EngineLabel, store: store, log: cfg.Logger.WithName("pool-file")}
+		pf, err := pool.load()
+		if err != nil {
+			return nil, err
+		}
+		priorities = pf.Priorities()
 	}
 
 	reg := prometheus.NewRegistry()
@@ -127,7 +165,7 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	picker, err := New(Options{
 		Store:            store,
 		Scheduler:        loaded.Scheduler,
-		Priorities:       pf.Priorities(),
+		Priorities:       priorities,
 		Saturation:       detector,
 		Queue:            queue,
 		MetricsStaleness: cfg.MetricsStaleness,
@@ -138,34 +176,64 @@ func NewStandalone(cfg StandaloneConfig) (*Standalone, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool.picker = picker
+	if pool != nil {
+		pool.picker = picker
+	}
 	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
 		return nil, err
 	}
-	return &Standalone{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}, nil
+	svc := &Service{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}
+	if k := cfg.Kube; k != nil {
+		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
+			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
+			SetReady: srv.SetReady, Logger: cfg.Logger.WithName("kubernetes")}
+	}
+	return svc, nil
 }
 
 // GRPCAddr, HealthAddr and MetricsAddr are the bound listener addresses.
-func (s *Standalone) GRPCAddr() string    { return s.srv.GRPCAddr() }
-func (s *Standalone) HealthAddr() string  { return s.srv.HealthAddr() }
-func (s *Standalone) MetricsAddr() string { return s.srv.MetricsAddr() }
+func (s *Service) GRPCAddr() string    { return s.srv.GRPCAddr() }
+func (s *Service) HealthAddr() string  { return s.srv.HealthAddr() }
+func (s *Service) MetricsAddr() string { return s.srv.MetricsAddr() }
 
 // Store exposes the endpoint set (tests, diagnostics).
-func (s *Standalone) Store() *datastore.Store { return s.store }
+func (s *Service) Store() *datastore.Store { return s.store }
 
-// Run serves until ctx ends. Readiness turns true once the endpoint set is
-// loaded, which for a pool file is at start.
-func (s *Standalone) Run(ctx context.Context) error {
+// Run serves until ctx ends, or until the Kubernetes source fails (for
+// instance when this replica loses its leadership): then the process
+// should exit and be restarted.
+func (s *Service) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.scraper.Run(ctx, s.store)
-	go filewatch.Watch(ctx, s.pool.path, s.pool.stamp, s.cfg.PoolFilePoll, s.pool.reload)
 	if s.queue != nil {
 		go s.queue.Run(ctx)
 	}
-	s.srv.SetReady(s.store.Synced())
-	return s.srv.Serve(ctx)
+	srcErr := make(chan error, 1)
+	if s.pool != nil {
+		// A pool file is loaded at start: ready at once.
+		go filewatch.Watch(ctx, s.pool.path, s.pool.stamp, s.cfg.PoolFilePoll, s.pool.reload)
+		s.srv.SetReady(s.store.Synced())
+	} else {
+		go func() {
+			err := kube.Run(ctx, s.kube)
+			if ctx.Err() == nil {
+				err = fmt.Errorf("kubernetes source stopped: %w", err)
+				cancel()
+			} else {
+				err = nil
+			}
+			srcErr <- err
+		}()
+	}
+	err := s.srv.Serve(ctx)
+	if s.pool == nil {
+		if kerr := <-srcErr; kerr != nil {
+			return kerr
+		}
+	}
+	return err
 }
 
 // poolFileSource feeds the store from a pool file and reloads it when the

@@ -67,13 +67,13 @@ func writePool(t *testing.T, path string, sims []simProc) {
 }
 
 type eppProc struct {
-	*epp.Standalone
+	*epp.Service
 	stop func() // stops the picker and waits for it
 }
 
 func startEPP(t *testing.T, poolFile string) *eppProc {
 	t.Helper()
-	s, err := epp.NewStandalone(epp.StandaloneConfig{
+	s, err := epp.NewService(epp.Config{
 		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
 			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: 2 * time.Second},
 		PoolFile:         poolFile,

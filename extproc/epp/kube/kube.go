@@ -1,0 +1,255 @@
+// Package kube feeds the endpoint picker from Kubernetes: the InferencePool
+// it serves and the Pods the pool selects. Every ready Pod with an IP
+// becomes one endpoint per target port (data-parallel ranks); scale-out,
+// scale-in, readiness flips and IP changes follow from the watch without a
+// restart, and a missing pool is an empty endpoint set (the picker then
+// answers 503) until it comes back.
+//
+// Pods are watched directly rather than through EndpointSlices: the
+// picker needs the pod's labels (engine type, role) anyway, and it is one
+// of the two ways the inference-extension implementers' guide allows.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
+)
+
+// Options say which pool to follow and where the result goes.
+type Options struct {
+	Config    *rest.Config
+	Namespace string
+	PoolName  string
+	// EngineLabel is the pod label naming the model-server engine.
+	EngineLabel string
+	// LeaderElection makes replicas active-passive: only the leader
+	// reports ready, so the gateway sends it all traffic; the others keep
+	// their endpoint sets warm to take over.
+	LeaderElection bool
+	// LeaseName defaults to "<pool>-epp".
+	LeaseName string
+	Store     *datastore.Store
+	// SetReady is called whenever readiness changes: synced, and leader
+	// when leader election is on.
+	SetReady func(bool)
+	Logger   logr.Logger
+}
+
+// Scheme holds the kinds the picker reads.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := inferencev1.Install(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// LoadConfig loads credentials: kubeconfig if given, then $KUBECONFIG and
+// ~/.kube/config, then the in-cluster service account.
+func LoadConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes credentials: %w", err)
+	}
+	return cfg, nil
+}
+
+// Run follows the pool until ctx ends or leadership is lost.
+func Run(ctx context.Context, o Options) error {
+	if o.Namespace == "" || o.PoolName == "" {
+		return errors.New("--pool-name and --pool-namespace are required in Kubernetes mode")
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	lease := o.LeaseName
+	if lease == "" {
+		lease = o.PoolName + "-epp"
+	}
+	mgr, err := ctrl.NewManager(o.Config, ctrl.Options{
+		Scheme: scheme,
+		Logger: o.Logger,
+		// Only the pool's namespace: the Role the chart grants is namespaced.
+		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{o.Namespace: {}}},
+		Metrics:                       metricsserver.Options{BindAddress: "0"}, // the picker serves its own
+		HealthProbeBindAddress:        "0",
+		LeaderElection:                o.LeaderElection,
+		LeaderElectionID:              lease,
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	r := &reconciler{client: mgr.GetClient(), key: types.NamespacedName{Namespace: o.Namespace, Name: o.PoolName},
+		engineLabel: o.EngineLabel, store: o.Store, log: o.Logger.WithName("pool"), first: make(chan struct{})}
+	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: r.key}}
+	})
+	notLeaderOnly := false
+	err = builder.ControllerManagedBy(mgr).
+		Named("inferencepool-endpoints").
+		For(&inferencev1.InferencePool{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
+			return obj.GetName() == o.PoolName
+		}))).
+		Watches(&corev1.Pod{}, toPool).
+		// Every replica keeps its endpoint set current, leader or not.
+		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	go reportReadiness(ctx, mgr, r, o)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	return nil
+}
+
+// reportReadiness turns ready once the first reconcile has filled the store
+// and, with leader election, this replica leads.
+func reportReadiness(ctx context.Context, mgr ctrl.Manager, r *reconciler, o Options) {
+	if o.SetReady == nil {
+		return
+	}
+	o.SetReady(false)
+	select {
+	case <-r.first:
+	case <-ctx.Done():
+		return
+	}
+	if o.LeaderElection {
+		select {
+		case <-mgr.Elected():
+			o.Logger.Info("leading: ready to serve", "lease", o.Namespace+"/"+o.LeaseName)
+		case <-ctx.Done():
+			return
+		}
+	}
+	o.SetReady(true)
+	<-ctx.Done()
+	o.SetReady(false)
+}
+
+// reconciler rebuilds the endpoint set from the pool and its pods.
+type reconciler struct {
+	client      client.Client
+	key         types.NamespacedName
+	engineLabel string
+	store       *datastore.Store
+	log         logr.Logger
+
+	// first closes after the first endpoint set is in the store.
+	first     chan struct{}
+	firstOnce sync.Once
+}
+
+func (r *reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	specs, err := r.endpoints(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.store.Replace(specs); err != nil {
+		// A spec the store refuses (an engine label it does not know) is
+		// a pod problem, not a reason to stop following the pool.
+		r.log.Error(err, "endpoint set refused; keeping the previous one")
+		return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+	}
+	r.firstOnce.Do(func() { close(r.first) })
+	return reconcile.Result{}, nil
+}
+
+func (r *reconciler) endpoints(ctx context.Context) ([]datastore.Spec, error) {
+	var pool inferencev1.InferencePool
+	if err := r.client.Get(ctx, r.key, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.log.V(1).Info("pool not found: no endpoints", "pool", r.key)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("get pool %s: %w", r.key, err)
+	}
+	selector := make(client.MatchingLabels, len(pool.Spec.Selector.MatchLabels))
+	for k, v := range pool.Spec.Selector.MatchLabels {
+		selector[string(k)] = string(v)
+	}
+	if len(selector) == 0 {
+		return nil, nil // the CRD requires one; never select the whole namespace
+	}
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.InNamespace(r.key.Namespace), selector); err != nil {
+		return nil, fmt.Errorf("list pods of %s: %w", r.key, err)
+	}
+	return Specs(pods.Items, pool.Spec.TargetPorts, r.engineLabel), nil
+}
+
+// Specs turns pods into endpoints: each ready pod with an IP, once per
+// target port, in a stable order.
+func Specs(pods []corev1.Pod, ports []inferencev1.Port, engineLabel string) []datastore.Spec {
+	var out []datastore.Spec
+	for i := range pods {
+		p := &pods[i]
+		if !Ready(p) {
+			continue
+		}
+		for rank, port := range ports {
+			name := p.Name
+			if len(ports) > 1 {
+				name = p.Name + "-rank-" + strconv.Itoa(rank)
+			}
+			out = append(out, datastore.Spec{
+				Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port.Number))),
+				Name:    name,
+				Labels:  p.Labels,
+			}.EngineFromLabel(engineLabel))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
+	return out
+}
+
+// Ready reports whether a pod should take traffic: running, Ready, an IP,
+// and not on its way out.
+func Ready(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
