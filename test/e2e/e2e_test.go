@@ -91,7 +91,7 @@ func startEPP(t *testing.T, poolFile string) *eppProc {
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
-	return &eppProc{Standalone: s, stop: stop}
+	return &eppProc{Service: s, stop: stop}
 }
 
 func startProxy(t *testing.T, eppAddr string, failOpen bool, fallback []string) string {
