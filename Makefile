@@ -7,7 +7,7 @@ WASM     := build/infergate-payload.wasm
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build wasm test lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-routing clean
+.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-routing clean
 
 all: build
 
@@ -18,9 +18,13 @@ build:
 wasm:
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./wasm/payload
 
-## test: lint, then every test (unit and integration over real gRPC and HTTP on loopback), with the race detector.
+## test: lint, the test control plane, then every test (unit, integration over real gRPC and HTTP on loopback, Kubernetes mode against a real kube-apiserver) with the race detector.
 test: lint
-	$(GO) test -race -count=1 ./...
+	KUBEBUILDER_ASSETS="$$(hack/controlplane.sh)" $(GO) test -race -count=1 ./...
+
+## controlplane: build (once; about 14 minutes on 2 cores) or reuse kube-apiserver in $$HOME/.cache/infergate, install etcd-server.
+controlplane:
+	hack/controlplane.sh
 
 ## lint: gofmt and go vet.
 lint: fmt vet

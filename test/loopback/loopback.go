@@ -13,7 +13,13 @@ import (
 // fails the test. It returns the bound address.
 func Serve(tb testing.TB, serve func(ctx context.Context, ln net.Listener) error) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return ServeAt(tb, "127.0.0.1:0", serve)
+}
+
+// ServeAt is Serve on a given address, e.g. a pod IP in 127.0.0.0/8.
+func ServeAt(tb testing.TB, addr string, serve func(ctx context.Context, ln net.Listener) error) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -86,6 +87,18 @@ func LoadConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// RoleRules are the least-privilege permissions the picker needs in its
+// pool's namespace: read its InferencePool and the Pods, and hold a Lease
+// for leader election. The Helm chart's Role grants exactly these.
+func RoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{inferencev1.GroupName}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+}
+
 // Run follows the pool until ctx ends or leadership is lost.
 func Run(ctx context.Context, o Options) error {
 	if o.Namespace == "" || o.PoolName == "" {
@@ -119,7 +132,7 @@ func Run(ctx context.Context, o Options) error {
 	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: r.key}}
 	})
-	notLeaderOnly := false
+	notLeaderOnly, skipNameCheck := false, true
 	err = builder.ControllerManagedBy(mgr).
 		Named("inferencepool-endpoints").
 		For(&inferencev1.InferencePool{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
@@ -127,7 +140,9 @@ func Run(ctx context.Context, o Options) error {
 		}))).
 		Watches(&corev1.Pod{}, toPool).
 		// Every replica keeps its endpoint set current, leader or not.
-		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1}).
+		// The name check guards controller-runtime's process-wide metrics,
+		// which the picker does not serve; tests run several pickers.
+		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1, SkipNameValidation: &skipNameCheck}).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
@@ -146,6 +161,14 @@ func reportReadiness(ctx context.Context, mgr ctrl.Manager, r *reconciler, o Opt
 		return
 	}
 	o.SetReady(false)
+	// With no pool and no pods nothing would trigger a reconcile: run one
+	// as soon as the cache is synced, so "no pool" is a known, empty set.
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		return
+	}
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); err != nil {
+		o.Logger.Error(err, "first sync")
+	}
 	select {
 	case <-r.first:
 	case <-ctx.Done():
@@ -172,12 +195,16 @@ type reconciler struct {
 	store       *datastore.Store
 	log         logr.Logger
 
+	mu sync.Mutex
 	// first closes after the first endpoint set is in the store.
 	first     chan struct{}
 	firstOnce sync.Once
 }
 
 func (r *reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	// One rebuild at a time, so a slower one cannot overwrite a newer set.
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	specs, err := r.endpoints(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
