@@ -20,7 +20,7 @@ wasm:
 
 ## test: lint, the test control plane, then every test (unit, integration over real gRPC and HTTP on loopback, Kubernetes mode against a real kube-apiserver) with the race detector.
 test: lint
-	KUBEBUILDER_ASSETS="$$(hack/controlplane.sh)" $(GO) test -race -count=1 ./...
+	assets="$$(hack/controlplane.sh)" && KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 ./...
 
 ## controlplane: build (once; about 14 minutes on 2 cores) or reuse kube-apiserver in $$HOME/.cache/infergate, install etcd-server.
 controlplane:
