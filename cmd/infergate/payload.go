@@ -22,7 +22,9 @@ inference request bodies, sets X-Gateway-Model-Name and X-Gateway-Base-Model-Nam
 guardrails of --config-file (model allow-list, limits, deny rules, PII mask or reject), and reports
 response token usage as dynamic metadata in the io.infergate.payload namespace.
 
-The configuration file is re-read when it changes; streams already open keep the old one.`,
+The configuration file is re-read when it changes; streams already open keep the old one.
+With --configmap-namespace, adapter → base-model entries also come from the ConfigMaps
+labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logs.logger()
@@ -46,6 +48,8 @@ The configuration file is re-read when it changes; streams already open keep the
 	srv.register(fs, 9004, 9005)
 	fs.StringVar(&c.ConfigFile, "config-file", "", "YAML policy: models, limits, pii and deny rules (default: model headers only)")
 	fs.DurationVar(&c.ConfigPoll, "config-poll-interval", time.Second, "how often the config file is checked for changes")
+	fs.StringVar(&c.ConfigMapNamespace, "configmap-namespace", "", `read adapter ConfigMaps (label inference.llm-d.ai/ipp-managed: "true") in this namespace; "*" for all; empty: off`)
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file for --configmap-namespace (default: $KUBECONFIG, then in-cluster)")
 	logs.register(fs)
 	return cmd
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/kube"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/filewatch"
+	"github.com/infergate/infergate/internal/kubeconfig"
 )
 
 // Config is everything the endpoint picker needs: where its endpoints come
@@ -85,7 +86,7 @@ func NewService(cfg Config) (*Service, error) {
 		restCfg = k.RestConfig
 		if restCfg == nil {
 			var err error
-			if restCfg, err = kube.LoadConfig(k.Kubeconfig); err != nil {
+			if restCfg, err = kubeconfig.Load(k.Kubeconfig); err != nil {
 				return nil, err
 			}
 		}

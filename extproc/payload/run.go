@@ -4,16 +4,19 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/policy"
 	"github.com/infergate/infergate/internal/filewatch"
+	"github.com/infergate/infergate/internal/kubeconfig"
 )
 
 // Config is everything the payload processor needs to start.
@@ -26,6 +29,14 @@ type Config struct {
 	ConfigFile string
 	// ConfigPoll is how often ConfigFile is checked for changes.
 	ConfigPoll time.Duration
+	// ConfigMapNamespace, when set, adds the adapter → base entries of the
+	// ConfigMaps labelled inference.llm-d.ai/ipp-managed=true in that
+	// namespace ("*": all) to the file's, live.
+	ConfigMapNamespace string
+	// RestConfig, when nil, is loaded from Kubeconfig, $KUBECONFIG,
+	// ~/.kube/config or the in-cluster service account.
+	RestConfig *rest.Config
+	Kubeconfig string
 	Logger     logr.Logger
 }
 
@@ -37,23 +48,31 @@ type Service struct {
 	srv   *server.Server
 	m     *metrics
 	stamp filewatch.Stamp
+	rest  *rest.Config // nil unless ConfigMaps are watched
+
+	// The policy is compiled from the file's configuration plus the
+	// ConfigMaps' adapters; either changing recompiles it.
+	mu          sync.Mutex
+	file        *policy.Config
+	fromCluster []policy.BaseModel
 }
 
-// LoadFile reads and compiles a policy file; errors name the file and field.
-func LoadFile(path string) (*policy.Policy, error) {
+// LoadFile reads a policy file and checks that it compiles; errors name
+// the file and field.
+func LoadFile(path string) (*policy.Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("payload config: %w", err)
 	}
-	p, err := Load(data)
+	cfg, err := Load(data)
 	if err != nil {
 		return nil, fmt.Errorf("payload config %s: %w", path, err)
 	}
-	return p, nil
+	return cfg, nil
 }
 
-// Load compiles a YAML (or JSON) policy.
-func Load(data []byte) (*policy.Policy, error) {
+// Load reads a YAML (or JSON) policy configuration and checks it compiles.
+func Load(data []byte) (*policy.Config, error) {
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("YAML: %w", err)
@@ -65,23 +84,36 @@ func Load(data []byte) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return policy.Compile(cfg)
+	if _, err := policy.Compile(cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }
 
 // New loads the policy (failing fast with the file and field named) and
 // binds the listeners.
 func New(cfg Config) (*Service, error) {
-	pol, err := policy.Compile(&policy.Config{})
-	if err != nil {
-		return nil, err
-	}
+	file := &policy.Config{}
 	var stamp filewatch.Stamp
+	var err error
 	if cfg.ConfigFile != "" {
 		if stamp, err = filewatch.StampOf(cfg.ConfigFile); err != nil {
 			return nil, fmt.Errorf("payload config: %w", err)
 		}
-		if pol, err = LoadFile(cfg.ConfigFile); err != nil {
+		if file, err = LoadFile(cfg.ConfigFile); err != nil {
 			return nil, err
+		}
+	}
+	pol, err := policy.Compile(file)
+	if err != nil {
+		return nil, err
+	}
+	var restCfg *rest.Config
+	if cfg.ConfigMapNamespace != "" {
+		if restCfg = cfg.RestConfig; restCfg == nil {
+			if restCfg, err = kubeconfig.Load(cfg.Kubeconfig); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.ConfigPoll <= 0 {
@@ -95,7 +127,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, proc: proc, srv: srv, m: m, stamp: stamp}, nil
+	return &Service{cfg: cfg, proc: proc, srv: srv, m: m, stamp: stamp, rest: restCfg, file: file}, nil
 }
 
 // GRPCAddr, HealthAddr and MetricsAddr are the bound listener addresses.
@@ -103,26 +135,77 @@ func (s *Service) GRPCAddr() string    { return s.srv.GRPCAddr() }
 func (s *Service) HealthAddr() string  { return s.srv.HealthAddr() }
 func (s *Service) MetricsAddr() string { return s.srv.MetricsAddr() }
 
-// Run serves until ctx ends, reloading the policy when its file changes.
+// Run serves until ctx ends, reloading the policy when its file or the
+// adapter ConfigMaps change. With ConfigMaps it turns ready only once they
+// have been read, so an adapter is never routed as an unknown model.
 func (s *Service) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if s.cfg.ConfigFile != "" {
-		go filewatch.Watch(ctx, s.cfg.ConfigFile, s.stamp, s.cfg.ConfigPoll, s.reload)
+		go filewatch.Watch(ctx, s.cfg.ConfigFile, s.stamp, s.cfg.ConfigPoll, s.reloadFile)
 	}
-	s.srv.SetReady(true)
-	return s.srv.Serve(ctx)
+	if s.rest == nil {
+		s.srv.SetReady(true)
+		return s.srv.Serve(ctx)
+	}
+	s.srv.SetReady(false)
+	cmErr := make(chan error, 1)
+	go func() {
+		var once sync.Once
+		err := runConfigMaps(ctx, configMapOptions{Config: s.rest, Namespace: s.cfg.ConfigMapNamespace, Logger: s.cfg.Logger.WithName("configmaps"),
+			OnChange: func(bases []policy.BaseModel) {
+				s.setFromCluster(bases)
+				once.Do(func() { s.srv.SetReady(true) })
+			}})
+		if ctx.Err() == nil {
+			cancel()
+			cmErr <- fmt.Errorf("adapter ConfigMaps: %w", err)
+			return
+		}
+		cmErr <- nil
+	}()
+	err := s.srv.Serve(ctx)
+	if cerr := <-cmErr; cerr != nil {
+		return cerr
+	}
+	return err
 }
 
-func (s *Service) reload() {
-	log := s.cfg.Logger.WithName("config")
-	p, err := LoadFile(s.cfg.ConfigFile)
+func (s *Service) reloadFile() {
+	cfg, err := LoadFile(s.cfg.ConfigFile)
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
-		log.Error(err, "configuration changed but cannot be used; keeping the previous one")
+		s.cfg.Logger.WithName("config").Error(err, "configuration changed but cannot be used; keeping the previous one")
+		return
+	}
+	s.mu.Lock()
+	s.file = cfg
+	s.mu.Unlock()
+	s.recompile("file")
+}
+
+func (s *Service) setFromCluster(bases []policy.BaseModel) {
+	s.mu.Lock()
+	s.fromCluster = bases
+	s.mu.Unlock()
+	s.recompile("configmaps")
+}
+
+// recompile builds the policy from the file and the ConfigMaps; if the
+// two conflict (an adapter under two bases) the previous policy stays.
+func (s *Service) recompile(cause string) {
+	s.mu.Lock()
+	merged := *s.file
+	merged.Models.Bases = mergeBases(s.file.Models.Bases, s.fromCluster)
+	s.mu.Unlock()
+	log := s.cfg.Logger.WithName("config")
+	p, err := policy.Compile(&merged)
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		log.Error(err, "configuration changed but cannot be used; keeping the previous one", "cause", cause)
 		return
 	}
 	s.proc.SetPolicy(p)
 	s.m.reloads.WithLabelValues("ok").Inc()
-	log.Info("configuration reloaded")
+	log.Info("configuration reloaded", "cause", cause, "bases", len(merged.Models.Bases))
 }

@@ -28,7 +28,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -73,18 +72,6 @@ func Scheme() (*runtime.Scheme, error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// LoadConfig loads credentials: kubeconfig if given, then $KUBECONFIG and
-// ~/.kube/config, then the in-cluster service account.
-func LoadConfig(kubeconfig string) (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes credentials: %w", err)
-	}
-	return cfg, nil
 }
 
 // RoleRules are the least-privilege permissions the picker needs in its
