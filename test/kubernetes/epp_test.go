@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -53,7 +54,8 @@ var fx fixture // set once in TestMain, read by the tests
 
 func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	env, err := controlplane.Start(ctx)
+	// The InferenceObjective CRD infergate ships.
+	env, err := controlplane.Start(ctx, "../../config/crd")
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "control plane:", err)
@@ -106,13 +108,14 @@ func freePort(t *testing.T) int {
 }
 
 // startSim runs a simulator named like its pod at ip:port.
-func startSim(t *testing.T, name, ip string, port int) {
+func startSim(t *testing.T, name, ip string, port int) *sim.Server {
 	t.Helper()
 	s, err := sim.New(sim.Config{Name: name, TimeScale: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
 	loopback.ServeAt(t, net.JoinHostPort(ip, strconv.Itoa(port)), s.Serve)
+	return s
 }
 
 func createPool(t *testing.T, ns, name string, selector map[string]string, ports ...int) *inferencev1.InferencePool {
@@ -224,11 +227,19 @@ func proxy(t *testing.T, eppAddr string) string {
 }
 
 // chat sends one request through the proxy and returns the status and the
-// pod that answered.
-func chat(t *testing.T, base string) (int, string) {
+// pod that answered; headers are name, value pairs.
+func chat(t *testing.T, base string, headers ...string) (int, string) {
 	t.Helper()
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 		strings.NewReader(`{"model":"`+sim.DefaultModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,6 +352,66 @@ func TestPoolLifecycle(t *testing.T) {
 	if !p.ready() {
 		t.Error("picker not ready after the pool came back")
 	}
+}
+
+// TestObjectivesSetPriorities creates InferenceObjectives for the pool
+// with the pool saturated: the sheddable objective's requests get 429,
+// others are served, and raising its priority lets them through.
+func TestObjectivesSetPriorities(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	port := freePort(t)
+	ip := podIP()
+	s := startSim(t, "busy", ip, port)
+	full := 1.0
+	s.SetFakeMetrics(&sim.FakeMetrics{KVCacheUsage: &full}) // saturated
+	labels := map[string]string{"app": "busy"}
+	createPool(t, ns, "pool", labels, port)
+	if _, err := controlplane.CreatePod(ctx, fx.client, ns, "busy", labels, ip, true); err != nil {
+		t.Fatal(err)
+	}
+	objective := func(name, pool string, priority int64) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"spec": map[string]any{"poolRef": map[string]any{"name": pool}, "priority": priority},
+		}}
+		u.SetGroupVersionKind(kube.ObjectiveGVK)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		return u
+	}
+	batch := objective("batch", "pool", -1)
+	if err := fx.client.Create(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	// Same name pattern, other pool: must not apply here.
+	if err := fx.client.Create(ctx, objective("other-pools-batch", "elsewhere", -5)); err != nil {
+		t.Fatal(err)
+	}
+	p := startPicker(t, fx.env.Config, ns, "pool", false)
+	base := proxy(t, p.GRPCAddr())
+	eventually(t, "sheddable objective refused when saturated", func() error {
+		if status, _ := chat(t, base, "x-llm-d-inference-objective", "batch"); status != http.StatusTooManyRequests {
+			return fmt.Errorf("batch: status %d, want 429", status)
+		}
+		return nil
+	})
+	for _, obj := range []string{"interactive", "other-pools-batch"} {
+		if status, _ := chat(t, base, "x-llm-d-inference-objective", obj); status != 200 {
+			t.Errorf("%s: status %d, want 200 (priority 0 here)", obj, status)
+		}
+	}
+	if err := unstructured.SetNestedField(batch.Object, int64(0), "spec", "priority"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.client.Update(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "priority raised", func() error {
+		if status, _ := chat(t, base, "x-gateway-inference-objective", "batch"); status != 200 {
+			return fmt.Errorf("batch: status %d, want 200", status)
+		}
+		return nil
+	})
 }
 
 // TestTargetPortsAreRanks gives the pool two target ports: two endpoints

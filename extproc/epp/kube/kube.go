@@ -24,7 +24,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -59,7 +61,10 @@ type Options struct {
 	// SetReady is called whenever readiness changes: synced, and leader
 	// when leader election is on.
 	SetReady func(bool)
-	Logger   logr.Logger
+	// SetPriorities receives the objective → priority map of the
+	// InferenceObjectives that name this pool, after every change.
+	SetPriorities func(map[string]int)
+	Logger        logr.Logger
 }
 
 // Scheme holds the kinds the picker reads.
@@ -75,12 +80,13 @@ func Scheme() (*runtime.Scheme, error) {
 }
 
 // RoleRules are the least-privilege permissions the picker needs in its
-// pool's namespace: read its InferencePool and the Pods, and hold a Lease
-// for leader election. The Helm chart's Role grants exactly these.
+// pool's namespace: read its InferencePool, the Pods and the
+// InferenceObjectives, and hold a Lease for leader election. The Helm chart's Role grants exactly these.
 func RoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{inferencev1.GroupName}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{ObjectiveGVK.Group}, Resources: []string{"inferenceobjectives"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
@@ -115,12 +121,12 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	r := &reconciler{client: mgr.GetClient(), key: types.NamespacedName{Namespace: o.Namespace, Name: o.PoolName},
-		engineLabel: o.EngineLabel, store: o.Store, log: o.Logger.WithName("pool"), first: make(chan struct{})}
+		engineLabel: o.EngineLabel, store: o.Store, setPriorities: o.SetPriorities, log: o.Logger.WithName("pool"), first: make(chan struct{})}
 	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: r.key}}
 	})
 	notLeaderOnly, skipNameCheck := false, true
-	err = builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr).
 		Named("inferencepool-endpoints").
 		For(&inferencev1.InferencePool{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
 			return obj.GetName() == o.PoolName
@@ -129,9 +135,16 @@ func Run(ctx context.Context, o Options) error {
 		// Every replica keeps its endpoint set current, leader or not.
 		// The name check guards controller-runtime's process-wide metrics,
 		// which the picker does not serve; tests run several pickers.
-		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1, SkipNameValidation: &skipNameCheck}).
-		Complete(r)
-	if err != nil {
+		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1, SkipNameValidation: &skipNameCheck})
+	// InferenceObjectives are optional: without their CRD the picker runs
+	// with no priorities (every request 0) rather than not at all.
+	if _, err := mgr.GetRESTMapper().RESTMapping(ObjectiveGVK.GroupKind(), ObjectiveGVK.Version); err == nil {
+		r.objectives = true
+		b = b.Watches(newObjective(), toPool)
+	} else {
+		o.Logger.Info("InferenceObjective CRD not installed: priorities are all 0", "kind", ObjectiveGVK.String(), "reason", err.Error())
+	}
+	if err := b.Complete(r); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	go reportReadiness(ctx, mgr, r, o)
@@ -181,6 +194,9 @@ type reconciler struct {
 	engineLabel string
 	store       *datastore.Store
 	log         logr.Logger
+	// objectives is true when the InferenceObjective CRD is served.
+	objectives    bool
+	setPriorities func(map[string]int)
 
 	mu sync.Mutex
 	// first closes after the first endpoint set is in the store.
@@ -195,6 +211,13 @@ func (r *reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	specs, err := r.endpoints(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if r.objectives && r.setPriorities != nil {
+		prio, err := r.priorities(ctx)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		r.setPriorities(prio)
 	}
 	if err := r.store.Replace(specs); err != nil {
 		// A spec the store refuses (an engine label it does not know) is
@@ -227,6 +250,37 @@ func (r *reconciler) endpoints(ctx context.Context) ([]datastore.Spec, error) {
 		return nil, fmt.Errorf("list pods of %s: %w", r.key, err)
 	}
 	return Specs(pods.Items, pool.Spec.TargetPorts, r.engineLabel), nil
+}
+
+// ObjectiveGVK is InferenceObjective in the llm-d.ai/v1alpha2 shape
+// (config/crd/llm-d.ai_inferenceobjectives.yaml).
+var ObjectiveGVK = schema.GroupVersionKind{Group: "llm-d.ai", Version: "v1alpha2", Kind: "InferenceObjective"}
+
+func newObjective() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(ObjectiveGVK)
+	return u
+}
+
+// priorities maps the names of the objectives that reference this pool to
+// their priority (unset: 0). They are read as unstructured objects: two
+// fields do not justify generated types.
+func (r *reconciler) priorities(ctx context.Context) (map[string]int, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(ObjectiveGVK.GroupVersion().WithKind(ObjectiveGVK.Kind + "List"))
+	if err := r.client.List(ctx, list, client.InNamespace(r.key.Namespace)); err != nil {
+		return nil, fmt.Errorf("list InferenceObjectives: %w", err)
+	}
+	out := map[string]int{}
+	for _, o := range list.Items {
+		pool, _, _ := unstructured.NestedString(o.Object, "spec", "poolRef", "name")
+		if pool != r.key.Name {
+			continue
+		}
+		prio, _, _ := unstructured.NestedInt64(o.Object, "spec", "priority")
+		out[o.GetName()] = int(prio)
+	}
+	return out, nil
 }
 
 // Specs turns pods into endpoints: each ready pod with an IP, once per
