@@ -65,6 +65,16 @@ func (b *Body) Raw() []byte { return b.s.b }
 // Model returns the non-empty "model" string or ErrMissingModel.
 func (b *Body) Model() (string, error) { return b.s.model() }
 
+// ModelSpan is where the "model" value is in the body (with its quotes),
+// for rewriting it; ok is false when the body has no model string.
+func (b *Body) ModelSpan() (Span, bool) {
+	sp := b.s.fields[fieldModel]
+	if sp.end == 0 || b.s.b[sp.start] != '"' {
+		return Span{}, false
+	}
+	return Span{sp.start, sp.end}, true
+}
+
 // Stream reports "stream": true.
 func (b *Body) Stream() bool {
 	sp := b.s.fields[fieldStream]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,10 +45,17 @@ type Options struct {
 type Picker struct {
 	opts       Options
 	priorities atomic.Pointer[map[string]int]
+	rewrites   atomic.Pointer[Rewrites]
 	metrics    *metrics
 	picks      []scheduling.PickObserver
 	served     []scheduling.ServedObserver
 	seq        atomic.Uint64
+}
+
+// SetRewrites replaces the model rewrite rules (InferenceModelRewrite).
+func (p *Picker) SetRewrites(r []datastore.ModelRewrite) {
+	rw := Rewrites(r)
+	p.rewrites.Store(&rw)
 }
 
 // SetPriorities replaces the objective → priority map (objectives change
@@ -121,12 +129,21 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	if req.ID == "" {
 		req.ID = strconv.FormatUint(p.seq.Add(1), 10)
 	}
+	var rewritten []byte // the body with the model rewritten, if it was
 	if r.Body != nil {
 		model, err := inference.ModelOf(r.Body)
 		if err != nil {
 			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
 		}
 		req.Model = model
+		if rw := p.rewrites.Load(); rw != nil && len(*rw) > 0 {
+			if to, ok := rw.pick(model, rand.IntN); ok {
+				if rewritten, err = rewriteModel(r.Body, to); err != nil {
+					return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
+				}
+				req.Model, req.Body = to, rewritten
+			}
+		}
 	}
 	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
 	req.Priority = (*p.priorities.Load())[objective]
@@ -201,6 +218,7 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	return &server.Decision{
 		// Overwrite: a client-supplied destination header must never survive.
 		SetHeaders:      []server.Header{{Name: DestinationHeader, Value: value}},
+		Body:            rewritten,
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
 		ClearRouteCache: true,
 	}, outcomePicked

@@ -188,7 +188,8 @@ func NewService(cfg Config) (*Service, error) {
 	if k := cfg.Kube; k != nil {
 		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
 			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
-			SetReady: srv.SetReady, SetPriorities: picker.SetPriorities, Logger: cfg.Logger.WithName("kubernetes")}
+			SetReady: srv.SetReady, SetPriorities: picker.SetPriorities, SetRewrites: picker.SetRewrites,
+			Logger: cfg.Logger.WithName("kubernetes")}
 	}
 	return svc, nil
 }

@@ -107,10 +107,11 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startSim runs a simulator named like its pod at ip:port.
-func startSim(t *testing.T, name, ip string, port int) *sim.Server {
+// startSim runs a simulator named like its pod at ip:port, serving the
+// default model and the given LoRA adapters.
+func startSim(t *testing.T, name, ip string, port int, adapters ...string) *sim.Server {
 	t.Helper()
-	s, err := sim.New(sim.Config{Name: name, TimeScale: 50})
+	s, err := sim.New(sim.Config{Name: name, TimeScale: 50, LoRAAdapters: adapters})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,12 +227,19 @@ func proxy(t *testing.T, eppAddr string) string {
 	return "http://" + loopback.Serve(t, p.Serve)
 }
 
-// chat sends one request through the proxy and returns the status and the
-// pod that answered; headers are name, value pairs.
+// chat sends one request for the default model through the proxy and
+// returns the status and the pod that answered; headers are name, value pairs.
 func chat(t *testing.T, base string, headers ...string) (int, string) {
 	t.Helper()
+	status, pod, _ := chatModel(t, base, sim.DefaultModel, headers...)
+	return status, pod
+}
+
+// chatModel is chat for a given model; it also returns the response body.
+func chatModel(t *testing.T, base, model string, headers ...string) (int, string, string) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
-		strings.NewReader(`{"model":"`+sim.DefaultModel+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +252,8 @@ func chat(t *testing.T, base string, headers ...string) (int, string) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, resp.Header.Get("x-inference-pod")
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("x-inference-pod"), string(body)
 }
 
 // TestPoolLifecycle follows one pool through the changes a cluster makes:
@@ -409,6 +417,61 @@ func TestObjectivesSetPriorities(t *testing.T) {
 	eventually(t, "priority raised", func() error {
 		if status, _ := chat(t, base, "x-gateway-inference-objective", "batch"); status != 200 {
 			return fmt.Errorf("batch: status %d, want 200", status)
+		}
+		return nil
+	})
+}
+
+// TestModelRewrites creates an InferenceModelRewrite that sends all of
+// sql-lora's traffic to sql-lora-v2, which is the only adapter the server
+// has: requests for sql-lora are served as sql-lora-v2 once the picker
+// rewrites the body, and fail again when the rewrite is deleted.
+func TestModelRewrites(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	port := freePort(t)
+	ip := podIP()
+	startSim(t, "lora", ip, port, "sql-lora-v2")
+	labels := map[string]string{"app": "lora"}
+	createPool(t, ns, "pool", labels, port)
+	if _, err := controlplane.CreatePod(ctx, fx.client, ns, "lora", labels, ip, true); err != nil {
+		t.Fatal(err)
+	}
+	p := startPicker(t, fx.env.Config, ns, "pool", false)
+	base := proxy(t, p.GRPCAddr())
+	eventually(t, "pool synced", wantAddresses(p, net.JoinHostPort(ip, strconv.Itoa(port))))
+	if status, _, _ := chatModel(t, base, "sql-lora"); status != http.StatusNotFound {
+		t.Fatalf("without a rewrite: status %d, want the server's 404 for an adapter it lacks", status)
+	}
+	rw := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+		"poolRef": map[string]any{"name": "pool"},
+		"rules": []any{map[string]any{
+			"matches": []any{map[string]any{"model": map[string]any{"value": "sql-lora"}}},
+			"targets": []any{map[string]any{"modelRewrite": "sql-lora-v2", "weight": int64(100)}, map[string]any{"modelRewrite": "sql-lora-v3", "weight": int64(0)}},
+		}},
+	}}}
+	rw.SetGroupVersionKind(kube.RewriteGVK)
+	rw.SetNamespace(ns)
+	rw.SetName("canary")
+	if err := fx.client.Create(ctx, rw); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rewritten", func() error {
+		status, _, body := chatModel(t, base, "sql-lora")
+		if status != 200 || !strings.Contains(body, `"sql-lora-v2"`) {
+			return fmt.Errorf("status %d body %.120s", status, body)
+		}
+		return nil
+	})
+	if status, _ := chat(t, base); status != 200 {
+		t.Errorf("a model no rule names: status %d", status)
+	}
+	if err := fx.client.Delete(ctx, rw); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rewrite removed", func() error {
+		if status, _, _ := chatModel(t, base, "sql-lora"); status != http.StatusNotFound {
+			return fmt.Errorf("status %d, want 404 again", status)
 		}
 		return nil
 	})

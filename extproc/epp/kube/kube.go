@@ -64,7 +64,10 @@ type Options struct {
 	// SetPriorities receives the objective → priority map of the
 	// InferenceObjectives that name this pool, after every change.
 	SetPriorities func(map[string]int)
-	Logger        logr.Logger
+	// SetRewrites receives the rules of the InferenceModelRewrites that
+	// name this pool, oldest object first, after every change.
+	SetRewrites func([]datastore.ModelRewrite)
+	Logger      logr.Logger
 }
 
 // Scheme holds the kinds the picker reads.
@@ -80,13 +83,14 @@ func Scheme() (*runtime.Scheme, error) {
 }
 
 // RoleRules are the least-privilege permissions the picker needs in its
-// pool's namespace: read its InferencePool, the Pods and the
-// InferenceObjectives, and hold a Lease for leader election. The Helm chart's Role grants exactly these.
+// pool's namespace: read its InferencePool, the Pods, the
+// InferenceObjectives and InferenceModelRewrites, and hold a Lease for
+// leader election. The Helm chart's Role grants exactly these.
 func RoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{inferencev1.GroupName}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{ObjectiveGVK.Group}, Resources: []string{"inferenceobjectives"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{ObjectiveGVK.Group}, Resources: []string{"inferenceobjectives", "inferencemodelrewrites"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
@@ -121,7 +125,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	r := &reconciler{client: mgr.GetClient(), key: types.NamespacedName{Namespace: o.Namespace, Name: o.PoolName},
-		engineLabel: o.EngineLabel, store: o.Store, setPriorities: o.SetPriorities, log: o.Logger.WithName("pool"), first: make(chan struct{})}
+		engineLabel: o.EngineLabel, store: o.Store, setPriorities: o.SetPriorities, setRewrites: o.SetRewrites, log: o.Logger.WithName("pool"), first: make(chan struct{})}
 	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: r.key}}
 	})
@@ -136,13 +140,20 @@ func Run(ctx context.Context, o Options) error {
 		// The name check guards controller-runtime's process-wide metrics,
 		// which the picker does not serve; tests run several pickers.
 		WithOptions(controller.Options{NeedLeaderElection: &notLeaderOnly, MaxConcurrentReconciles: 1, SkipNameValidation: &skipNameCheck})
-	// InferenceObjectives are optional: without their CRD the picker runs
-	// with no priorities (every request 0) rather than not at all.
-	if _, err := mgr.GetRESTMapper().RESTMapping(ObjectiveGVK.GroupKind(), ObjectiveGVK.Version); err == nil {
-		r.objectives = true
-		b = b.Watches(newObjective(), toPool)
-	} else {
-		o.Logger.Info("InferenceObjective CRD not installed: priorities are all 0", "kind", ObjectiveGVK.String(), "reason", err.Error())
+	// InferenceObjectives and InferenceModelRewrites are optional: without
+	// their CRDs the picker runs with no priorities (every request 0) and
+	// no rewrites rather than not at all.
+	for _, k := range []struct {
+		gvk     schema.GroupVersionKind
+		on      *bool
+		without string
+	}{{ObjectiveGVK, &r.objectives, "priorities are all 0"}, {RewriteGVK, &r.rewrites, "no model rewrites"}} {
+		if _, err := mgr.GetRESTMapper().RESTMapping(k.gvk.GroupKind(), k.gvk.Version); err != nil {
+			o.Logger.Info("CRD not installed: "+k.without, "kind", k.gvk.String(), "reason", err.Error())
+			continue
+		}
+		*k.on = true
+		b = b.Watches(newUnstructured(k.gvk), toPool)
 	}
 	if err := b.Complete(r); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
@@ -194,9 +205,10 @@ type reconciler struct {
 	engineLabel string
 	store       *datastore.Store
 	log         logr.Logger
-	// objectives is true when the InferenceObjective CRD is served.
-	objectives    bool
-	setPriorities func(map[string]int)
+	// objectives and rewrites are true when their CRDs are served.
+	objectives, rewrites bool
+	setPriorities        func(map[string]int)
+	setRewrites          func([]datastore.ModelRewrite)
 
 	mu sync.Mutex
 	// first closes after the first endpoint set is in the store.
@@ -218,6 +230,13 @@ func (r *reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			return reconcile.Result{}, err
 		}
 		r.setPriorities(prio)
+	}
+	if r.rewrites && r.setRewrites != nil {
+		rw, err := r.modelRewrites(ctx)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		r.setRewrites(rw)
 	}
 	if err := r.store.Replace(specs); err != nil {
 		// A spec the store refuses (an engine label it does not know) is
@@ -256,29 +275,93 @@ func (r *reconciler) endpoints(ctx context.Context) ([]datastore.Spec, error) {
 // (config/crd/llm-d.ai_inferenceobjectives.yaml).
 var ObjectiveGVK = schema.GroupVersionKind{Group: "llm-d.ai", Version: "v1alpha2", Kind: "InferenceObjective"}
 
-func newObjective() *unstructured.Unstructured {
+// RewriteGVK is InferenceModelRewrite in the llm-d.ai/v1alpha2 shape
+// (config/crd/llm-d.ai_inferencemodelrewrites.yaml).
+var RewriteGVK = schema.GroupVersionKind{Group: "llm-d.ai", Version: "v1alpha2", Kind: "InferenceModelRewrite"}
+
+// The llm-d.ai kinds are read as unstructured objects: a handful of
+// fields do not justify generated types.
+func newUnstructured(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(ObjectiveGVK)
+	u.SetGroupVersionKind(gvk)
 	return u
 }
 
-// priorities maps the names of the objectives that reference this pool to
-// their priority (unset: 0). They are read as unstructured objects: two
-// fields do not justify generated types.
-func (r *reconciler) priorities(ctx context.Context) (map[string]int, error) {
+// ofPool lists the objects of a kind in the pool's namespace whose
+// spec.poolRef names this pool, oldest first (then by name).
+func (r *reconciler) ofPool(ctx context.Context, gvk schema.GroupVersionKind) ([]unstructured.Unstructured, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(ObjectiveGVK.GroupVersion().WithKind(ObjectiveGVK.Kind + "List"))
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 	if err := r.client.List(ctx, list, client.InNamespace(r.key.Namespace)); err != nil {
-		return nil, fmt.Errorf("list InferenceObjectives: %w", err)
+		return nil, fmt.Errorf("list %s: %w", gvk.Kind, err)
 	}
-	out := map[string]int{}
+	var out []unstructured.Unstructured
 	for _, o := range list.Items {
-		pool, _, _ := unstructured.NestedString(o.Object, "spec", "poolRef", "name")
-		if pool != r.key.Name {
-			continue
+		if pool, _, _ := unstructured.NestedString(o.Object, "spec", "poolRef", "name"); pool == r.key.Name {
+			out = append(out, o)
 		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		ti, tj := out[i].GetCreationTimestamp(), out[j].GetCreationTimestamp()
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return out[i].GetName() < out[j].GetName()
+	})
+	return out, nil
+}
+
+// priorities maps the names of the pool's objectives to their priority
+// (unset: 0).
+func (r *reconciler) priorities(ctx context.Context) (map[string]int, error) {
+	objs, err := r.ofPool(ctx, ObjectiveGVK)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(objs))
+	for _, o := range objs {
 		prio, _, _ := unstructured.NestedInt64(o.Object, "spec", "priority")
 		out[o.GetName()] = int(prio)
+	}
+	return out, nil
+}
+
+// modelRewrites collects the rules of the pool's InferenceModelRewrites.
+func (r *reconciler) modelRewrites(ctx context.Context) ([]datastore.ModelRewrite, error) {
+	objs, err := r.ofPool(ctx, RewriteGVK)
+	if err != nil {
+		return nil, err
+	}
+	var out []datastore.ModelRewrite
+	for _, o := range objs {
+		rules, _, _ := unstructured.NestedSlice(o.Object, "spec", "rules")
+		for _, raw := range rules {
+			rule, _ := raw.(map[string]any)
+			var rw datastore.ModelRewrite
+			matches, _, _ := unstructured.NestedSlice(rule, "matches")
+			for _, m := range matches {
+				if mm, ok := m.(map[string]any); ok {
+					if v, _, _ := unstructured.NestedString(mm, "model", "value"); v != "" {
+						rw.Models = append(rw.Models, v)
+					}
+				}
+			}
+			targets, _, _ := unstructured.NestedSlice(rule, "targets")
+			for _, t := range targets {
+				tm, _ := t.(map[string]any)
+				model, _, _ := unstructured.NestedString(tm, "modelRewrite")
+				weight, found, _ := unstructured.NestedInt64(tm, "weight")
+				if !found {
+					weight = 1
+				}
+				if model != "" {
+					rw.Targets = append(rw.Targets, datastore.RewriteTarget{Model: model, Weight: int(weight)})
+				}
+			}
+			if len(rw.Targets) > 0 {
+				out = append(out, rw)
+			}
+		}
 	}
 	return out, nil
 }
