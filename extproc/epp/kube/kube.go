@@ -105,9 +105,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	lease := o.LeaseName
-	if lease == "" {
-		lease = o.PoolName + "-epp"
+	if o.LeaseName == "" {
+		o.LeaseName = o.PoolName + "-epp"
+	}
+	if o.SetReady == nil {
+		o.SetReady = func(bool) {}
 	}
 	mgr, err := ctrl.NewManager(o.Config, ctrl.Options{
 		Scheme: scheme,
@@ -117,7 +119,7 @@ func Run(ctx context.Context, o Options) error {
 		Metrics:                       metricsserver.Options{BindAddress: "0"}, // the picker serves its own
 		HealthProbeBindAddress:        "0",
 		LeaderElection:                o.LeaderElection,
-		LeaderElectionID:              lease,
+		LeaderElectionID:              o.LeaseName,
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 	})
@@ -168,9 +170,6 @@ func Run(ctx context.Context, o Options) error {
 // reportReadiness turns ready once the first reconcile has filled the store
 // and, with leader election, this replica leads.
 func reportReadiness(ctx context.Context, mgr ctrl.Manager, r *reconciler, o Options) {
-	if o.SetReady == nil {
-		return
-	}
 	o.SetReady(false)
 	// With no pool and no pods nothing would trigger a reconcile: run one
 	// as soon as the cache is synced, so "no pool" is a known, empty set.
