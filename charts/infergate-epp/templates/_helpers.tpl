@@ -1,0 +1,78 @@
+{{/*
+Name of the picker's objects: "<release>-epp", cut so that it stays a valid
+DNS label (63 characters) with room for suffixes.
+*/}}
+{{- define "infergate-epp.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-epp" (.Release.Name | trunc 59 | trimSuffix "-") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Name of the InferencePool, which is also the picker's --pool-name.
+*/}}
+{{- define "infergate-epp.poolName" -}}
+{{- .Values.inferencePool.name | default .Release.Name -}}
+{{- end -}}
+
+{{- define "infergate-epp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "infergate-epp.fullname" .) -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "infergate-epp.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{- define "infergate-epp.commonLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: infergate
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/*
+Labels of the picker's objects; the pool's carry its own component.
+*/}}
+{{- define "infergate-epp.labels" -}}
+{{ include "infergate-epp.commonLabels" . }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{- define "infergate-epp.image" -}}
+{{- printf "%s:%s" .Values.epp.image.repository (.Values.epp.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/*
+The EndpointPickerConfig must at least be YAML: a typo found here fails the
+install with a clear message instead of a crash-looping pod.
+*/}}
+{{- define "infergate-epp.checkedConfig" -}}
+{{- $parsed := fromYaml .Values.epp.config -}}
+{{- if hasKey $parsed "Error" -}}
+{{- fail (printf "epp.config is not valid YAML: %s" (index $parsed "Error")) -}}
+{{- end -}}
+{{- if ne (index $parsed "kind" | default "") "EndpointPickerConfig" -}}
+{{- fail "epp.config must be an EndpointPickerConfig (kind: EndpointPickerConfig, apiVersion: llm-d.ai/v1alpha1)" -}}
+{{- end -}}
+{{- .Values.epp.config -}}
+{{- end -}}
+
+{{/*
+Checks the schema cannot express: the three listeners need three ports.
+*/}}
+{{- define "infergate-epp.validate" -}}
+{{- $p := .Values.epp.ports -}}
+{{- if or (eq (int $p.grpc) (int $p.health)) (eq (int $p.grpc) (int $p.metrics)) (eq (int $p.health) (int $p.metrics)) -}}
+{{- fail (printf "epp.ports must be three different ports, got grpc %d, health %d, metrics %d" (int $p.grpc) (int $p.health) (int $p.metrics)) -}}
+{{- end -}}
+{{- end -}}

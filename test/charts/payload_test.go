@@ -1,0 +1,381 @@
+package charts
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+
+	"github.com/infergate/infergate/inference/policy"
+)
+
+// payloadPolicy is a policy touching every section.
+const payloadPolicy = `
+payload:
+  config:
+    models:
+      bases:
+        - name: meta-llama/Llama-3.1-8B-Instruct
+          adapters: [sql-lora, food-review]
+      unknown: reject
+      allow: [meta-llama/*, sql-lora, food-review]
+    limits:
+      maxBodyBytes: 1048576
+      maxPromptTokens: 32000
+      maxTokens: 4096
+      maxTokensAction: clamp
+    pii:
+      - {name: email, detector: email, action: mask}
+      - {name: ssn, detector: ssn, action: reject}
+      - {name: employee-id, pattern: 'EMP-[0-9]{6}', action: mask, replacement: EMP-XXXXXX}
+    deny:
+      - name: prompt-injection
+        contains: ["ignore previous instructions"]
+        regex: '(?i)\byou are now DAN\b'
+        message: this request was refused
+`
+
+// payloadWant is what a value set must render.
+type payloadWant struct {
+	replicas int32
+	// configMapNS is --configmap-namespace ("" for none); "<ns>" stands
+	// for the release namespace.
+	configMapNS string
+	// roleKind is Role, ClusterRole or "" (no RBAC).
+	roleKind   string
+	policy     bool // the ConfigMap holds payloadPolicy
+	podMonitor bool
+	plaintext  bool
+}
+
+var payloadValueSets = []struct {
+	name   string
+	values string
+	want   payloadWant
+}{
+	{"defaults", ``, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role"}},
+	{"replicas 3", `payload: {replicas: 3}`, payloadWant{replicas: 3, configMapNS: "<ns>", roleKind: "Role"}},
+	{"custom config", payloadPolicy, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", policy: true}},
+	{"multiNamespace", `payload: {adapterConfigMaps: {multiNamespace: true}}`, payloadWant{replicas: 1, configMapNS: "*", roleKind: "ClusterRole"}},
+	{"adapter ConfigMaps off", `payload: {adapterConfigMaps: {enabled: false}}`, payloadWant{replicas: 1}},
+	{"plaintext", `payload: {secureServing: false}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", plaintext: true}},
+	{"podMonitor on", `podMonitor: {enabled: true, interval: 30s, labels: {release: prometheus}}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", podMonitor: true}},
+}
+
+func TestPayloadChart(t *testing.T) {
+	ch := loadChart(t, payloadChartDir)
+	ns := namespace(t, "charts-payload")
+	for _, provider := range providers {
+		for _, vs := range payloadValueSets {
+			t.Run(provider+"/"+vs.name, func(t *testing.T) {
+				t.Parallel()
+				vals := values(t, vs.values, "provider: {name: "+provider+"}")
+				objs := mustRender(t, ch, "payload", ns, vals)
+				checkPayload(t, objs, ns, provider, vs.want)
+				lintChart(t, payloadChartDir, vals, ns)
+				dryRun(t, ns, objs)
+			})
+		}
+	}
+}
+
+func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider string, want payloadWant) {
+	t.Helper()
+	wantKinds := []string{"ConfigMap", "Deployment", "Service", "ServiceAccount"}
+	if want.roleKind != "" {
+		wantKinds = append(wantKinds, want.roleKind, want.roleKind+"Binding")
+	}
+	if want.podMonitor {
+		wantKinds = append(wantKinds, "PodMonitor")
+	}
+	if provider == "istio" && !want.plaintext {
+		wantKinds = append(wantKinds, "DestinationRule")
+	}
+	sort.Strings(wantKinds)
+	if got := kinds(objs); !slices.Equal(got, wantKinds) {
+		t.Fatalf("rendered %v, want %v", got, wantKinds)
+	}
+
+	dep := one[appsv1.Deployment](t, objs, "Deployment")
+	svc := one[corev1.Service](t, objs, "Service")
+	sa := one[corev1.ServiceAccount](t, objs, "ServiceAccount")
+	cm := one[corev1.ConfigMap](t, objs, "ConfigMap")
+
+	if g := servicePort(t, svc, "grpc"); g.Port != 9004 || g.AppProtocol == nil || *g.AppProtocol != "http2" || g.TargetPort.StrVal != "grpc" {
+		t.Errorf("Service grpc port %+v, want 9004 with appProtocol http2", g)
+	}
+	if m := servicePort(t, svc, "metrics"); m.Port != 9090 {
+		t.Errorf("Service metrics port %+v", m)
+	}
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)) {
+		t.Errorf("Service selector %v does not select the pods %v", svc.Spec.Selector, dep.Spec.Template.Labels)
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != want.replicas {
+		t.Errorf("replicas %v, want %d", dep.Spec.Replicas, want.replicas)
+	}
+	if dep.Spec.Template.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("pods run as %q, the chart's ServiceAccount is %q", dep.Spec.Template.Spec.ServiceAccountName, sa.Name)
+	}
+	c := container(t, dep, "payload")
+	if len(c.Args) == 0 || c.Args[0] != "payload" {
+		t.Fatalf("args %v do not start with the payload subcommand", c.Args)
+	}
+	for _, a := range []string{"--config-file=/config/payload.yaml", "--grpc-port=9004", "--grpc-health-port=9005", "--metrics-port=9090", "--drain-timeout=30s"} {
+		if !slices.Contains(c.Args, a) {
+			t.Errorf("args %v lack %s", c.Args, a)
+		}
+	}
+	if !slices.Contains(c.Args, "--secure-serving="+map[bool]string{true: "false", false: "true"}[want.plaintext]) {
+		t.Errorf("args %v: --secure-serving should be %t", c.Args, !want.plaintext)
+	}
+	var cmNS []string
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--configmap-namespace="); ok {
+			cmNS = append(cmNS, v)
+		}
+	}
+	switch wantNS := strings.ReplaceAll(want.configMapNS, "<ns>", ns); {
+	case wantNS == "" && len(cmNS) > 0:
+		t.Errorf("--configmap-namespace=%v passed with adapter ConfigMaps off", cmNS)
+	case wantNS != "" && !slices.Equal(cmNS, []string{wantNS}):
+		t.Errorf("--configmap-namespace %v, want %s", cmNS, wantNS)
+	}
+	token := dep.Spec.Template.Spec.AutomountServiceAccountToken
+	if tokenless := token != nil && !*token; tokenless != (want.roleKind == "") {
+		t.Errorf("automountServiceAccountToken %v; want false exactly when the processor needs no API access", token)
+	}
+	checkContainer(t, dep, c, map[string]int32{"grpc": 9004, "health": 9005, "metrics": 9090})
+
+	// The policy: mounted as a directory (so edits reach the running
+	// processor), equal to the value, and accepted by the processor's own
+	// validation.
+	if !mountsConfigMap(dep, "/config", cm.Name) {
+		t.Errorf("/config is not ConfigMap %s as a directory", cm.Name)
+	}
+	cfg := loadPolicy(t, cm.Data["payload.yaml"])
+	if want.policy {
+		wantCfg := loadPolicy(t, policyValue(t, payloadPolicy))
+		if !reflect.DeepEqual(cfg, wantCfg) {
+			t.Errorf("payload.yaml is %+v, want %+v", cfg, wantCfg)
+		}
+		if len(cfg.PII) != 3 || cfg.Models.Unknown != "reject" {
+			t.Errorf("payload.yaml lost parts of the policy: %+v", cfg)
+		}
+	} else if !reflect.DeepEqual(*cfg, policy.Config{}) {
+		t.Errorf("default payload.yaml is %+v, want the empty policy", cfg)
+	}
+
+	// RBAC: ConfigMaps read access, in the release namespace or everywhere.
+	switch want.roleKind {
+	case "Role":
+		role := one[rbacv1.Role](t, objs, "Role")
+		checkConfigMapRules(t, role.Rules)
+		checkBinding(t, one[rbacv1.RoleBinding](t, objs, "RoleBinding"), "Role", role.Name, sa.Name, ns)
+	case "ClusterRole":
+		role := one[rbacv1.ClusterRole](t, objs, "ClusterRole")
+		checkConfigMapRules(t, role.Rules)
+		if !strings.HasPrefix(role.Name, ns+"-") {
+			t.Errorf("ClusterRole %s does not carry the release namespace", role.Name)
+		}
+		b := one[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding")
+		rb := &rbacv1.RoleBinding{ObjectMeta: b.ObjectMeta, Subjects: b.Subjects, RoleRef: b.RoleRef}
+		checkBinding(t, rb, "ClusterRole", role.Name, sa.Name, ns)
+	}
+	if want.podMonitor {
+		checkPodMonitor(t, objs, dep)
+	}
+	if provider == "istio" && !want.plaintext {
+		checkDestinationRule(t, objs, svc.Name+"."+ns+".svc.cluster.local")
+	}
+}
+
+func checkConfigMapRules(t *testing.T, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	got, err := ruleSet(rules)
+	if err != nil {
+		t.Error(err)
+	}
+	want := map[access]bool{{"", "configmaps", "get"}: true, {"", "configmaps", "list"}: true, {"", "configmaps", "watch"}: true}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("rules grant %v, want %v", keys(got), keys(want))
+	}
+}
+
+// loadPolicy reads payload.yaml as the processor does (YAML to JSON,
+// strict decoding, compiling every rule).
+func loadPolicy(t *testing.T, text string) *policy.Config {
+	t.Helper()
+	js, err := yaml.YAMLToJSON([]byte(text))
+	if err != nil {
+		t.Fatalf("payload.yaml: %v\n%s", err, text)
+	}
+	if string(js) == "null" {
+		js = nil
+	}
+	cfg, err := policy.DecodeJSON(js)
+	if err != nil {
+		t.Fatalf("payload.yaml: %v\n%s", err, text)
+	}
+	if _, err := policy.Compile(cfg); err != nil {
+		t.Fatalf("payload.yaml does not compile: %v\n%s", err, text)
+	}
+	return cfg
+}
+
+// policyValue is payload.config of a values document, as YAML.
+func policyValue(t *testing.T, doc string) string {
+	t.Helper()
+	v := values(t, doc)
+	out, err := yaml.Marshal(v["payload"].(map[string]any)["config"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// TestPayloadReadmeExample renders the README's values file.
+func TestPayloadReadmeExample(t *testing.T) {
+	if block := readmeBlock(t, payloadChartDir, "helm install payload charts/infergate-payload\n"); strings.TrimSpace(block) != "helm install payload charts/infergate-payload" {
+		t.Errorf("README install command is %q", block)
+	}
+	ch := loadChart(t, payloadChartDir)
+	ns := namespace(t, "charts-payload-readme")
+	vals := values(t, readmeBlock(t, payloadChartDir, "# payload-values.yaml"))
+	objs := mustRender(t, ch, "payload", ns, vals)
+	cfg := loadPolicy(t, one[corev1.ConfigMap](t, objs, "ConfigMap").Data["payload.yaml"])
+	if len(cfg.Models.Bases) != 1 || len(cfg.PII) != 2 || len(cfg.Deny) != 1 {
+		t.Errorf("README policy rendered as %+v", cfg)
+	}
+	lintChart(t, payloadChartDir, vals, ns)
+	dryRun(t, ns, objs)
+}
+
+// TestPayloadRBACGrantsAccount creates the RBAC objects for real and asks
+// the API server's authorizer what the processor's ServiceAccount may do.
+func TestPayloadRBACGrantsAccount(t *testing.T) {
+	ch := loadChart(t, payloadChartDir)
+	other := namespace(t, "charts-payload-rbac-other")
+	read := access{"", "configmaps", "list"}
+	for _, tc := range []struct {
+		name, values   string
+		ownNS, otherNS bool // may read ConfigMaps in its own, another namespace
+	}{
+		{name: "ns", ownNS: true},
+		{name: "all", values: `payload: {adapterConfigMaps: {multiNamespace: true}}`, ownNS: true, otherNS: true},
+		{name: "off", values: `payload: {adapterConfigMaps: {enabled: false}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := namespace(t, "charts-payload-rbac-"+tc.name)
+			objs := mustRender(t, ch, "payload", ns, values(t, tc.values))
+			rbacObjs := only(objs, "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+			apply(t, rbacObjs)
+			sa := one[corev1.ServiceAccount](t, objs, "ServiceAccount")
+			user := "system:serviceaccount:" + ns + ":" + sa.Name
+			for _, v := range []string{"get", "list", "watch"} {
+				a := access{"", "configmaps", v}
+				if got := allowed(t, user, ns, ns, a); got != tc.ownNS {
+					t.Errorf("%s may %s in its namespace: %t, want %t", user, a, got, tc.ownNS)
+				}
+			}
+			if got := allowed(t, user, ns, other, read); got != tc.otherNS {
+				t.Errorf("%s may %s in another namespace: %t, want %t", user, read, got, tc.otherNS)
+			}
+			for _, a := range []access{{"", "configmaps", "update"}, {"", "configmaps", "delete"}, {"", "secrets", "get"}, {"", "pods", "list"}} {
+				if allowed(t, user, ns, ns, a) {
+					t.Errorf("%s may %s, which the processor does not need", user, a)
+				}
+			}
+		})
+	}
+}
+
+func TestPayloadBadValues(t *testing.T) {
+	ch := loadChart(t, payloadChartDir)
+	ns := namespace(t, "charts-payload-bad")
+	for _, tc := range []struct {
+		name, values string
+		want         []string
+	}{
+		{"unknown provider", `provider: {name: nginx}`, []string{"/provider/name", "must be one of"}},
+		{"negative replicas", `payload: {replicas: -1}`, []string{"/payload/replicas", "minimum"}},
+		{"unknown PII action", `payload: {config: {pii: [{name: ssn, detector: ssn, action: block}]}}`, []string{"/payload/config/pii/0/action", "must be one of"}},
+		{"misspelt policy section", `payload: {config: {limit: {maxTokens: 10}}}`, []string{"limit"}},
+		{"negative limit", `payload: {config: {limits: {maxTokens: -1}}}`, []string{"/payload/config/limits/maxTokens"}},
+		{"multiNamespace not a boolean", `payload: {adapterConfigMaps: {multiNamespace: "yes"}}`, []string{"/payload/adapterConfigMaps/multiNamespace"}},
+		{"ports collide", `payload: {ports: {metrics: 9004}}`, []string{"payload.ports must be three different ports"}},
+		{"no account", `serviceAccount: {create: false}`, []string{"/serviceAccount/name"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			wantError(t, ch, payloadChartDir, ns, values(t, tc.values), tc.want)
+		})
+	}
+}
+
+func TestPayloadReadmeValues(t *testing.T) { readmeValues(t, payloadChartDir) }
+
+// TestPayloadSchemaMatchesPolicy keeps values.schema.json's payload.config
+// in step with the processor's policy.Config: the same fields at every
+// level, so the schema neither rejects a field the processor takes nor
+// lets through one it refuses.
+func TestPayloadSchemaMatchesPolicy(t *testing.T) {
+	ch := loadChart(t, payloadChartDir)
+	var schema map[string]any
+	if err := json.Unmarshal(ch.Schema, &schema); err != nil {
+		t.Fatal(err)
+	}
+	node := schema
+	for _, k := range []string{"payload", "config"} {
+		node = node["properties"].(map[string]any)[k].(map[string]any)
+	}
+	compareSchema(t, "payload.config", node, reflect.TypeOf(policy.Config{}))
+}
+
+func compareSchema(t *testing.T, path string, node map[string]any, typ reflect.Type) {
+	t.Helper()
+	switch typ.Kind() {
+	case reflect.Slice:
+		items, ok := node["items"].(map[string]any)
+		if !ok {
+			t.Errorf("%s: schema has no items for %s", path, typ)
+			return
+		}
+		compareSchema(t, path+"[]", items, typ.Elem())
+	case reflect.Struct:
+		if node["additionalProperties"] != false {
+			t.Errorf("%s: schema allows unknown fields, the processor refuses them", path)
+		}
+		props, _ := node["properties"].(map[string]any)
+		fields := map[string]reflect.Type{}
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" {
+				t.Fatalf("%s.%s: no JSON name", path, f.Name)
+			}
+			fields[name] = f.Type
+		}
+		for name, ft := range fields {
+			sub, ok := props[name].(map[string]any)
+			if !ok {
+				t.Errorf("%s: schema lacks %s, which the processor takes", path, name)
+				continue
+			}
+			compareSchema(t, path+"."+name, sub, ft)
+		}
+		for name := range props {
+			if _, ok := fields[name]; !ok {
+				t.Errorf("%s: schema allows %s, which the processor does not know", path, name)
+			}
+		}
+	}
+}

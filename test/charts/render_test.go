@@ -1,0 +1,334 @@
+package charts
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+// Chart folders, from this package's folder.
+var (
+	eppChartDir     = filepath.Join("..", "..", "charts", "infergate-epp")
+	payloadChartDir = filepath.Join("..", "..", "charts", "infergate-payload")
+)
+
+// providers are every value provider.name accepts.
+var providers = []string{"none", "istio", "agentgateway", "envoy-gateway"}
+
+func loadChart(t *testing.T, dir string) *chart.Chart {
+	t.Helper()
+	ch, err := loader.Load(dir)
+	if err != nil {
+		t.Fatalf("load chart %s: %v", dir, err)
+	}
+	return ch
+}
+
+// values merges YAML value documents as repeated `helm install -f` does:
+// later documents win.
+func values(t *testing.T, docs ...string) map[string]any {
+	t.Helper()
+	merged := map[string]any{}
+	for _, doc := range docs {
+		v, err := chartutil.ReadValues([]byte(doc))
+		if err != nil {
+			t.Fatalf("values %q: %v", doc, err)
+		}
+		// CoalesceTables keeps dst's values over src's.
+		merged = chartutil.CoalesceTables(v.AsMap(), merged)
+	}
+	return merged
+}
+
+// render does what `helm install` does before it talks to the cluster:
+// coalesce the values with the chart's defaults, validate them against
+// values.schema.json, render the templates and split the manifests. An
+// error is what the user would see.
+func render(ch *chart.Chart, release, namespace string, vals map[string]any) ([]*unstructured.Unstructured, error) {
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = fx.kubeVersion
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, caps)
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.Render(ch, rv)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var objs []*unstructured.Unstructured
+	for _, name := range names {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			continue
+		}
+		docs := releaseutil.SplitManifests(files[name])
+		keys := make([]string, 0, len(docs))
+		for k := range docs {
+			keys = append(keys, k)
+		}
+		sort.Sort(releaseutil.BySplitManifestsOrder(keys))
+		for _, k := range keys {
+			u, err := decode(docs[k])
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w\n%s", name, err, docs[k])
+			}
+			objs = append(objs, u)
+		}
+	}
+	return objs, nil
+}
+
+// decode turns one rendered document into an object. A document that is
+// only comments is an error: templates that render nothing must render
+// nothing at all.
+func decode(doc string) (*unstructured.Unstructured, error) {
+	js, err := yaml.YAMLToJSON([]byte(doc))
+	if err != nil {
+		return nil, fmt.Errorf("not YAML: %w", err)
+	}
+	if string(js) == "null" {
+		return nil, fmt.Errorf("a document with no object (comments only?)")
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(js); err != nil {
+		return nil, fmt.Errorf("not a Kubernetes object: %w", err)
+	}
+	return u, nil
+}
+
+func mustRender(t *testing.T, ch *chart.Chart, release, namespace string, vals map[string]any) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := render(ch, release, namespace, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return objs
+}
+
+// lintChart runs `helm lint`'s rules (Chart.yaml, values and schema,
+// templates, dependencies) and fails on any warning or error.
+func lintChart(t *testing.T, dir string, vals map[string]any, namespace string) {
+	t.Helper()
+	for _, m := range lintMessages(dir, vals, namespace) {
+		if m.Severity >= support.WarningSev {
+			t.Errorf("helm lint: %s", m)
+		}
+	}
+}
+
+func lintMessages(dir string, vals map[string]any, namespace string) []support.Message {
+	kv := fx.kubeVersion
+	return lint.AllWithKubeVersion(dir, vals, namespace, &kv).Messages
+}
+
+// dryRun submits every object with server-side dry-run and strict field
+// validation: the API server validates and admits it (schemas, CRD CEL,
+// RBAC escalation checks) without storing it. Warnings fail too.
+func dryRun(t *testing.T, namespace string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		o := o.DeepCopy()
+		namespaced, err := fx.client.IsObjectNamespaced(o)
+		if err != nil {
+			t.Errorf("%s: %v", describe(o), err)
+			continue
+		}
+		if namespaced && o.GetNamespace() != namespace {
+			t.Errorf("%s: namespace %q, want the release namespace %q", describe(o), o.GetNamespace(), namespace)
+		}
+		if !namespaced && o.GetNamespace() != "" {
+			t.Errorf("%s: cluster-scoped but has namespace %q", describe(o), o.GetNamespace())
+		}
+		ctx, w := withWarnings(context.Background())
+		if err := fx.client.Create(ctx, o, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+			t.Errorf("dry-run create %s: %v", describe(o), err)
+		}
+		for _, text := range w.all() {
+			t.Errorf("dry-run create %s: warning: %s", describe(o), text)
+		}
+	}
+}
+
+// apply creates the objects for real.
+func apply(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		if err := fx.client.Create(context.Background(), o.DeepCopy()); err != nil {
+			t.Fatalf("create %s: %v", describe(o), err)
+		}
+	}
+}
+
+func describe(o *unstructured.Unstructured) string {
+	return o.GetKind() + " " + o.GetName()
+}
+
+// kinds lists the objects as "Kind" strings, sorted.
+func kinds(objs []*unstructured.Unstructured) []string {
+	var ks []string
+	for _, o := range objs {
+		ks = append(ks, o.GetKind())
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// only returns the objects of the given kinds.
+func only(objs []*unstructured.Unstructured, kinds ...string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		for _, k := range kinds {
+			if o.GetKind() == k {
+				out = append(out, o)
+			}
+		}
+	}
+	return out
+}
+
+// one finds the single object of a kind and converts it to its Go type.
+func one[T any](t *testing.T, objs []*unstructured.Unstructured, kind string) *T {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want one %s, rendered %d (objects: %v)", kind, len(found), kinds(objs))
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, out); err != nil {
+		t.Fatalf("%s: %v", describe(found[0]), err)
+	}
+	return out
+}
+
+// readmeValues checks that the chart's README table documents every value
+// (a row starting with the value's path in backquotes) and nothing that
+// is not a value. A value is a leaf of values.yaml, where the schema
+// leaves free-form objects (resources, security contexts) and empty
+// defaults whole.
+func readmeValues(t *testing.T, dir string) {
+	t.Helper()
+	ch := loadChart(t, dir)
+	var schema map[string]any
+	if err := json.Unmarshal(ch.Schema, &schema); err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	documented := map[string]bool{}
+	readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "\n## Values\n")
+	if !ok {
+		t.Fatalf("%s/README.md has no Values section", filepath.Base(dir))
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `([A-Za-z0-9_.]+)` \\|")
+	for _, m := range row.FindAllStringSubmatch(table, -1) {
+		documented[m[1]] = true
+	}
+	known := map[string]bool{}
+	var walk func(prefix string, v any, s map[string]any)
+	walk = func(prefix string, v any, s map[string]any) {
+		known[prefix] = true
+		m, isMap := v.(map[string]any)
+		props, hasProps := s["properties"].(map[string]any)
+		if !isMap || len(m) == 0 || !hasProps {
+			if prefix != "" && !documented[prefix] {
+				t.Errorf("%s/README.md: value %s is not in the values table", filepath.Base(dir), prefix)
+			}
+			return
+		}
+		for k, sub := range m {
+			p := k
+			if prefix != "" {
+				p = prefix + "." + k
+			}
+			ss, _ := props[k].(map[string]any)
+			if ss == nil {
+				t.Errorf("%s: value %s is not in values.schema.json", filepath.Base(dir), p)
+				continue
+			}
+			walk(p, sub, ss)
+		}
+	}
+	walk("", ch.Values, schema)
+	for d := range documented {
+		if !known[d] {
+			t.Errorf("%s/README.md documents %s, which is not a value", filepath.Base(dir), d)
+		}
+	}
+}
+
+// readmeBlock returns the README's fenced code block containing marker.
+func readmeBlock(t *testing.T, dir, marker string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```[a-z]*\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
+	for _, b := range blocks {
+		if strings.Contains(b[1], marker) {
+			return b[1]
+		}
+	}
+	t.Fatalf("%s/README.md: no code block with %q", filepath.Base(dir), marker)
+	return ""
+}
+
+// wantError renders bad values and checks that the install fails naming
+// the problem, and that `helm lint` does too when the schema rejects them
+// (lint renders templates in lint mode, where fail and required only log).
+func wantError(t *testing.T, ch *chart.Chart, dir, namespace string, vals map[string]any, want []string) {
+	t.Helper()
+	_, err := render(ch, "bad", namespace, vals)
+	if err == nil {
+		t.Fatalf("rendered; want an error naming %q", want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not mention %q:\n%v", w, err)
+		}
+	}
+	if !strings.Contains(err.Error(), "values don't meet the specifications of the schema") {
+		return
+	}
+	var lintErrs []string
+	for _, m := range lintMessages(dir, vals, namespace) {
+		if m.Severity == support.ErrorSev {
+			lintErrs = append(lintErrs, m.Error())
+		}
+	}
+	if len(lintErrs) == 0 {
+		t.Errorf("helm lint reports no error")
+	} else if !strings.Contains(strings.Join(lintErrs, "\n"), want[0]) {
+		t.Errorf("helm lint errors do not mention %q:\n%s", want[0], strings.Join(lintErrs, "\n"))
+	}
+}
