@@ -1,6 +1,7 @@
 // Package controlplane starts a real kube-apiserver and etcd for tests,
-// through controller-runtime's envtest, with the InferencePool CRDs
-// installed from the pinned Go module (nothing is downloaded). The
+// through controller-runtime's envtest, with the Gateway API (standard
+// channel) and InferencePool CRDs installed from the pinned Go modules
+// (nothing is downloaded). The
 // binaries come from KUBEBUILDER_ASSETS, or from hack/controlplane.sh,
 // which builds kube-apiserver once into $HOME/.cache/infergate and
 // installs Debian's etcd-server.
@@ -18,8 +19,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
 // Env is a running control plane.
@@ -29,7 +34,7 @@ type Env struct {
 }
 
 // Start brings the control plane up; Stop takes it down. Extra CRD
-// directories are installed besides the InferencePool ones.
+// directories are installed besides the Gateway API and InferencePool ones.
 func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
 	assets, err := assets(ctx)
 	if err != nil {
@@ -39,9 +44,14 @@ func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	gwapi, err := moduleDir(ctx, "sigs.k8s.io/gateway-api")
+	if err != nil {
+		return nil, err
+	}
+	dirs := []string{filepath.Join(gwapi, "config", "crd", "standard"), filepath.Join(gaie, "config", "crd", "bases")}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     append([]string{filepath.Join(gaie, "config", "crd", "bases")}, extraCRDDirs...),
+		CRDDirectoryPaths:     append(dirs, extraCRDDirs...),
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -49,6 +59,17 @@ func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
 		return nil, fmt.Errorf("envtest with %s: %w", assets, err)
 	}
 	return &Env{env: env, Config: cfg}, nil
+}
+
+// Scheme holds the built-in kinds, the Gateway API and InferencePool.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gatewayv1.Install, inferencev1.Install} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // Stop stops the API server and etcd.

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/epp/kube"
@@ -61,7 +62,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "control plane:", err)
 		os.Exit(1)
 	}
-	scheme, err := kube.Scheme()
+	scheme, err := controlplane.Scheme()
 	if err == nil {
 		fx.client, err = client.New(env.Config, client.Options{Scheme: scheme})
 	}
@@ -475,6 +476,29 @@ func TestModelRewrites(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRouteToPoolIsValid checks that the Gateway API CRDs the control
+// plane installs accept an HTTPRoute whose backend is an InferencePool,
+// the object every gateway integration starts from.
+func TestRouteToPoolIsValid(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	createPool(t, ns, "pool", map[string]string{"app": "x"}, 8000)
+	group := gatewayv1.Group(inferencev1.GroupName)
+	kind := gatewayv1.Kind("InferencePool")
+	route := &gatewayv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llm"},
+		Spec: gatewayv1.HTTPRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{Name: "inference-gateway"}}},
+			Rules: []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{
+				BackendObjectReference: gatewayv1.BackendObjectReference{Group: &group, Kind: &kind, Name: "pool"},
+			}}}}},
+		},
+	}
+	if err := fx.client.Create(ctx, route); err != nil {
+		t.Fatalf("HTTPRoute to an InferencePool refused: %v", err)
+	}
 }
 
 // TestTargetPortsAreRanks gives the pool two target ports: two endpoints
