@@ -259,10 +259,12 @@ func TestReloadKeepsOpenStreams(t *testing.T) {
 	if a.err != nil || a.h.Get("x-gateway-model-name") != "gpt-4" {
 		t.Fatalf("the open stream did not finish under its first policy: %v %v", a.err, a.h)
 	}
-	write("models:\n  allow: [\n") // broken
-	time.Sleep(100 * time.Millisecond)
-	if got := outcome(r.request(t, body, 0)).Status; got != 403 {
-		t.Errorf("after a broken edit status %d, want 403 from the last good policy", got)
+	for _, bad := range []string{"models:\n  allow: [\n", ""} { // broken; emptied
+		write(bad)
+		time.Sleep(100 * time.Millisecond)
+		if got := outcome(r.request(t, body, 0)).Status; got != 403 {
+			t.Errorf("after writing %q: status %d, want 403 from the last good policy", bad, got)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package payload
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -173,6 +174,11 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) reloadFile() {
 	cfg, err := LoadFile(s.cfg.ConfigFile)
+	if err == nil && emptyFile(s.cfg.ConfigFile) {
+		// Most likely a write caught half-way; an empty policy would drop
+		// every guardrail. Clearing the policy on purpose is "{}".
+		err = fmt.Errorf("payload config %s: the file became empty; write {} to clear the policy", s.cfg.ConfigFile)
+	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		s.cfg.Logger.WithName("config").Error(err, "configuration changed but cannot be used; keeping the previous one")
@@ -182,6 +188,11 @@ func (s *Service) reloadFile() {
 	s.file = cfg
 	s.mu.Unlock()
 	s.recompile("file")
+}
+
+func emptyFile(path string) bool {
+	data, err := os.ReadFile(path)
+	return err == nil && len(bytes.TrimSpace(data)) == 0
 }
 
 func (s *Service) setFromCluster(bases []policy.BaseModel) {

@@ -25,12 +25,15 @@ func StampOf(path string) (Stamp, error) {
 }
 
 // Watch checks path every interval until ctx ends and calls changed when
-// its stamp differs from since (the stamp of the version already loaded).
-// The stamp moves on even if changed fails, so one broken edit is
-// reported once, not every tick.
+// its stamp differs from since (the stamp of the version already loaded)
+// and has stayed the same for one more interval: a writer that truncates
+// and rewrites in place is not read half-way (a half-written policy could
+// parse and drop guardrails). The stamp moves on even if changed fails,
+// so one broken edit is reported once, not every tick.
 func Watch(ctx context.Context, path string, since Stamp, every time.Duration, changed func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var pending Stamp
 	for {
 		select {
 		case <-ctx.Done():
@@ -38,10 +41,14 @@ func Watch(ctx context.Context, path string, since Stamp, every time.Duration, c
 		case <-t.C:
 		}
 		st, err := StampOf(path)
-		if err != nil || st == since {
-			continue
+		switch {
+		case err != nil || st == since:
+			pending = Stamp{}
+		case st != pending:
+			pending = st // changed since the last look: let it settle
+		default:
+			since, pending = st, Stamp{}
+			changed()
 		}
-		since = st
-		changed()
 	}
 }

@@ -432,14 +432,23 @@ func TestPickerWithoutResponseBodies(t *testing.T) {
 			t.Fatalf("%v %+v", err, r)
 		}
 	}
-	resp, err := client.Get("http://" + e.MetricsAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(body), `infergate_epp_served_total{match="primary"} 10`) {
-		t.Fatalf("served endpoints not recorded from response headers alone:\n%s", grepLines(string(body), "served"))
+	// The picker counts a response when its stream closes, which can be a
+	// moment after the client has read the last byte.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := client.Get("http://" + e.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), `infergate_epp_served_total{match="primary"} 10`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("served endpoints not recorded from response headers alone:\n%s", grepLines(string(body), "served"))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
