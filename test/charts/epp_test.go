@@ -164,16 +164,7 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	if want.config {
 		wantKinds = append(wantKinds, "ConfigMap")
 	}
-	if want.podMonitor {
-		wantKinds = append(wantKinds, "PodMonitor")
-	}
-	if provider == "istio" && !want.plaintext {
-		wantKinds = append(wantKinds, "DestinationRule")
-	}
-	sort.Strings(wantKinds)
-	if got := kinds(objs); !slices.Equal(got, wantKinds) {
-		t.Fatalf("rendered %v, want %v", got, wantKinds)
-	}
+	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
 	dep := one[appsv1.Deployment](t, objs, "Deployment")
 	svc := one[corev1.Service](t, objs, "Service")

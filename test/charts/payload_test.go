@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 
@@ -94,16 +93,7 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	if want.roleKind != "" {
 		wantKinds = append(wantKinds, want.roleKind, want.roleKind+"Binding")
 	}
-	if want.podMonitor {
-		wantKinds = append(wantKinds, "PodMonitor")
-	}
-	if provider == "istio" && !want.plaintext {
-		wantKinds = append(wantKinds, "DestinationRule")
-	}
-	sort.Strings(wantKinds)
-	if got := kinds(objs); !slices.Equal(got, wantKinds) {
-		t.Fatalf("rendered %v, want %v", got, wantKinds)
-	}
+	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
 	dep := one[appsv1.Deployment](t, objs, "Deployment")
 	svc := one[corev1.Service](t, objs, "Service")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -330,5 +331,22 @@ func wantError(t *testing.T, ch *chart.Chart, dir, namespace string, vals map[st
 		t.Errorf("helm lint reports no error")
 	} else if !strings.Contains(strings.Join(lintErrs, "\n"), want[0]) {
 		t.Errorf("helm lint errors do not mention %q:\n%s", want[0], strings.Join(lintErrs, "\n"))
+	}
+}
+
+// checkKinds compares the rendered kinds with base plus the optional
+// PodMonitor and Istio DestinationRule.
+func checkKinds(t *testing.T, objs []*unstructured.Unstructured, base []string, podMonitor, istioTLS bool) {
+	t.Helper()
+	want := append([]string(nil), base...)
+	if podMonitor {
+		want = append(want, "PodMonitor")
+	}
+	if istioTLS {
+		want = append(want, "DestinationRule")
+	}
+	sort.Strings(want)
+	if got := kinds(objs); !slices.Equal(got, want) {
+		t.Fatalf("rendered %v, want %v", got, want)
 	}
 }
