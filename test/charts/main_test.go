@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,8 @@ type fixture struct {
 	// kubeVersion is the API server's, so rendering and linting see the
 	// cluster the objects are checked against.
 	kubeVersion chartutil.KubeVersion
+	// runs numbers namespaces, so that -count=N reruns do not collide.
+	runs atomic.Int32
 }
 
 var fx fixture // set once in TestMain, read by the tests
@@ -99,6 +102,7 @@ func setUp(env *controlplane.Env) error {
 // namespace creates a namespace of its own for a test.
 func namespace(t *testing.T, name string) string {
 	t.Helper()
+	name = fmt.Sprintf("%s-%d", name, fx.runs.Add(1))
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := fx.client.Create(context.Background(), ns); err != nil {
 		t.Fatalf("namespace %s: %v", name, err)
