@@ -551,6 +551,7 @@ func TestLeaderElectionOneReady(t *testing.T) {
 	if b.ready() {
 		leader, standby = b, a
 	}
+	stopped := time.Now()
 	leader.stop() // releases the Lease on the way out
 	eventually(t, "standby takes over", func() error {
 		if !standby.ready() {
@@ -558,6 +559,7 @@ func TestLeaderElectionOneReady(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("standby ready %v after the leader began to stop", time.Since(stopped).Round(100*time.Millisecond))
 }
 
 // TestRoleIsEnough runs the picker as a user bound only to the Role the
