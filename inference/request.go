@@ -36,10 +36,7 @@ func ParseRequest(raw []byte) (*Request, error) {
 	}
 	var sb strings.Builder
 	sb.Grow(b.textFieldBytes())
-	b.Texts(func(t Text) bool {
-		sb.WriteString(t.Value)
-		return true
-	})
+	b.walkTexts(textWalker{sb: &sb})
 	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream()}, nil
 }
 
@@ -108,8 +105,21 @@ type Span struct{ Start, End int }
 type Text struct {
 	// Span covers the JSON string including its quotes.
 	Span
-	// Value is the decoded string.
-	Value string
+	quoted  []byte
+	escaped bool
+}
+
+// Value decodes the string.
+func (t Text) Value() string { return stringValue(t.quoted, t.escaped) }
+
+// appendTo writes the decoded string to sb, without an intermediate
+// string when it has no escapes (the routing hot path: prompt extraction).
+func (t Text) appendTo(sb *strings.Builder) {
+	if t.escaped {
+		sb.WriteString(stringValue(t.quoted, true))
+		return
+	}
+	sb.Write(t.quoted[1 : len(t.quoted)-1])
 }
 
 // textFields are read in prompt order: what the model sees first comes first.
@@ -128,13 +138,16 @@ func (b *Body) textFieldBytes() int {
 // returns false. Inside those fields it visits strings, the strings in
 // arrays, and in objects only the "text" and "content" fields, so roles,
 // types, tool names and image URLs are left alone.
-func (b *Body) Texts(fn func(Text) bool) {
+func (b *Body) Texts(fn func(Text) bool) { b.walkTexts(textWalker{fn: fn}) }
+
+// walkTexts runs w over the text fields in prompt order.
+func (b *Body) walkTexts(w textWalker) {
 	for _, f := range textFields {
 		sp := b.s.fields[f]
 		if sp.end == 0 {
 			continue
 		}
-		w := textWalker{b: b.s.b[:sp.end], i: sp.start, fn: fn}
+		w.b, w.i = b.s.b[:sp.end], sp.start
 		w.value(true)
 		if w.stop {
 			return
@@ -142,11 +155,14 @@ func (b *Body) Texts(fn func(Text) bool) {
 	}
 }
 
-// textWalker visits the text of an already validated JSON value.
+// textWalker visits the text of an already validated JSON value, calling
+// fn for each text or, on the routing hot path, appending it to sb (no
+// closure and no string per text).
 type textWalker struct {
 	b    []byte
 	i    int
 	fn   func(Text) bool
+	sb   *strings.Builder
 	stop bool
 }
 
@@ -192,7 +208,11 @@ func (w *textWalker) value(collect bool) {
 	case '"':
 		start := w.i
 		q, escaped := w.str()
-		if collect && !w.fn(Text{Span: Span{start, w.i}, Value: stringValue(q, escaped)}) {
+		switch t := (Text{Span: Span{start, w.i}, quoted: q, escaped: escaped}); {
+		case !collect:
+		case w.sb != nil:
+			t.appendTo(w.sb)
+		case !w.fn(t):
 			w.stop = true
 		}
 	case '[':

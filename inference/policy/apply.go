@@ -161,11 +161,17 @@ func (p *Policy) Apply(raw []byte) Result {
 		return p.finish(body, res, nil)
 	}
 
-	var texts []inference.Text
+	// Each text is decoded once; every rule below reads the decoded form.
+	type text struct {
+		span  inference.Span
+		value string
+	}
+	var texts []text
 	promptBytes := int64(0)
 	body.Texts(func(t inference.Text) bool {
-		texts = append(texts, t)
-		promptBytes += int64(len(t.Value))
+		v := t.Value()
+		texts = append(texts, text{t.Span, v})
+		promptBytes += int64(len(v))
 		return true
 	})
 	if l := p.limits.MaxPromptBytes; l > 0 && promptBytes > l {
@@ -177,7 +183,7 @@ func (p *Policy) Apply(raw []byte) Result {
 		}
 	}
 	for _, t := range texts {
-		if r := p.denied(t.Value); r != nil {
+		if r := p.denied(t.value); r != nil {
 			return reject(403, ReasonDenied, r.name, "%s", r.message)
 		}
 	}
@@ -185,12 +191,12 @@ func (p *Policy) Apply(raw []byte) Result {
 	var edits []inference.Edit
 	var used uint64 // bit i: pii rule i masked something
 	for _, t := range texts {
-		masked, changed, rej := p.mask(t.Value, &used)
+		masked, changed, rej := p.mask(t.value, &used)
 		if rej != nil {
 			return *rej
 		}
 		if changed {
-			edits = append(edits, inference.Edit{Span: t.Span, JSON: inference.AppendQuoted(nil, masked)})
+			edits = append(edits, inference.Edit{Span: t.span, JSON: inference.AppendQuoted(nil, masked)})
 		}
 	}
 	for i, r := range p.pii {

@@ -118,8 +118,8 @@ func FuzzMask(f *testing.F) {
 				t.Fatalf("masked body does not parse: %v", err)
 			}
 			parsed.Texts(func(tx inference.Text) bool {
-				if ms := pii.Find(nil, tx.Value, pii.All); len(ms) > 0 {
-					t.Fatalf("%s survived masking in %q", ms[0].Kind, tx.Value)
+				if ms := pii.Find(nil, tx.Value(), pii.All); len(ms) > 0 {
+					t.Fatalf("%s survived masking in %q", ms[0].Kind, tx.Value())
 				}
 				return true
 			})
