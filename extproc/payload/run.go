@@ -58,56 +58,55 @@ type Service struct {
 	fromCluster []policy.BaseModel
 }
 
-// LoadFile reads a policy file and checks that it compiles; errors name
-// the file and field.
-func LoadFile(path string) (*policy.Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("payload config: %w", err)
-	}
-	cfg, err := Load(data)
-	if err != nil {
-		return nil, fmt.Errorf("payload config %s: %w", path, err)
-	}
-	return cfg, nil
+// policyFile is a policy file as read: its configuration, the policy it
+// compiles to on its own, and whether the file held nothing at all.
+type policyFile struct {
+	cfg    *policy.Config
+	policy *policy.Policy
+	empty  bool
 }
 
-// Load reads a YAML (or JSON) policy configuration and checks it compiles.
-func Load(data []byte) (*policy.Config, error) {
-	js, err := yaml.YAMLToJSON(data)
+// loadFile reads a YAML (or JSON) policy file and checks it compiles;
+// errors name the file and field.
+func loadFile(path string) (policyFile, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("YAML: %w", err)
+		return policyFile{}, fmt.Errorf("payload config: %w", err)
 	}
-	if string(js) == "null" {
+	f := policyFile{empty: len(bytes.TrimSpace(data)) == 0}
+	js, err := yaml.YAMLToJSON(data)
+	if err == nil && string(js) == "null" {
 		js = nil // an empty file
 	}
-	cfg, err := policy.DecodeJSON(js)
 	if err != nil {
-		return nil, err
+		err = fmt.Errorf("YAML: %w", err)
+	} else if f.cfg, err = policy.DecodeJSON(js); err == nil {
+		f.policy, err = policy.Compile(f.cfg)
 	}
-	if _, err := policy.Compile(cfg); err != nil {
-		return nil, err
+	if err != nil {
+		return policyFile{}, fmt.Errorf("payload config %s: %w", path, err)
 	}
-	return cfg, nil
+	return f, nil
 }
 
 // New loads the policy (failing fast with the file and field named) and
 // binds the listeners.
 func New(cfg Config) (*Service, error) {
 	file := &policy.Config{}
+	pol, err := policy.Compile(file)
+	if err != nil {
+		return nil, err
+	}
 	var stamp filewatch.Stamp
-	var err error
 	if cfg.ConfigFile != "" {
 		if stamp, err = filewatch.StampOf(cfg.ConfigFile); err != nil {
 			return nil, fmt.Errorf("payload config: %w", err)
 		}
-		if file, err = LoadFile(cfg.ConfigFile); err != nil {
+		f, err := loadFile(cfg.ConfigFile)
+		if err != nil {
 			return nil, err
 		}
-	}
-	pol, err := policy.Compile(file)
-	if err != nil {
-		return nil, err
+		file, pol = f.cfg, f.policy
 	}
 	var restCfg *rest.Config
 	if cfg.ConfigMapNamespace != "" {
@@ -173,8 +172,10 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) reloadFile() {
-	cfg, err := LoadFile(s.cfg.ConfigFile)
-	if err == nil && emptyFile(s.cfg.ConfigFile) {
+	// The file alone must compile before it replaces the last good one,
+	// so a broken edit does not block ConfigMap updates meanwhile.
+	f, err := loadFile(s.cfg.ConfigFile)
+	if err == nil && f.empty {
 		// Most likely a write caught half-way; an empty policy would drop
 		// every guardrail. Clearing the policy on purpose is "{}".
 		err = fmt.Errorf("payload config %s: the file became empty; write {} to clear the policy", s.cfg.ConfigFile)
@@ -185,14 +186,9 @@ func (s *Service) reloadFile() {
 		return
 	}
 	s.mu.Lock()
-	s.file = cfg
+	s.file = f.cfg
 	s.mu.Unlock()
 	s.recompile("file")
-}
-
-func emptyFile(path string) bool {
-	data, err := os.ReadFile(path)
-	return err == nil && len(bytes.TrimSpace(data)) == 0
 }
 
 func (s *Service) setFromCluster(bases []policy.BaseModel) {
