@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -86,13 +87,15 @@ func guardrails(ctx context.Context, base, metricsURL string) error {
 			wrong++
 		}
 	}
-	counts, err := scrape(ctx, metricsURL)
+	series, err := scrape(ctx, metricsURL)
 	if err != nil {
 		return fmt.Errorf("payload processor metrics: %w", err)
 	}
 	fmt.Println("\nWhat the payload processor counted (infergate_payload_* metrics):")
-	for _, k := range sortedKeys(counts) {
-		fmt.Printf("  %s %g\n", k, counts[k])
+	for _, k := range sortedKeys(series) {
+		if strings.HasPrefix(k, "infergate_payload_") && !strings.Contains(k, "_duration_") {
+			fmt.Printf("  %s %g\n", k, series[k])
+		}
 	}
 	fmt.Printf("The processor set X-Gateway-Model-Name and X-Gateway-Base-Model-Name on every forwarded request (%s -> %s),\n", demoAdapter, demoBase)
 	fmt.Println("replaced e-mail addresses by [EMAIL] before a server saw them (the rewritten requests), and read the token")
@@ -110,7 +113,8 @@ func orDash(s string) string {
 	return s
 }
 
-// scrape reads the infergate_payload_* counters from a metrics page.
+// scrape reads every sample of a metrics page: series (name and labels)
+// → value.
 func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -125,16 +129,15 @@ func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "infergate_payload_") || strings.Contains(line, "_duration_") {
+		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		name, value, ok := strings.Cut(line, " ")
-		if !ok {
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
 			continue
 		}
-		var v float64
-		if _, err := fmt.Sscan(value, &v); err == nil {
-			out[name] = v
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
 		}
 	}
 	return out, sc.Err()

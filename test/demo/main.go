@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -434,28 +433,13 @@ func waitPicks(ctx context.Context, base string) error {
 
 // hitRate reads a sim's prefix-cache counters.
 func hitRate(ctx context.Context, addr string) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	series, err := scrape(ctx, "http://"+addr+"/metrics")
 	if err != nil {
 		return "?"
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "?"
-	}
-	defer resp.Body.Close()
 	var hits, queries float64
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		name, rest, _ := strings.Cut(line, "{")
-		_, value, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			continue
-		}
+	for s, v := range series {
+		name, _, _ := strings.Cut(s, "{")
 		switch name {
 		case "vllm:prefix_cache_hits_total":
 			hits += v
