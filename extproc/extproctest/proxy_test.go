@@ -199,7 +199,6 @@ func TestProxyFallback(t *testing.T) {
 }
 
 func TestProxyFilterFailures(t *testing.T) {
-	up := startUpstream(t, nil)
 	crashMidBody := func(c *conn) error {
 		for {
 			req, err := c.recv()
@@ -211,6 +210,9 @@ func TestProxyFilterFailures(t *testing.T) {
 			}
 		}
 	}
+	// upAddr is the subtest's own upstream: a request a failed case let
+	// through late must not be counted against the next case.
+	var upAddr string
 	plainBody := func(c *conn) error {
 		for {
 			req, err := c.recv()
@@ -218,7 +220,7 @@ func TestProxyFilterFailures(t *testing.T) {
 				return nil
 			}
 			if req.GetRequestBody().GetEndOfStream() {
-				_ = c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: setHeaders(DestinationEndpointKey, up.addr)}))
+				_ = c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: setHeaders(DestinationEndpointKey, upAddr)}))
 				_ = c.send(bodyResp(false, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("{}")}}}))
 			}
 		}
@@ -241,6 +243,8 @@ func TestProxyFilterFailures(t *testing.T) {
 		{name: "immediate response passes through", handle: deny, wantStatus: 429, wantBody: "too many requests"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			up := startUpstream(t, nil)
+			upAddr = up.addr
 			epp := startServer(t, tc.handle)
 			url := startProxy(t, Config{
 				Filters:           []FilterConfig{{Name: "epp", Target: epp.addr, FailureModeAllow: tc.failOpen}},
