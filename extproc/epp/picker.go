@@ -157,14 +157,14 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	candidates := make([]scheduling.Endpoint, 0, len(all))
 	hint := readSubsetHint(r.Metadata)
 	for _, e := range all {
-		if hint != nil && !hint.allows(e) {
+		if hint != nil && !hint.Allows(e) {
 			continue
 		}
 		candidates = append(candidates, scheduling.Endpoint{Endpoint: e, Metrics: e.FreshMetrics(now, p.opts.MetricsStaleness)})
 	}
 	if hint != nil && len(candidates) == 0 {
 		msg := "the proxy's endpoint subset matches no endpoint of the pool"
-		if hint.empty() {
+		if hint.Empty() {
 			msg = "the proxy sent an empty endpoint subset"
 		}
 		return reject(503, ReasonNoEndpoints, msg), outcomeSubsetEmpty

@@ -366,6 +366,29 @@ func TestSubsetHint(t *testing.T) {
 	}
 }
 
+func TestHeaderTestingFilterSteersThePick(t *testing.T) {
+	const steered = `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: header-based-testing-filter
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: header-based-testing-filter
+  - pluginRef: random-picker
+`
+	r := newRig(t, rigOpts{configText: steered, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")})
+	for range 20 {
+		a := r.do(t, call{body: completion, headers: map[string]string{scheduling.EndpointSelectionHeader: "10.0.0.2:8000"}})
+		if got := a.destination(t); got != "10.0.0.2:8000" {
+			t.Fatalf("destination %q, want the steered 10.0.0.2:8000", got)
+		}
+	}
+	r.do(t, call{body: completion}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+	r.do(t, call{body: completion, headers: map[string]string{scheduling.EndpointSelectionHeader: "10.0.0.9:8000"}}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+}
+
 func TestNoReadyEndpointIs503(t *testing.T) {
 	r := newRig(t, rigOpts{endpoints: []datastore.Spec{}})
 	r.do(t, call{body: completion}).wantImmediate(t, 503, epp.ReasonNoEndpoints)

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+
+	"github.com/infergate/infergate/extproc/epp/datastore"
 )
 
 // Factory builds a plugin instance from its config name and raw JSON
@@ -19,6 +21,7 @@ type Factory func(name string, params json.RawMessage) (Plugin, error)
 func Builtins() map[string]Factory {
 	return map[string]Factory{
 		"label-selector-filter":        newLabelSelectorFilter,
+		HeaderTestingFilterType:        simple(HeaderTestingFilterType, func(n named) Plugin { return headerTestingFilter{n} }),
 		"queue-scorer":                 simple("queue-scorer", func(n named) Plugin { return queueScorer{n} }),
 		"kv-cache-utilization-scorer":  simple("kv-cache-utilization-scorer", func(n named) Plugin { return kvCacheScorer{n} }),
 		"running-requests-size-scorer": simple("running-requests-size-scorer", func(n named) Plugin { return runningScorer{n} }),
@@ -135,6 +138,34 @@ func (f *labelSelectorFilter) matches(labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// HeaderTestingFilterType keeps only the endpoints a request names in
+// EndpointSelectionHeader. It exists for tests: conformance suites use it to
+// steer requests, and the routing benchmark's oracle to apply its hand
+// split through the same path as every other picker. Any client can steer
+// its own request with the header, so production profiles leave it out.
+const HeaderTestingFilterType = "header-based-testing-filter"
+
+// EndpointSelectionHeader lists the endpoints a request may go to, as a
+// comma-separated list of IPs or ip:port.
+const EndpointSelectionHeader = "test-epp-endpoint-selection"
+
+type headerTestingFilter struct{ named }
+
+// Filter keeps the named endpoints; a request without the header, or naming
+// none of the candidates, keeps none, so it is answered 503 rather than
+// routed somewhere the test did not ask for.
+func (headerTestingFilter) Filter(_ context.Context, req *Request, eps []Endpoint) []Endpoint {
+	set := datastore.NewAddressSet()
+	set.AddList(req.Headers[EndpointSelectionHeader])
+	out := make([]Endpoint, 0, 1)
+	for _, e := range eps {
+		if set.Allows(e.Endpoint) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // ---- scorers ----

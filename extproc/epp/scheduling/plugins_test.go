@@ -142,6 +142,47 @@ func (l *lockedRand) Shuffle(n int, swap func(i, j int)) {
 
 func seeded() *lockedRand { return &lockedRand{r: rand.New(rand.NewPCG(1, 2))} }
 
+func TestHeaderTestingFilter(t *testing.T) {
+	eps := []Endpoint{
+		ep("10.0.0.1:8000", nil, nil),
+		ep("10.0.0.1:8001", nil, nil), // a second data-parallel rank of the same pod
+		ep("10.0.0.2:8000", nil, nil),
+		ep("[fd00::3]:8000", nil, nil),
+	}
+	cases := []struct {
+		name   string
+		header *string
+		want   []string
+	}{
+		{"no header keeps none", nil, nil},
+		{"empty header keeps none", ptr(""), nil},
+		{"exact ip:port", ptr("10.0.0.2:8000"), []string{"10.0.0.2:8000"}},
+		{"ip alone keeps every rank", ptr("10.0.0.1"), []string{"10.0.0.1:8000", "10.0.0.1:8001"}},
+		{"list with spaces", ptr(" 10.0.0.1:8001 , 10.0.0.2:8000"), []string{"10.0.0.1:8001", "10.0.0.2:8000"}},
+		{"ipv6 spelt differently", ptr("[fd00:0::3]:8000"), []string{"[fd00::3]:8000"}},
+		{"wrong port", ptr("10.0.0.2:9000"), nil},
+		{"unknown ip", ptr("256.256.256.256"), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &Request{Headers: map[string]string{}}
+			if tc.header != nil {
+				req.Headers[EndpointSelectionHeader] = *tc.header
+			}
+			got := build(t, HeaderTestingFilterType, "").(Filter).Filter(context.Background(), req, eps)
+			var addrs []string
+			for _, e := range got {
+				addrs = append(addrs, e.Address)
+			}
+			if fmt.Sprint(addrs) != fmt.Sprint(tc.want) {
+				t.Fatalf("kept %v, want %v", addrs, tc.want)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 func TestMaxScorePicker(t *testing.T) {
 	p := build(t, "max-score-picker", `{"maxNumOfEndpoints":2}`).(Picker)
 	SetRand(p, seeded())
