@@ -99,8 +99,8 @@ func (c *client) do(ctx context.Context, to target, r request) result {
 		return result{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if to.dest != "" {
-		req.Header.Set("x-gateway-destination-endpoint", to.dest)
+	if to.steer != "" {
+		req.Header.Set(selectionHeader, to.steer)
 	}
 	if r.Objective != "" {
 		req.Header.Set("x-llm-d-inference-objective", r.Objective)
@@ -178,15 +178,23 @@ type usageEvent struct {
 }
 
 // target is where a request goes: the proxy's base URL, and for the
-// oracle the sim it names in the destination header.
-type target struct{ base, dest string }
+// oracle the sim it steers the picker to.
+type target struct{ base, steer string }
+
+// selectionHeader names the endpoints the picker's header-based-testing-filter
+// keeps (scheduling.EndpointSelectionHeader).
+const selectionHeader = "test-epp-endpoint-selection"
 
 // router picks a request's target.
 type router func(r request) target
 
 // runSessions sends the sessions with at most concurrency in flight, each
 // session's requests in order, and returns every result and the wall time.
-func (c *client) runSessions(ctx context.Context, sessions []session, concurrency int, route router) ([]result, time.Duration) {
+// The workers start spread evenly over ramp (wall clock), as clients that
+// have been running for a while are spread over a request's lifetime;
+// started all at once they would meet every run with a burst that steady
+// serving never sees.
+func (c *client) runSessions(ctx context.Context, sessions []session, concurrency int, ramp time.Duration, route router) ([]result, time.Duration) {
 	jobs := make(chan session)
 	var (
 		mu  sync.Mutex
@@ -194,9 +202,12 @@ func (c *client) runSessions(ctx context.Context, sessions []session, concurrenc
 		wg  sync.WaitGroup
 	)
 	start := time.Now()
-	for range concurrency {
+	for i := range concurrency {
 		wg.Go(func() {
 			var local []result
+			if sleepCtx(ctx, ramp*time.Duration(i)/time.Duration(concurrency)) != nil {
+				return
+			}
 			for s := range jobs {
 				for _, r := range s {
 					if ctx.Err() != nil {
@@ -222,6 +233,43 @@ feed:
 	wg.Wait()
 	return all, time.Since(start)
 }
+
+// warmUp sends rounds × n concurrent short requests of text no workload
+// shares (max_tokens 2), so that the measured requests find connections
+// open and processes past their first-request costs. Without it the first
+// wave of a run, fired at once at fresh processes, took 30–60 ms more than
+// the model's TTFT and alone set the p99 of 1,024 requests. Any failure
+// fails the run: a stack that cannot answer these cannot be measured.
+func (c *client) warmUp(ctx context.Context, route router, n, rounds int) error {
+	g := newTextGen(0x3a93)
+	for range rounds {
+		reqs := make([]request, n)
+		for i := range reqs {
+			reqs[i] = request{Prompt: g.text(warmUpTokens), MaxTokens: 2, Group: -1}
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i, r := range reqs {
+			wg.Go(func() {
+				res := c.do(ctx, route(r), r)
+				switch {
+				case res.err != nil:
+					errs[i] = res.err
+				case res.status != http.StatusOK:
+					errs[i] = fmt.Errorf("warm-up request: HTTP %d", res.status)
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// warmUpTokens is the warm-up prompt length: two KV-cache blocks.
+const warmUpTokens = 32
 
 // flood runs workers that send tenant A's requests back to back until ctx
 // ends, pausing backoff after a 429 as a well-behaved client would.

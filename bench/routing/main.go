@@ -17,6 +17,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -40,14 +41,13 @@ import (
 // defaultTimeScale is 1: simulated time runs at wall-clock speed. Measured
 // on the 2-core build machine with the sims' vLLM-calibrated defaults (256
 // running sequences, 8 ms per output token), 32 streams through the dev
-// proxy and the picker make about 4,000 SSE events per second, and relaying
-// each one (sim → proxy → picker's ext_proc response-body stream → proxy →
-// client) costs about 360 µs of CPU: 1.4–1.6 cores for a row with the
-// picker, less for round robin and the oracle, which skip the picker. At 1
-// the decode rate the client measures equals the model's, so the sims'
-// model and not the machine bounds throughput, and the whole run (all
-// workloads × configs) takes about 8 minutes; at 1.5 the rows with the
-// picker would need more than the 2 cores.
+// proxy make about 4,000 SSE events per second. When the picker also
+// received every response chunk, relaying each one cost about 360 µs of CPU
+// and a picker row 1.4–1.6 cores; with the picker on the response headers
+// only, a row uses about 0.8. At 1 the decode rate the client measures
+// equals the model's, so the sims' model and not the machine bounds
+// throughput, and the whole run (all workloads × configs) takes about 8
+// minutes.
 const defaultTimeScale = 1
 
 func main() {
@@ -257,8 +257,8 @@ func (e *env) runTimeout(reqs []request, pods, concurrency int) time.Duration {
 }
 
 // router returns how requests reach the sims: through the dev proxy, and
-// for the oracle with the sim named by hand (group mod pods, round robin
-// without a group) in the destination header the proxy routes by.
+// for the oracle steered to the sim chosen by hand (group mod pods, round
+// robin without a group).
 func (st *stack) router() router {
 	if st.cfg != cfgOracle {
 		return func(request) target { return target{base: st.base} }
@@ -272,7 +272,7 @@ func (st *stack) router() router {
 		} else {
 			i = int((rr.Add(1) - 1) % uint64(n))
 		}
-		return target{base: st.base, dest: st.sims[i].addr}
+		return target{base: st.base, steer: st.sims[i].addr}
 	}
 }
 
@@ -299,6 +299,10 @@ type runStats struct {
 	cpuBy               string
 	prefixIndex         indexSize
 	prefixIndexExplored bool // the picker's metrics were read
+	// decision is the picker's mean time from a complete request to its
+	// answer (infergate_epp_decision_duration_seconds), wall clock; zero
+	// without a picker.
+	decision time.Duration
 }
 
 // overhead is the client's mean TTFT minus the sims' own.
@@ -376,8 +380,11 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s); on vLLM the routers reached 0.50–0.55 of the hand split (39–43%% / 77.5%%).\n",
 				ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
 			dp, op := percentile(def.ttft, 0.99), percentile(oracle.ttft, 0.99)
-			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). The oracle pays the proxy path but no picker (TTFT overhead column: %s vs %s mean).\n",
-				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead())
+			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). Both pay the proxy and the picker's ext_proc hop (TTFT overhead column: %s vs %s mean; the pickers' own decisions took %s and %s of it on average).\n",
+				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead(), us(def.decision), us(oracle.decision))
+			if rr := byCfg[cfgRoundRobin]; rr != nil {
+				fmt.Printf("- the hop's cost: round robin, the proxy without a picker, shows %s of TTFT overhead.\n", rr.overhead())
+			}
 			if len(def.prefill) > 0 && len(oracle.prefill) > 0 {
 				dm, om := percentile(def.prefill, 0.99), percentile(oracle.prefill, 0.99)
 				fmt.Printf("- the same p99 from the sims' latency model and each response's cached tokens (routing alone, no proxy, picker or machine): %s (%s / %s).\n",
@@ -482,8 +489,11 @@ func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg st
 	}
 	c := newClient(sim.DefaultModel, w.concurrency, 5*time.Minute)
 	defer c.close()
+	if err := e.warmUp(ctx, st, c, w.concurrency); err != nil {
+		return nil, err
+	}
 	cpu0 := st.cpu()
-	results, wall := c.runSessions(ctx, w.sessions, w.concurrency, st.router())
+	results, wall := c.runSessions(ctx, w.sessions, w.concurrency, e.ramp(reqs), st.router())
 	cores, cpuBy := st.cpu().cores(cpu0, wall)
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("run cut short after %s: %w", wall.Round(time.Millisecond), err)
@@ -498,6 +508,29 @@ func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg st
 	return r, nil
 }
 
+// ramp is how long the clients take to start (see runSessions): the mean
+// time the sims' model gives one of reqs, uncached, in wall clock; zero
+// when the model is unknown.
+func (e *env) ramp(reqs []request) time.Duration {
+	if !e.model.known || len(reqs) == 0 {
+		return 0
+	}
+	var total time.Duration
+	for _, r := range reqs {
+		total += e.model.service(r.promptTokens(), 0, r.MaxTokens)
+	}
+	return time.Duration(float64(total) / float64(len(reqs)) / e.scale)
+}
+
+// warmUp readies a fresh stack for measuring (see client.warmUp) and marks
+// the counters the run's figures start from.
+func (e *env) warmUp(ctx context.Context, st *stack, c *client, inFlight int) error {
+	if err := c.warmUp(ctx, st.router(), inFlight, 2); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	return st.markBaseline(ctx)
+}
+
 // collect turns results and the sims' counters into a row.
 func (e *env) collect(ctx context.Context, st *stack, results []result, wall time.Duration) (*runStats, error) {
 	r := &runStats{cfg: st.cfg, wall: wall, t: count(results)}
@@ -506,14 +539,14 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	for i, s := range st.sims {
 		r.pods = append(r.pods, s.name)
 		idx[s.name] = i
-		b, err := getBody(ctx, "http://"+s.addr+"/metrics")
-		if err != nil {
-			return nil, fmt.Errorf("%s metrics: %w", s.name, err)
-		}
-		m, err := promSamples(strings.NewReader(string(b)), "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-			"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
+		m, err := simCounters(ctx, s)
 		if err != nil {
 			return nil, err
+		}
+		if st.simBase != nil {
+			for k, v := range st.simBase[i] {
+				m[k] -= v
+			}
 		}
 		ttftSum += m["vllm:time_to_first_token_seconds_sum"]
 		ttftCount += m["vllm:time_to_first_token_seconds_count"]
@@ -545,6 +578,7 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	}
 	slices.Sort(r.ttft)
 	slices.Sort(r.prefill)
+
 	if gaps > 0 {
 		r.itl = e.sim(decode / time.Duration(gaps))
 	}
@@ -556,6 +590,7 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	if st.metrics != "" {
 		r.prefixIndexExplored = true
 		r.prefixIndex = prefixIndexMemory(ctx, st.metrics)
+		r.decision = decisionMean(ctx, st.metrics, st.decisionBase)
 	}
 	return r, nil
 }
@@ -563,6 +598,66 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 // sim converts a wall-clock duration to simulated time.
 func (e *env) sim(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * e.scale)
+}
+
+// Counters read before and after the measured requests.
+var (
+	simCounterNames = []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"}
+	decisionSum, decisionCount = "infergate_epp_decision_duration_seconds_sum", "infergate_epp_decision_duration_seconds_count"
+)
+
+// simCounters reads a sim's cache and TTFT counters.
+func simCounters(ctx context.Context, s simInfo) (map[string]float64, error) {
+	b, err := getBody(ctx, "http://"+s.addr+"/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("%s metrics: %w", s.name, err)
+	}
+	return promSamples(bytes.NewReader(b), simCounterNames...)
+}
+
+// pickerDecisions reads the picker's decision-time sum and count.
+func pickerDecisions(ctx context.Context, metricsAddr string) (map[string]float64, error) {
+	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		return nil, err
+	}
+	return promSamples(bytes.NewReader(b), decisionSum, decisionCount)
+}
+
+// markBaseline records the counters after the warm-up, which collect and
+// decisionMean subtract so that the figures are of the measured requests.
+func (st *stack) markBaseline(ctx context.Context) error {
+	st.simBase = make([]map[string]float64, len(st.sims))
+	for i, s := range st.sims {
+		m, err := simCounters(ctx, s)
+		if err != nil {
+			return err
+		}
+		st.simBase[i] = m
+	}
+	if st.metrics != "" {
+		m, err := pickerDecisions(ctx, st.metrics)
+		if err != nil {
+			return fmt.Errorf("picker metrics: %w", err)
+		}
+		st.decisionBase = m
+	}
+	return nil
+}
+
+// decisionMean is the picker's mean decision time since base; zero if
+// unknown.
+func decisionMean(ctx context.Context, metricsAddr string, base map[string]float64) time.Duration {
+	m, err := pickerDecisions(ctx, metricsAddr)
+	if err != nil {
+		return 0
+	}
+	sum, n := m[decisionSum]-base[decisionSum], m[decisionCount]-base[decisionCount]
+	if n <= 0 {
+		return 0
+	}
+	return time.Duration(sum / n * float64(time.Second))
 }
 
 // indexSize is what the picker says about its prefix index.
@@ -621,7 +716,7 @@ type phase struct {
 }
 
 func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs []string) error {
-	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing 1 s (simulated) after a refusal. Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the destination header.\n\n",
+	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing 1 s (simulated) after a refusal. Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the `test-epp-endpoint-selection` header through the picker, which sheds as for the other picker rows.\n\n",
 		spec.Pods, spec.BObjective, spec.BPriority, spec.BRequests, spec.BPrompt, spec.BOut, spec.BConcurrency,
 		spec.AObjective, spec.APriority, spec.AConcurrency, spec.APrompt, spec.AOut, spec.AConcurrency*(spec.APrompt+spec.AOut),
 		e.floodWarmup(spec).Round(10*time.Millisecond))
@@ -714,6 +809,15 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 	}
 	c := newClient(sim.DefaultModel, spec.AConcurrency+spec.BConcurrency, 5*time.Minute)
 	defer c.close()
+	// Both phases warm up alike, with as many requests at once as the
+	// phase will have in flight.
+	inFlight := spec.BConcurrency
+	if withA {
+		inFlight += spec.AConcurrency
+	}
+	if err := e.warmUp(ctx, st, c, inFlight); err != nil {
+		return nil, err
+	}
 	route := st.router()
 	cpu0 := st.cpu()
 	start := time.Now()
@@ -734,7 +838,7 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 	for i, r := range bReqs {
 		sessions[i] = session{r}
 	}
-	bRes, _ := c.runSessions(ctx, sessions, spec.BConcurrency, route)
+	bRes, _ := c.runSessions(ctx, sessions, spec.BConcurrency, e.ramp(bReqs), route)
 	p := &phase{b: bRes}
 	if fl != nil {
 		stopFlood()

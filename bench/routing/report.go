@@ -81,6 +81,9 @@ func ms(d time.Duration) string {
 	return strconv.FormatFloat(v, 'f', 0, 64) + " ms"
 }
 
+// us formats a wall-clock duration in microseconds.
+func us(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) + " µs" }
+
 func pctString(f float64) string {
 	if math.IsNaN(f) {
 		return "-"

@@ -357,13 +357,13 @@ func TestOracleRoutesByGroupAndRoundRobinOtherwise(t *testing.T) {
 	st := &stack{cfg: cfgOracle, base: "http://proxy", sims: []simInfo{{addr: "a"}, {addr: "b"}, {addr: "c"}}}
 	route := st.router()
 	for g, want := range map[int]string{0: "a", 4: "b", 5: "c"} {
-		if got := route(request{Group: g}); got != (target{base: "http://proxy", dest: want}) {
+		if got := route(request{Group: g}); got != (target{base: "http://proxy", steer: want}) {
 			t.Fatalf("group %d went to %+v, want %s via the proxy", g, got, want)
 		}
 	}
 	var got []string
 	for range 4 {
-		got = append(got, route(request{Group: -1}).dest)
+		got = append(got, route(request{Group: -1}).steer)
 	}
 	if !reflect.DeepEqual(got, []string{"a", "b", "c", "a"}) {
 		t.Fatalf("round robin went %v", got)

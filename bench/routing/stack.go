@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -59,10 +60,25 @@ schedulingProfiles:
     weight: 2
   - pluginRef: max-score-picker
 `,
+	// The oracle's hand split is made by the client, which names the sim in
+	// the test-epp-endpoint-selection header; the picker only keeps it. The
+	// split so pays the same proxy and ext_proc path as every picker row,
+	// and the oracle differs from them in the routing alone.
+	cfgOracle: `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: header-based-testing-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: header-based-testing-filter
+  - pluginRef: max-score-picker
+`,
 }
 
 // usesPicker reports whether the configuration runs the endpoint picker.
-func usesPicker(cfg string) bool { return cfg != cfgRoundRobin && cfg != cfgOracle }
+func usesPicker(cfg string) bool { return cfg != cfgRoundRobin }
 
 // proc is one child process.
 type proc struct {
@@ -157,6 +173,9 @@ type stack struct {
 	base    string // dev proxy URL
 	picker  *proc
 	metrics string // picker metrics address, when there is a picker
+	// Counters after the warm-up (markBaseline), per sim and the picker's.
+	simBase      []map[string]float64
+	decisionBase map[string]float64
 }
 
 // objective is a pool-file objective.
@@ -197,19 +216,12 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p})
 	}
 	for _, s := range st.sims {
-		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc); err != nil {
+		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc, nil); err != nil {
 			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))
 		}
 	}
 	proxyArgs := []string{"devproxy", "--port", "0"}
 	switch {
-	case cfg == cfgOracle:
-		// The hand split still goes through the proxy, so that it pays the
-		// same proxy path as the pickers and the comparison is of routing
-		// alone: the client names the sim in the destination header and
-		// the proxy routes by it like an ORIGINAL_DST cluster.
-		// Requests without the header (the readiness probe) go round robin.
-		proxyArgs = append(proxyArgs, "--routing", "original-dst-header", "--fallback-endpoints", st.simAddrs())
 	case usesPicker(cfg):
 		var pool strings.Builder
 		fmt.Fprintf(&pool, "name: %s\nendpoints:\n", runName)
@@ -273,7 +285,10 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 	case <-ctx.Done():
 		return st, ctx.Err()
 	}
-	if err := waitHTTP(ctx, st.base+"/v1/models", p); err != nil {
+	// The probe names every sim for the oracle's testing filter; the other
+	// pickers ignore the header.
+	probe := http.Header{selectionHeader: {st.simAddrs()}}
+	if err := waitHTTP(ctx, st.base+"/v1/models", p, probe); err != nil {
 		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, childproc.Tail(p.log, 5))
 	}
 	return st, nil
@@ -369,13 +384,14 @@ func (w *lineWatch) Write(b []byte) (int, error) {
 
 // waitHTTP waits up to 15s for url to answer 200, giving up early when the
 // process serving it exits.
-func waitHTTP(ctx context.Context, url string, p *proc) error {
+func waitHTTP(ctx context.Context, url string, p *proc, hdr http.Header) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if p.exited() {
 			return errors.New("process exited")
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		maps.Copy(req.Header, hdr)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
