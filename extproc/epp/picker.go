@@ -178,8 +178,8 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		for i := range candidates {
 			candidates[i].Metrics = candidates[i].FreshMetrics(now, p.opts.MetricsStaleness)
 		}
-	} else if req.Priority < 0 && p.opts.Saturation.Shed(now, all) {
-		return reject(429, ReasonSaturated, fmt.Sprintf("pool saturated; objective %q is sheddable", objective)), outcomeShed
+	} else if rej := p.shed(now, all, objective, req.Priority); rej != nil {
+		return &server.Decision{Reject: rej}, outcomeShed
 	}
 
 	res, err := p.opts.Scheduler.Schedule(ctx, req, candidates)
@@ -222,6 +222,38 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
 		ClearRouteCache: true,
 	}, outcomePicked
+}
+
+// RejectEarly implements server.HeaderGate: without flow control, whether
+// a request is shed depends on its objective header and the pool alone, so
+// a saturated pool refuses sheddable requests before their bodies stream
+// through the proxy and the picker. A burst of refused requests then costs
+// a few headers each. With flow control, admission waits for the whole
+// request, which may queue.
+func (x *exchange) RejectEarly(_ context.Context, r *server.Request) *server.Rejection {
+	p := x.p
+	if p.opts.Queue != nil {
+		return nil
+	}
+	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
+	all := p.opts.Store.Endpoints()
+	if len(all) == 0 { // 503 once the body is in, like any request
+		return nil
+	}
+	rej := p.shed(time.Now(), all, objective, (*p.priorities.Load())[objective])
+	if rej != nil {
+		p.metrics.decisions.WithLabelValues(outcomeShed).Inc()
+	}
+	return rej
+}
+
+// shed returns the 429 for a sheddable request while the pool is saturated,
+// or nil.
+func (p *Picker) shed(now time.Time, all []*datastore.Endpoint, objective string, priority int) *server.Rejection {
+	if priority >= 0 || !p.opts.Saturation.Shed(now, all) {
+		return nil
+	}
+	return &server.Rejection{Status: 429, Reason: ReasonSaturated, Message: fmt.Sprintf("pool saturated; objective %q is sheddable", objective)}
 }
 
 func admissionRejection(err error) (*server.Decision, string) {

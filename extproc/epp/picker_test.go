@@ -408,6 +408,37 @@ func TestSheddableRequestGets429UnderSaturation(t *testing.T) {
 	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
 }
 
+func TestSheddableRequestIsRefusedBeforeItsBody(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1}})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := extprocv3.NewExternalProcessorClient(r.conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Headers that announce a body which never comes: only an answer from
+	// the headers alone can arrive.
+	err = st.Send(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")}, {Key: epp.ObjectiveHeader, RawValue: []byte("batch")},
+		}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("no answer to the headers: %v", err)
+	}
+	a := &answer{immediate: resp.GetImmediateResponse()}
+	a.wantImmediate(t, 429, epp.ReasonSaturated)
+	if got := counterValue(t, r.reg, "infergate_epp_decisions_total", "outcome", "shed"); got != 1 {
+		t.Fatalf("shed decisions %v, want 1", got)
+	}
+}
+
 func TestBodylessRequestIsPickedAtOnce(t *testing.T) {
 	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
 	a := r.do(t, call{headers: map[string]string{":method": "GET"}})

@@ -35,6 +35,16 @@ type Exchange interface {
 	Close(ctx context.Context, summary Summary)
 }
 
+// HeaderGate is an optional Exchange extension. RejectEarly is called with
+// the headers (and metadata so far) of a request that carries a body, before
+// the body arrives; a non-nil Rejection ends the request at once. Shedding
+// uses it: a request that its headers alone condemn should not cost the
+// proxy and the processor its body, least of all when the pool is
+// overloaded. HandleRequest is not called for a request rejected early.
+type HeaderGate interface {
+	RejectEarly(ctx context.Context, req *Request) *Rejection
+}
+
 // Headers holds HTTP headers with lower-case names, one value each, as
 // Envoy's HeaderMap presents them to ext_proc.
 type Headers map[string]string

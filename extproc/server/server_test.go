@@ -308,6 +308,64 @@ func TestBufferedModeAnswersHeadersFirst(t *testing.T) {
 	}
 }
 
+// gatedRecorder refuses requests whose x-refuse header is set from their
+// headers alone.
+type gatedRecorder struct{ recorder }
+
+func (g *gatedRecorder) NewExchange(context.Context) server.Exchange {
+	return &gatedExchange{recExchange{r: &g.recorder}}
+}
+
+type gatedExchange struct{ recExchange }
+
+func (gatedExchange) RejectEarly(_ context.Context, req *server.Request) *server.Rejection {
+	if req.Headers.Get("x-refuse") == "" {
+		return nil
+	}
+	return &server.Rejection{Status: 429, Reason: "early"}
+}
+
+func TestHeaderGateRefusesBeforeTheBody(t *testing.T) {
+	cases := []struct {
+		name    string
+		mode    filterv3.ProcessingMode_BodySendMode
+		eos     bool // body-less request
+		refuse  bool
+		refused bool
+	}{
+		{"duplex refused", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, false, true, true},
+		{"buffered refused", filterv3.ProcessingMode_BUFFERED, false, true, true},
+		{"duplex let through", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, false, false, false},
+		{"body-less requests are decided whole", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &gatedRecorder{}
+			srv, _, _ := start(t, rec, server.Options{})
+			st := openStream(t, dial(t, srv.GRPCAddr(), nil))
+			kv := []string{":method", "POST"}
+			if tc.refuse {
+				kv = append(kv, "x-refuse", "1")
+			}
+			h := reqHeaders(tc.eos, kv...)
+			h.ProtocolConfig.RequestBodyMode = tc.mode
+			mustSend(t, st, h)
+			if !tc.eos && !tc.refused {
+				mustSend(t, st, reqBody([]byte("{}"), true))
+			}
+			resp := mustRecv(t, st)
+			if ir := resp.GetImmediateResponse(); (ir != nil) != tc.refused {
+				t.Fatalf("immediate response %v, want refused=%v", ir, tc.refused)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if handled := len(rec.requests) == 1; handled == tc.refused {
+				t.Fatalf("HandleRequest called %d times, refused=%v", len(rec.requests), tc.refused)
+			}
+		})
+	}
+}
+
 func TestMetadataMergedAcrossMessagesAndResponsePath(t *testing.T) {
 	rec := &recorder{}
 	srv, _, _ := start(t, rec, server.Options{})

@@ -106,6 +106,11 @@ func (s *stream) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) e
 }
 
 func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
+	if g, ok := s.ex.(HeaderGate); ok && !endOfStream && s.reqMode != filterv3.ProcessingMode_NONE {
+		if rej := g.RejectEarly(ctx, &s.req); rej != nil {
+			return s.reject(rej)
+		}
+	}
 	switch {
 	case endOfStream || s.reqMode == filterv3.ProcessingMode_NONE:
 		// No body will come: decide now.
