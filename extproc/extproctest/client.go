@@ -37,6 +37,13 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 	}
 	conn, err := grpc.NewClient(cfg.Target,
 		grpc.WithTransportCredentials(creds),
+		// Envoy's HTTP/2 defaults (initial_stream_window_size and
+		// initial_connection_window_size, 256 MiB): the proxy never makes
+		// the server wait for window updates. grpc-go's 64 KiB would let a
+		// few large bodies on the shared connection hold up every other
+		// stream's messages.
+		grpc.WithInitialWindowSize(envoyWindow),
+		grpc.WithInitialConnWindowSize(envoyWindow),
 		// Short reconnect backoff so a server started after the proxy is used
 		// within a second, not after grpc's default of up to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -49,6 +56,9 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 	}
 	return &Client{cfg: cfg, conn: conn}, nil
 }
+
+// envoyWindow is Envoy's default HTTP/2 flow-control window.
+const envoyWindow = 256 << 20
 
 // Config returns the filter configuration with defaults filled in.
 func (c *Client) Config() FilterConfig { return c.cfg }
