@@ -863,7 +863,7 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 		}
 	}
 	slices.Sort(p.bTTFT)
-	fmt.Fprintf(os.Stderr, "(d) %-17s %-7s B %d requests, A %d, in %s wall, B p99 TTFT %s\n", cfg, map[bool]string{false: "alone", true: "with A"}[withA],
-		len(p.b), len(p.a), p.wall.Round(time.Millisecond), ms(percentile(p.bTTFT, 0.99)))
+	fmt.Fprintf(os.Stderr, "(d) %-17s %-7s B %d requests, A %d, in %s wall, B p99 TTFT %s, cores: %s\n", cfg, map[bool]string{false: "alone", true: "with A"}[withA],
+		len(p.b), len(p.a), p.wall.Round(time.Millisecond), ms(percentile(p.bTTFT, 0.99)), p.cpuBy)
 	return p, nil
 }
