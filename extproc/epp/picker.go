@@ -253,7 +253,29 @@ func (p *Picker) shed(now time.Time, all []*datastore.Endpoint, objective string
 	if priority >= 0 || !p.opts.Saturation.Shed(now, all) {
 		return nil
 	}
-	return &server.Rejection{Status: 429, Reason: ReasonSaturated, Message: fmt.Sprintf("pool saturated; objective %q is sheddable", objective)}
+	return &server.Rejection{
+		Status: 429, Reason: ReasonSaturated, Message: fmt.Sprintf("pool saturated; objective %q is sheddable", objective),
+		Headers: retryAfter(rand.Int64N),
+	}
+}
+
+// Retry-After on a shed request. Clients refused together would otherwise
+// come back together: a flood of sheddable work refused in one burst
+// returns as the next burst. The pause is spread over
+// [RetryAfterMin, RetryAfterMax) so that clients which honour it (the
+// OpenAI SDKs read retry-after-ms, and retry-after in whole seconds) return
+// spread out; the whole seconds are rounded up.
+const (
+	RetryAfterMin = 500 * time.Millisecond
+	RetryAfterMax = 1500 * time.Millisecond
+)
+
+func retryAfter(int64n func(int64) int64) []server.Header {
+	d := RetryAfterMin + time.Duration(int64n(int64(RetryAfterMax-RetryAfterMin)))
+	return []server.Header{
+		{Name: "retry-after", Value: strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)},
+		{Name: "retry-after-ms", Value: strconv.FormatInt(d.Milliseconds(), 10)},
+	}
 }
 
 func admissionRejection(err error) (*server.Decision, string) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"strconv"
 	"testing"
 	"time"
 
@@ -406,6 +407,31 @@ func TestSheddableRequestGets429UnderSaturation(t *testing.T) {
 	// Once the pool has room, sheddable work goes through.
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
 	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
+}
+
+func TestShedRequestsAreToldToComeBackSpreadOut(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1}})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
+	seen := map[int]bool{}
+	for range 20 {
+		a := r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}})
+		a.wantImmediate(t, 429, epp.ReasonSaturated)
+		h := map[string]string{}
+		for _, hv := range a.immediate.GetHeaders().GetSetHeaders() {
+			h[hv.GetHeader().GetKey()] = string(hv.GetHeader().GetRawValue())
+		}
+		ms, err := strconv.Atoi(h["retry-after-ms"])
+		if err != nil || ms < int(epp.RetryAfterMin.Milliseconds()) || ms >= int(epp.RetryAfterMax.Milliseconds()) {
+			t.Fatalf("retry-after-ms %q outside [%v, %v)", h["retry-after-ms"], epp.RetryAfterMin, epp.RetryAfterMax)
+		}
+		if want := strconv.Itoa((ms + 999) / 1000); h["retry-after"] != want {
+			t.Fatalf("retry-after %q with retry-after-ms %d, want %s", h["retry-after"], ms, want)
+		}
+		seen[ms] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("20 refusals named only %d distinct pauses: clients would come back together", len(seen))
+	}
 }
 
 func TestSheddableRequestIsRefusedBeforeItsBody(t *testing.T) {
