@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,9 @@ type result struct {
 	prompt, cached, completion int
 	// svc is the request's model service time (simulated), when known.
 	svc time.Duration
+	// retryAfter is the pause a refusal asked for (retry-after-ms, else
+	// retry-after in seconds); zero when it named none.
+	retryAfter time.Duration
 }
 
 func (r result) ok() bool { return r.err == nil && r.status == http.StatusOK }
@@ -114,6 +118,7 @@ func (c *client) do(ctx context.Context, to target, r request) result {
 	res := result{status: resp.StatusCode, pod: resp.Header.Get("x-inference-pod"), streamed: !r.NoStream}
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
+		res.retryAfter = retryAfter(resp.Header)
 		return res
 	}
 	if r.NoStream {
@@ -164,6 +169,18 @@ func (c *client) do(ctx context.Context, to target, r request) result {
 		res.ttft, res.decode = first.Sub(start), last.Sub(first)
 	}
 	return res
+}
+
+// retryAfter reads the pause a refusal asks for, as the OpenAI SDKs do:
+// retry-after-ms, else retry-after in whole seconds.
+func retryAfter(h http.Header) time.Duration {
+	if ms, err := strconv.Atoi(h.Get("retry-after-ms")); err == nil && ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	if s, err := strconv.Atoi(h.Get("retry-after")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return 0
 }
 
 // usageEvent is the usage part of an answer (or of its last SSE event).
@@ -272,7 +289,9 @@ func (c *client) warmUp(ctx context.Context, route router, n, rounds int) error 
 const warmUpTokens = 32
 
 // flood runs workers that send tenant A's requests back to back until ctx
-// ends, pausing backoff after a 429 as a well-behaved client would.
+// ends. After a refusal a worker pauses as a well-behaved client does: as
+// long as the answer's Retry-After asks (the picker spreads it), or backoff
+// when it names no pause.
 type flood struct {
 	started atomic.Int64
 	wg      sync.WaitGroup
@@ -293,7 +312,11 @@ func (c *client) startFlood(ctx context.Context, gen *floodGen, workers int, rou
 				}
 				local = append(local, res)
 				if !res.ok() {
-					_ = sleepCtx(ctx, backoff)
+					pause := res.retryAfter
+					if pause == 0 {
+						pause = backoff
+					}
+					_ = sleepCtx(ctx, pause)
 				}
 			}
 			f.mu.Lock()
