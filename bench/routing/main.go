@@ -57,6 +57,7 @@ func main() {
 	scale := flag.Float64("time-scale", defaultTimeScale, "speed-up of simulated time, passed to every sim; latencies and throughput are reported in simulated time")
 	seed := flag.Uint64("seed", 1, "seed of the workload generator")
 	logDir := flag.String("log-dir", "", "keep the children's logs here (default: a temporary directory removed at the end)")
+	repeat := flag.Int("repeat", 1, "run the workloads this many times, on fresh processes each time, and summarise the goals over the runs")
 	flag.Parse()
 	// The driver shares 2 cores with everything it measures; collect
 	// garbage less often.
@@ -66,7 +67,7 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
-	if err := run(ctx, *binary, *workloads, *configs, *scale, *seed, *logDir); err != nil {
+	if err := run(ctx, *binary, *workloads, *configs, *scale, *seed, *logDir, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "routing:", err)
 		stop()
 		cancel()
@@ -74,9 +75,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, seed uint64, logDir string) error {
+func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, seed uint64, logDir string, repeat int) error {
 	if !(scale > 0) {
 		return fmt.Errorf("--time-scale %g: want a positive number", scale)
+	}
+	if repeat < 1 {
+		return fmt.Errorf("--repeat %d: want at least 1", repeat)
 	}
 	if _, err := os.Stat(binary); err != nil {
 		return fmt.Errorf("%s: %w (go build -o bin/infergate ./cmd/infergate)", binary, err)
@@ -104,7 +108,7 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, see
 	if err := copyFile(binary, snapshot); err != nil {
 		return fmt.Errorf("copy %s: %w", binary, err)
 	}
-	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot)}
+	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}}
 
 	began := time.Now()
 	version, _ := exec.Command(snapshot, "version").Output()
@@ -123,6 +127,24 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, see
 	fmt.Printf("Columns: *hit rate* = `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` read from each sim after the run; *TTFT overhead* = client-measured mean TTFT minus the mean the sims record themselves (`vllm:time_to_first_token_seconds`: their queueing plus the model's prefill), i.e. what the proxy, the picker and a busy machine add; *ITL* = the decode rate the client saw (the model's figure is %s; more means the machine could not keep up); *CPU* = cores used by all processes and the driver during the run (of %d).\n\n",
 		e.model.itl, runtime.NumCPU())
 
+	for i := range repeat {
+		if repeat > 1 {
+			fmt.Printf("# Run %d of %d\n\n", i+1, repeat)
+		}
+		if err := e.runWorkloads(ctx, keys, cfgs, seed); err != nil {
+			return err
+		}
+	}
+	if sum := e.goals.summary(); sum != "" {
+		fmt.Printf("## Goals\n\n%s\n", sum)
+	}
+	e.machineCheck()
+	fmt.Printf("\nTotal wall time %s.\n", time.Since(began).Round(time.Second))
+	return nil
+}
+
+// runWorkloads prints one table per workload.
+func (e *env) runWorkloads(ctx context.Context, keys, cfgs []string, seed uint64) error {
 	for _, k := range keys {
 		switch k {
 		case "a", "b", "c":
@@ -144,8 +166,6 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, see
 			}
 		}
 	}
-	e.machineCheck()
-	fmt.Printf("\nTotal wall time %s.\n", time.Since(began).Round(time.Second))
 	return nil
 }
 
@@ -380,6 +400,8 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s); on vLLM the routers reached 0.50–0.55 of the hand split (39–43%% / 77.5%%).\n",
 				ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
 			dp, op := percentile(def.ttft, 0.99), percentile(oracle.ttft, 0.99)
+			e.goals.record(goalHitRate, def.hitRate()/oracle.hitRate())
+			e.goals.record(goalP99, dp.Seconds()/op.Seconds())
 			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). Both pay the proxy and the picker's ext_proc hop (TTFT overhead column: %s vs %s mean; the pickers' own decisions took %s and %s of it on average).\n",
 				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead(), us(def.decision), us(oracle.decision))
 			if rr := byCfg[cfgRoundRobin]; rr != nil {
@@ -401,12 +423,14 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 		}
 	case "b":
 		if def != nil && oracle != nil {
+			e.goals.record(goalMultiTurn, def.hitRate()/oracle.hitRate())
 			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s).\n", ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
 		} else {
 			fmt.Println("- the hit-rate ratio needs both infergate-default and oracle in --configs.")
 		}
 	case "c":
 		if def != nil && load != nil {
+			e.goals.record(goalNoSharing, def.reqPerSec(e.scale)/load.reqPerSec(e.scale))
 			fmt.Printf("- infergate-default / load-only throughput: **%s** req/s, %s output tok/s (%.2f / %.2f req/s).\n",
 				ratio(def.reqPerSec(e.scale), load.reqPerSec(e.scale)), ratio(def.tokPerSec(e.scale), load.tokPerSec(e.scale)),
 				def.reqPerSec(e.scale), load.reqPerSec(e.scale))
@@ -747,6 +771,11 @@ func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs 
 		per := make([]string, len(r.with.perPod))
 		for i, n := range r.with.perPod {
 			per[i] = fmt.Sprint(n)
+		}
+		if r.cfg == cfgDefault {
+			e.goals.record(goalNoisy, pw.Seconds()/pa.Seconds())
+			e.goals.record(goalBNotShed, float64(ba.n429+bw.n429))
+			e.goals.record(goalAShed, float64(aw.n429))
 		}
 		t.add(r.cfg, ms(pa), ms(pw), ratio(pw.Seconds(), pa.Seconds()),
 			ms(mean(r.alone.bTTFT))+" → "+ms(mean(r.with.bTTFT)),

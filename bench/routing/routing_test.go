@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -382,5 +383,24 @@ func TestImbalance(t *testing.T) {
 		if got := imbalance(even); got != "" {
 			t.Fatalf("%v: got %q", even, got)
 		}
+	}
+}
+
+func TestGoalsSummary(t *testing.T) {
+	gs := goals{}
+	for _, v := range []float64{1.07, 1.2, math.NaN()} {
+		gs.record(goalP99, v)
+	}
+	gs.record(goalHitRate, 0.99)
+	gs.record(goalBNotShed, 0)
+	want := "| goal | figure per run | met |\n|---|---|---:|\n" +
+		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |\n" +
+		"| (a) infergate-default / oracle p99 TTFT ≤ 1.15 | 1.07, 1.20, NaN | 1 of 3 |\n" +
+		"| (d) infergate-default: B requests refused ≤ 0 | 0 | 1 of 1 |\n"
+	if got := gs.summary(); got != want {
+		t.Fatalf("summary:\n%s\nwant:\n%s", got, want)
+	}
+	if (goals{}).summary() != "" {
+		t.Fatal("an empty summary should print nothing")
 	}
 }

@@ -190,6 +190,7 @@ type env struct {
 	dir    string
 	model  simModel
 	itls   []itlSample // one per run, for the machine check
+	goals  goals       // the goals, one figure per run
 }
 
 // startStack starts pods fresh simulators and, depending on cfg, the picker
