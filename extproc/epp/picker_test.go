@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
-	"strconv"
 	"testing"
 	"time"
 
