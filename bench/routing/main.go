@@ -624,11 +624,11 @@ func (e *env) sim(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * e.scale)
 }
 
-// Counters read before and after the measured requests.
-var (
-	simCounterNames = []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"}
-	decisionSum, decisionCount = "infergate_epp_decision_duration_seconds_sum", "infergate_epp_decision_duration_seconds_count"
+// The picker's decision-time counters, read before and after the measured
+// requests.
+const (
+	decisionSum   = "infergate_epp_decision_duration_seconds_sum"
+	decisionCount = "infergate_epp_decision_duration_seconds_count"
 )
 
 // simCounters reads a sim's cache and TTFT counters.
@@ -637,7 +637,8 @@ func simCounters(ctx context.Context, s simInfo) (map[string]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s metrics: %w", s.name, err)
 	}
-	return promSamples(bytes.NewReader(b), simCounterNames...)
+	return promSamples(bytes.NewReader(b), "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
 }
 
 // pickerDecisions reads the picker's decision-time sum and count.
@@ -740,7 +741,7 @@ type phase struct {
 }
 
 func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs []string) error {
-	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing 1 s (simulated) after a refusal. Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the `test-epp-endpoint-selection` header through the picker, which sheds as for the other picker rows.\n\n",
+	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing after a refusal as long as its Retry-After asks (1 s (simulated) when it names none). Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the `test-epp-endpoint-selection` header through the picker, which sheds as for the other picker rows.\n\n",
 		spec.Pods, spec.BObjective, spec.BPriority, spec.BRequests, spec.BPrompt, spec.BOut, spec.BConcurrency,
 		spec.AObjective, spec.APriority, spec.AConcurrency, spec.APrompt, spec.AOut, spec.AConcurrency*(spec.APrompt+spec.AOut),
 		e.floodWarmup(spec).Round(10*time.Millisecond))

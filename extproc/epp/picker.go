@@ -255,7 +255,7 @@ func (p *Picker) shed(now time.Time, all []*datastore.Endpoint, objective string
 	}
 	return &server.Rejection{
 		Status: 429, Reason: ReasonSaturated, Message: fmt.Sprintf("pool saturated; objective %q is sheddable", objective),
-		Headers: retryAfter(rand.Int64N),
+		Headers: retryAfter(),
 	}
 }
 
@@ -270,8 +270,8 @@ const (
 	RetryAfterMax = 1500 * time.Millisecond
 )
 
-func retryAfter(int64n func(int64) int64) []server.Header {
-	d := RetryAfterMin + time.Duration(int64n(int64(RetryAfterMax-RetryAfterMin)))
+func retryAfter() []server.Header {
+	d := RetryAfterMin + rand.N(RetryAfterMax-RetryAfterMin)
 	return []server.Header{
 		{Name: "retry-after", Value: strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)},
 		{Name: "retry-after-ms", Value: strconv.FormatInt(d.Milliseconds(), 10)},
