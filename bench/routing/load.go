@@ -208,9 +208,10 @@ type router func(r request) target
 // runSessions sends the sessions with at most concurrency in flight, each
 // session's requests in order, and returns every result and the wall time.
 // The workers start spread evenly over ramp (wall clock), as clients that
-// have been running for a while are spread over a request's lifetime;
-// started all at once they would meet every run with a burst that steady
-// serving never sees.
+// have been running for a while are spread over a request's lifetime.
+// Started all at once, the first 32 requests of (a) took 30–55 ms more than
+// the model's TTFT even after the warm-up, queueing for the 2 cores, and
+// set the p99 of all 1,024.
 func (c *client) runSessions(ctx context.Context, sessions []session, concurrency int, ramp time.Duration, route router) ([]result, time.Duration) {
 	jobs := make(chan session)
 	var (
@@ -253,10 +254,9 @@ feed:
 
 // warmUp sends rounds × n concurrent short requests of text no workload
 // shares (max_tokens 2), so that the measured requests find connections
-// open and processes past their first-request costs. Without it the first
-// wave of a run, fired at once at fresh processes, took 30–60 ms more than
-// the model's TTFT and alone set the p99 of 1,024 requests. Any failure
-// fails the run: a stack that cannot answer these cannot be measured.
+// open and processes past their first-request costs (without it round
+// robin's p99 in (a) was 61–79 ms, with it 43–50). Any failure fails the
+// run: a stack that cannot answer these cannot be measured.
 func (c *client) warmUp(ctx context.Context, route router, n, rounds int) error {
 	g := newTextGen(0x3a93)
 	for range rounds {
