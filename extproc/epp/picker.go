@@ -145,8 +145,8 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 			}
 		}
 	}
-	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
-	req.Priority = (*p.priorities.Load())[objective]
+	objective, priority := p.objective(r.Headers)
+	req.Priority = priority
 	req.FairnessID = firstHeader(r.Headers, FairnessHeader, LegacyFairnessHeader)
 	x.req = req
 
@@ -235,12 +235,12 @@ func (x *exchange) RejectEarly(_ context.Context, r *server.Request) *server.Rej
 	if p.opts.Queue != nil {
 		return nil
 	}
-	objective := firstHeader(r.Headers, ObjectiveHeader, LegacyObjectiveHeader)
 	all := p.opts.Store.Endpoints()
 	if len(all) == 0 { // 503 once the body is in, like any request
 		return nil
 	}
-	rej := p.shed(time.Now(), all, objective, (*p.priorities.Load())[objective])
+	objective, priority := p.objective(r.Headers)
+	rej := p.shed(time.Now(), all, objective, priority)
 	if rej != nil {
 		p.metrics.decisions.WithLabelValues(outcomeShed).Inc()
 	}
@@ -291,6 +291,13 @@ func admissionRejection(err error) (*server.Decision, string) {
 
 func reject(status int, reason, msg string) *server.Decision {
 	return &server.Decision{Reject: &server.Rejection{Status: status, Reason: reason, Message: msg}}
+}
+
+// objective names the request's objective and its priority (0 when the
+// objective is unknown or absent).
+func (p *Picker) objective(h server.Headers) (string, int) {
+	name := firstHeader(h, ObjectiveHeader, LegacyObjectiveHeader)
+	return name, (*p.priorities.Load())[name]
 }
 
 func firstHeader(h server.Headers, names ...string) string {
