@@ -613,8 +613,10 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	}
 	if st.metrics != "" {
 		r.prefixIndexExplored = true
-		r.prefixIndex = prefixIndexMemory(ctx, st.metrics)
-		r.decision = decisionMean(ctx, st.metrics, st.decisionBase)
+		if m, err := pickerMetrics(ctx, st.metrics); err == nil {
+			r.prefixIndex = prefixIndexSize(m)
+			r.decision = decisionMean(m, st.decisionBase)
+		}
 	}
 	return r, nil
 }
@@ -641,13 +643,13 @@ func simCounters(ctx context.Context, s simInfo) (map[string]float64, error) {
 		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
 }
 
-// pickerDecisions reads the picker's decision-time sum and count.
-func pickerDecisions(ctx context.Context, metricsAddr string) (map[string]float64, error) {
+// pickerMetrics reads every sample the picker exports, summed per name.
+func pickerMetrics(ctx context.Context, metricsAddr string) (map[string]float64, error) {
 	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
 	if err != nil {
 		return nil, err
 	}
-	return promSamples(bytes.NewReader(b), decisionSum, decisionCount)
+	return promSamples(bytes.NewReader(b))
 }
 
 // markBaseline records the counters after the warm-up, which collect and
@@ -662,7 +664,7 @@ func (st *stack) markBaseline(ctx context.Context) error {
 		st.simBase[i] = m
 	}
 	if st.metrics != "" {
-		m, err := pickerDecisions(ctx, st.metrics)
+		m, err := pickerMetrics(ctx, st.metrics)
 		if err != nil {
 			return fmt.Errorf("picker metrics: %w", err)
 		}
@@ -671,13 +673,9 @@ func (st *stack) markBaseline(ctx context.Context) error {
 	return nil
 }
 
-// decisionMean is the picker's mean decision time since base; zero if
-// unknown.
-func decisionMean(ctx context.Context, metricsAddr string, base map[string]float64) time.Duration {
-	m, err := pickerDecisions(ctx, metricsAddr)
-	if err != nil {
-		return 0
-	}
+// decisionMean is the picker's mean decision time between the samples
+// base and m; zero if unknown.
+func decisionMean(m, base map[string]float64) time.Duration {
 	sum, n := m[decisionSum]-base[decisionSum], m[decisionCount]-base[decisionCount]
 	if n <= 0 {
 		return 0
@@ -688,21 +686,13 @@ func decisionMean(ctx context.Context, metricsAddr string, base map[string]float
 // indexSize is what the picker says about its prefix index.
 type indexSize struct{ bytes, blocks string }
 
-// prefixIndexMemory reads the picker's prefix-index gauges, if it exposes
-// any: memory from infergate_epp_prefix_index_bytes (or failing that any
-// infergate_epp_ metric with "prefix" in its name ending in _bytes), and the
-// indexed blocks from infergate_epp_prefix_index_blocks, summed over
-// endpoints.
-func prefixIndexMemory(ctx context.Context, metricsAddr string) indexSize {
+// prefixIndexSize reads the picker's prefix-index gauges from its samples,
+// if it exposes any: memory from infergate_epp_prefix_index_bytes (or failing
+// that any infergate_epp_ metric with "prefix" in its name ending in
+// _bytes), and the indexed blocks from infergate_epp_prefix_index_blocks,
+// summed over endpoints.
+func prefixIndexSize(m map[string]float64) indexSize {
 	var out indexSize
-	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
-	if err != nil {
-		return out
-	}
-	m, err := promSamples(strings.NewReader(string(b)))
-	if err != nil {
-		return out
-	}
 	const want, blocks = "infergate_epp_prefix_index_bytes", "infergate_epp_prefix_index_blocks"
 	if v, ok := m[blocks]; ok {
 		out.blocks = fmt.Sprintf("%.0f", v)

@@ -404,3 +404,21 @@ func TestGoalsSummary(t *testing.T) {
 		t.Fatal("an empty summary should print nothing")
 	}
 }
+
+func TestDecisionMeanCountsOnlySinceTheBase(t *testing.T) {
+	base := map[string]float64{decisionSum: 1, decisionCount: 100} // the warm-up
+	cases := []struct {
+		name string
+		m    map[string]float64
+		want time.Duration
+	}{
+		{"measured requests only", map[string]float64{decisionSum: 1.5, decisionCount: 200}, 5 * time.Millisecond},
+		{"nothing since the base", map[string]float64{decisionSum: 1, decisionCount: 100}, 0},
+		{"no picker samples", map[string]float64{}, 0},
+	}
+	for _, tc := range cases {
+		if got := decisionMean(tc.m, base); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
