@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/extproctest"
 )
 
@@ -43,7 +44,7 @@ It is not a production proxy.`,
 			}
 			var hint []string
 			for _, s := range subsetHint {
-				ep, err := extproctest.ParseEndpoint(s)
+				ep, err := devproxy.ParseEndpoint(s)
 				if err != nil {
 					return fmt.Errorf("--subset-hint: %w", err)
 				}
@@ -51,7 +52,7 @@ It is not a production proxy.`,
 			}
 			var filters []extproctest.FilterConfig
 			for _, spec := range extProcs {
-				fc, err := extproctest.ParseFilterFlag(spec)
+				fc, err := devproxy.ParseFilterFlag(spec)
 				if err != nil {
 					return fmt.Errorf("--ext-proc %q: %w", spec, err)
 				}
@@ -61,13 +62,13 @@ It is not a production proxy.`,
 				filters = append(filters, fc)
 			}
 			for _, s := range fallback {
-				if _, err := extproctest.ParseEndpoint(s); err != nil {
+				if _, err := devproxy.ParseEndpoint(s); err != nil {
 					return fmt.Errorf("--fallback-endpoints: %w", err)
 				}
 			}
-			mode := extproctest.RoutingMode(routing)
-			if mode != extproctest.RoutingOverrideHost && mode != extproctest.RoutingOriginalDstHeader {
-				return fmt.Errorf("--routing %q: want %s or %s", routing, extproctest.RoutingOverrideHost, extproctest.RoutingOriginalDstHeader)
+			mode := devproxy.RoutingMode(routing)
+			if mode != devproxy.RoutingOverrideHost && mode != devproxy.RoutingOriginalDstHeader {
+				return fmt.Errorf("--routing %q: want %s or %s", routing, devproxy.RoutingOverrideHost, devproxy.RoutingOriginalDstHeader)
 			}
 
 			log, err := logs.logger()
@@ -76,12 +77,12 @@ It is not a production proxy.`,
 			}
 			tuneGC()
 
-			proxy, err := extproctest.New(extproctest.Config{
+			proxy, err := devproxy.New(devproxy.Config{
 				Listen:            net.JoinHostPort(address, strconv.Itoa(port)),
 				Filters:           filters,
 				Routing:           mode,
 				FallbackEndpoints: fallback,
-				Timeouts:          extproctest.Timeouts{Route: routeTimeout, Connect: connectT},
+				Timeouts:          devproxy.Timeouts{Route: routeTimeout, Connect: connectT},
 				DebugMetadata:     debugMetadata,
 				Logger:            log,
 			})
@@ -109,13 +110,13 @@ It is not a production proxy.`,
 	f.IntVar(&port, "port", 8080, "port to listen on (0 picks a free one)")
 	f.StringArrayVar(&extProcs, "ext-proc", nil,
 		"ext_proc filter as name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]; repeat in filter order (default FailClose, plaintext)")
-	f.StringVar(&routing, "routing", string(extproctest.RoutingOverrideHost),
+	f.StringVar(&routing, "routing", string(devproxy.RoutingOverrideHost),
 		"how the picked endpoint is honoured: override-host (metadata, then header, comma list walked) or original-dst-header (first header value only)")
 	f.StringSliceVar(&fallback, "fallback-endpoints", nil, "ip:port list used round robin when no filter picked an endpoint")
 	f.StringSliceVar(&subsetHint, "subset-hint", nil, "ip:port list sent to the filters as envoy.lb.subset_hint metadata")
 	f.DurationVar(&routeTimeout, "route-timeout", 60*time.Second, "upper bound for one request, streaming included")
 	f.DurationVar(&connectT, "connect-timeout", 5*time.Second, "upstream connect timeout")
-	f.BoolVar(&debugMetadata, "debug-metadata", false, "add the filters' envoy.lb metadata to responses as header "+extproctest.DebugMetadataHeader)
+	f.BoolVar(&debugMetadata, "debug-metadata", false, "add the filters' envoy.lb metadata to responses as header "+devproxy.DebugMetadataHeader)
 	logs.register(f)
 	return cmd
 }

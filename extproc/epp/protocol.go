@@ -3,19 +3,21 @@
 // the inference-extension endpoint picker protocol prescribes.
 package epp
 
+import "github.com/infergate/infergate/inference/wire"
+
 // Wire names of the endpoint picker protocol.
 const (
 	// DestinationHeader carries the pick ("ip:port" or a comma list, best
 	// first); the same value goes into LBNamespace metadata.
-	DestinationHeader = "x-gateway-destination-endpoint"
+	DestinationHeader = wire.DestinationEndpointKey
 	// LBNamespace is Envoy's subset load-balancing metadata namespace.
-	LBNamespace = "envoy.lb"
+	LBNamespace = wire.LBNamespace
 	// SubsetNamespace / SubsetKey carry the proxy's optional hint: the only
 	// endpoints the pick may come from.
-	SubsetNamespace = "envoy.lb.subset_hint"
-	SubsetKey       = "x-gateway-destination-endpoint-subset"
+	SubsetNamespace = wire.SubsetHintNamespace
+	SubsetKey       = wire.SubsetKey
 	// ServedKey (in LBNamespace, response path) is the endpoint that served.
-	ServedKey = "x-gateway-destination-endpoint-served"
+	ServedKey = wire.ServedEndpointKey
 	// ScoresKey (in LBNamespace) carries per-endpoint scores when enabled.
 	ScoresKey = "x-gateway-destination-endpoint-scores"
 

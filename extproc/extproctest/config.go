@@ -3,33 +3,12 @@ package extproctest
 import (
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
-	"strings"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/infergate/infergate/inference/wire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
-)
-
-// Keys of the Endpoint Picker Protocol.
-const (
-	// LBNamespace is the dynamic-metadata namespace of the picked and served endpoints.
-	LBNamespace = "envoy.lb"
-	// SubsetHintNamespace carries the optional subset hint to the picker.
-	SubsetHintNamespace = "envoy.lb.subset_hint"
-	// DestinationEndpointKey is the header and metadata key of the pick.
-	DestinationEndpointKey = "x-gateway-destination-endpoint"
-	// ServedEndpointKey reports, on the response path, the endpoint that served.
-	ServedEndpointKey = "x-gateway-destination-endpoint-served"
-	// SubsetKey is the subset hint key: a list of "ip:port".
-	SubsetKey = "x-gateway-destination-endpoint-subset"
-	// UpstreamHeader is added by Proxy to every proxied response; not an Envoy header.
-	UpstreamHeader = "x-infergate-upstream"
-	// DebugMetadataHeader carries, when Config.DebugMetadata is set, the
-	// envoy.lb dynamic metadata the filters emitted, as JSON; not an Envoy header.
-	DebugMetadataHeader = "x-infergate-debug-envoy-lb"
 )
 
 // DefaultMessageTimeout is Envoy's message_timeout default.
@@ -142,11 +121,11 @@ func SubsetHintMetadata(endpoints ...string) map[string]*structpb.Struct {
 	for i, e := range endpoints {
 		list[i] = e
 	}
-	s, err := structpb.NewStruct(map[string]any{SubsetKey: list})
+	s, err := structpb.NewStruct(map[string]any{wire.SubsetKey: list})
 	if err != nil { // unreachable: strings always convert
 		panic(err)
 	}
-	return map[string]*structpb.Struct{SubsetHintNamespace: s}
+	return map[string]*structpb.Struct{wire.SubsetHintNamespace: s}
 }
 
 // LocalReply is a response Envoy generates instead of forwarding: the
@@ -169,57 +148,3 @@ func (r *LocalReply) Error() string {
 }
 
 func (r *LocalReply) Unwrap() error { return r.Err }
-
-// ParseFilterFlag parses "name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]",
-// the syntax of devproxy's --ext-proc flag. Failure mode defaults to FailClose
-// (Envoy's failure_mode_allow false), TLS to false.
-func ParseFilterFlag(s string) (FilterConfig, error) {
-	parts := strings.Split(s, ",")
-	name, addr, ok := strings.Cut(parts[0], "=")
-	if !ok || name == "" || addr == "" {
-		return FilterConfig{}, fmt.Errorf("%q: want name=host:port first", parts[0])
-	}
-	if _, port, err := net.SplitHostPort(addr); err != nil {
-		return FilterConfig{}, fmt.Errorf("address %q: %w", addr, err)
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return FilterConfig{}, fmt.Errorf("address %q: invalid port", addr)
-	}
-	fc := FilterConfig{Name: name, Target: addr}
-	for _, opt := range parts[1:] {
-		k, v, _ := strings.Cut(opt, "=")
-		switch k {
-		case "failure-mode":
-			switch v {
-			case "FailOpen":
-				fc.FailureModeAllow = true
-			case "FailClose":
-				fc.FailureModeAllow = false
-			default:
-				return FilterConfig{}, fmt.Errorf("failure-mode %q: want FailOpen or FailClose", v)
-			}
-		case "tls":
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return FilterConfig{}, fmt.Errorf("tls %q: want true or false", v)
-			}
-			fc.TLS = b
-		case "response-body":
-			// An endpoint picker needs only the response headers (the
-			// served endpoint comes with them); sparing it the body saves
-			// a round trip per streamed chunk.
-			mode := DefaultProcessingMode()
-			switch v {
-			case "streamed":
-			case "none":
-				mode.ResponseBodyMode = filterv3.ProcessingMode_NONE
-				mode.ResponseTrailerMode = filterv3.ProcessingMode_SKIP
-			default:
-				return FilterConfig{}, fmt.Errorf("response-body %q: want streamed or none", v)
-			}
-			fc.ProcessingMode = mode
-		default:
-			return FilterConfig{}, fmt.Errorf("unknown option %q (want failure-mode, tls or response-body)", k)
-		}
-	}
-	return fc, nil
-}

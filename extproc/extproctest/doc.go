@@ -2,12 +2,10 @@
 // this project is built and tested on (no Envoy binary, no container engine).
 // It is an ext_proc client that drives ext_proc servers (the endpoint picker,
 // the payload processor) the way Envoy's envoy.filters.http.ext_proc filter
-// does, written from Envoy's documented semantics, and Proxy, a loopback
-// HTTP/1.1 reverse proxy built on it (`infergate devproxy`) for end-to-end
-// tests and the demo. It is not a production proxy.
-//
-// Client and Exchange give protocol tests the exact wire behaviour; Proxy
-// chains filters and routes like a gateway.
+// does, written from Envoy's documented semantics. Client and Exchange give
+// protocol tests the exact wire behaviour; package devproxy builds the Envoy
+// stand-in (an HTTP proxy chaining filters and routing like a gateway) on
+// them, and fakeproc holds scripted ext_proc servers for tests.
 //
 // # Envoy behaviour reproduced
 //
@@ -71,24 +69,6 @@
 //   - a server that ends its stream cleanly with nothing owed is left out for
 //     the rest of the request.
 //
-// Proxy:
-//   - filters run in order on the request path, each one's mutated headers
-//     and processed body feeding the next, and in reverse order on the
-//     response path; the upstream request starts when the last filter lets
-//     the headers continue; bodies stream through and every response chunk
-//     is flushed to the client at once;
-//   - routing "override-host" (envoy.load_balancing_policies.override_host as
-//     Istio configures it): envoy.lb metadata wins over the
-//     x-gateway-destination-endpoint header, a comma list is walked in order
-//     on connection failure, invalid entries are skipped;
-//     "original-dst-header" (an ORIGINAL_DST cluster with use_http_header):
-//     the first instance of the header only, a value that is not one ip:port
-//     gives 503 "no healthy upstream"; without a pick, round robin over the
-//     fallback endpoints, or 503 "no healthy upstream";
-//   - the router's own local replies (no healthy upstream, upstream connect
-//     failure, upstream timeout) pass through the filters' response path; a
-//     failure after the response started resets the client connection.
-//
 // # Not reproduced
 //
 //   - body modes STREAMED, BUFFERED_PARTIAL and GRPC (rejected by NewClient);
@@ -104,13 +84,5 @@
 //     clear_route_cache (the proxy has one route); ExtProcPerRoute;
 //     deferred_close_timeout; grpc_service timeout and initial metadata;
 //   - buffer limits (a BUFFERED body is not capped); trailers in modes other
-//     than FULL_DUPLEX_STREAMED; the proxy does not forward HTTP trailers;
-//   - ext_proc local replies go straight to the client without passing other
-//     filters' response path;
-//   - the rest of Envoy: x-request-id, x-forwarded-*, header sanitising,
-//     HTTP/2, retry policies beyond walking the override list (and only
-//     while the request body has not been read), health checks, outlier
-//     detection, and override_host's check that the host belongs to the
-//     cluster. Proxy also adds a response header x-infergate-upstream naming
-//     the endpoint that served, which Envoy does not.
+//     than FULL_DUPLEX_STREAMED.
 package extproctest

@@ -13,6 +13,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/inference/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -152,11 +153,11 @@ func (e *Exchange) Response(hdrs Headers, body Body, served string) (Headers, Bo
 	}
 	if served != "" {
 		lb := &structpb.Struct{Fields: map[string]*structpb.Value{}}
-		if s := md[LBNamespace]; s != nil {
+		if s := md[wire.LBNamespace]; s != nil {
 			lb = proto.Clone(s).(*structpb.Struct)
 		}
-		lb.Fields[ServedEndpointKey] = structpb.NewStringValue(served)
-		md[LBNamespace] = lb
+		lb.Fields[wire.ServedEndpointKey] = structpb.NewStringValue(served)
+		md[wire.LBNamespace] = lb
 	}
 	return e.process(&e.resp, hdrs, body, md)
 }

@@ -12,6 +12,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/inference/wire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -29,9 +31,9 @@ func newClient(t *testing.T, fc FilterConfig) *Client {
 }
 
 func TestHeaderMutationAndMetadata(t *testing.T) {
-	fs := startServer(t, func(c *conn) error {
+	fs := fakeproc.Start(t, func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
@@ -39,27 +41,27 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 			if b == nil || !b.GetEndOfStream() {
 				continue
 			}
-			m := setHeaders(DestinationEndpointKey, "10.0.0.7:8000", ":path", "/rewritten", ":authority", "evil", "x-envoy-foo", "no")
+			m := fakeproc.SetHeaders(wire.DestinationEndpointKey, "10.0.0.7:8000", ":path", "/rewritten", ":authority", "evil", "x-envoy-foo", "no")
 			m.SetHeaders = append(m.SetHeaders,
 				&corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-added", RawValue: []byte("two")}, Append: wrapperspb.Bool(true)},
 				&corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-absent", RawValue: []byte("new")}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
 				&corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-value-only", Value: "lost"}},
 			)
 			m.RemoveHeaders = []string{"x-remove-me", ":method"}
-			r := headersResp(false, &extprocv3.CommonResponse{HeaderMutation: m, ClearRouteCache: true})
-			r.DynamicMetadata = lbMetadata(DestinationEndpointKey, "10.0.0.7:8000")
-			if err := c.send(r); err != nil {
+			r := fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: m, ClearRouteCache: true})
+			r.DynamicMetadata = fakeproc.LBMetadata(wire.DestinationEndpointKey, "10.0.0.7:8000")
+			if err := c.Send(r); err != nil {
 				return err
 			}
-			if err := c.send(streamed(false, []byte("processed"), true)); err != nil {
+			if err := c.Send(fakeproc.Streamed(false, []byte("processed"), true)); err != nil {
 				return err
 			}
 		}
 	})
-	client := newClient(t, FilterConfig{Target: fs.addr, ForwardMetadata: SubsetHintMetadata("10.0.0.7:8000", "10.0.0.8:8000")})
-	res, err := client.Run(testCtx(t), Request{
+	client := newClient(t, FilterConfig{Target: fs.Addr, ForwardMetadata: SubsetHintMetadata("10.0.0.7:8000", "10.0.0.8:8000")})
+	res, err := client.Run(fakeproc.Ctx(t), Request{
 		Method: "POST", Path: "/v1/completions",
-		Headers: Headers{{"content-length", "10"}, {DestinationEndpointKey, "1.1.1.1:1"}, {"x-added", "one"}, {"x-absent", "old"}, {"x-remove-me", "x"}},
+		Headers: Headers{{"content-length", "10"}, {wire.DestinationEndpointKey, "1.1.1.1:1"}, {"x-added", "one"}, {"x-absent", "old"}, {"x-remove-me", "x"}},
 		Body:    [][]byte{[]byte("hello"), []byte("world")},
 	})
 	if err != nil {
@@ -72,7 +74,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 		key  string
 		want []string
 	}{
-		{DestinationEndpointKey, []string{"10.0.0.7:8000"}},
+		{wire.DestinationEndpointKey, []string{"10.0.0.7:8000"}},
 		{":path", []string{"/rewritten"}},
 		{":authority", []string{"localhost"}}, // routing headers are not mutable
 		{":method", []string{"POST"}},         // system headers cannot be removed
@@ -87,7 +89,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 			t.Errorf("header %s = %q, want %q", tc.key, got, tc.want)
 		}
 	}
-	if got := res.DynamicMetadata[LBNamespace].GetFields()[DestinationEndpointKey].GetStringValue(); got != "10.0.0.7:8000" {
+	if got := res.DynamicMetadata[wire.LBNamespace].GetFields()[wire.DestinationEndpointKey].GetStringValue(); got != "10.0.0.7:8000" {
 		t.Errorf("metadata = %q", got)
 	}
 	if !res.ClearRouteCache || string(res.Body) != "processed" || len(res.Responses) != 2 {
@@ -95,7 +97,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 	}
 
 	// What the server saw is what Envoy sends.
-	msgs := fs.messages()
+	msgs := fs.Messages()
 	if len(msgs) != 3 {
 		t.Fatalf("server got %d messages, want 3", len(msgs))
 	}
@@ -115,7 +117,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 		t.Errorf("first header = %v, want :authority in raw_value", first)
 	}
 	for i, m := range msgs {
-		hint := m.GetMetadataContext().GetFilterMetadata()[SubsetHintNamespace].GetFields()[SubsetKey].GetListValue()
+		hint := m.GetMetadataContext().GetFilterMetadata()[wire.SubsetHintNamespace].GetFields()[wire.SubsetKey].GetListValue()
 		if len(hint.GetValues()) != 2 {
 			t.Errorf("message %d: subset hint = %v", i, hint)
 		}
@@ -138,15 +140,15 @@ func TestStreamedBodyReassembly(t *testing.T) {
 		{"chunked", -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := startServer(t, eppHandler(eppOpts{headerDest: "10.0.0.1:8000"}))
-			ctx := testCtx(t)
-			ex := newClient(t, FilterConfig{Target: fs.addr}).Open(ctx)
+			fs := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "10.0.0.1:8000"}))
+			ctx := fakeproc.Ctx(t)
+			ex := newClient(t, FilterConfig{Target: fs.Addr}).Open(ctx)
 			defer ex.Close()
 			h, out, err := ex.Request(Request{Method: "POST"}.headers(), BodyFromReader(bytes.NewReader(body), tc.length))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h.Get(DestinationEndpointKey) != "10.0.0.1:8000" {
+			if h.Get(wire.DestinationEndpointKey) != "10.0.0.1:8000" {
 				t.Errorf("headers = %v", h)
 			}
 			var sizes []int
@@ -170,7 +172,7 @@ func TestStreamedBodyReassembly(t *testing.T) {
 			// end_of_stream on the last data chunk when the length is known,
 			// an empty final chunk for chunked transfer.
 			var chunks []*extprocv3.HttpBody
-			for _, m := range fs.messages() {
+			for _, m := range fs.Messages() {
 				if b := m.GetRequestBody(); b != nil {
 					chunks = append(chunks, b)
 				}
@@ -202,13 +204,13 @@ func blockingBody(t *testing.T) (Body, func(string)) {
 }
 
 func TestFailureModes(t *testing.T) {
-	failOnHeaders := func(c *conn) error {
-		_, _ = c.recv()
+	failOnHeaders := func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
 		return errors.New("picker crashed")
 	}
-	crashMidBody := func(c *conn) error {
+	crashMidBody := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return err
 			}
@@ -217,38 +219,38 @@ func TestFailureModes(t *testing.T) {
 			}
 		}
 	}
-	plainBody := func(c *conn) error {
+	plainBody := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			if b := req.GetRequestBody(); b != nil && b.GetEndOfStream() {
-				_ = c.send(headersResp(false, nil))
-				_ = c.send(bodyResp(false, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("x")}}}))
+				_ = c.Send(fakeproc.HeadersResp(false, nil))
+				_ = c.Send(fakeproc.BodyResp(false, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("x")}}}))
 			}
 		}
 	}
-	bodyBeforeHeaders := func(c *conn) error {
+	bodyBeforeHeaders := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			if req.GetRequestBody() != nil {
-				_ = c.send(streamed(false, []byte("x"), true))
+				_ = c.Send(fakeproc.Streamed(false, []byte("x"), true))
 			}
 		}
 	}
-	wrongType := func(c *conn) error {
-		_, _ = c.recv()
-		_ = c.send(headersResp(true, nil))
-		_, _ = c.recv()
+	wrongType := func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
+		_ = c.Send(fakeproc.HeadersResp(true, nil))
+		_, _ = c.Recv()
 		return nil
 	}
-	closeEarly := func(c *conn) error {
+	closeEarly := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
@@ -257,41 +259,41 @@ func TestFailureModes(t *testing.T) {
 			}
 		}
 	}
-	silent := func(c *conn) error {
-		<-c.srv.Context().Done()
+	silent := func(c *fakeproc.Conn) error {
+		<-c.Context().Done()
 		return nil
 	}
-	slowDuplex := func(c *conn) error {
+	slowDuplex := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			if b := req.GetRequestBody(); b != nil && b.GetEndOfStream() {
 				time.Sleep(3 * DefaultMessageTimeout / 2)
-				_ = c.send(headersResp(false, nil))
-				_ = c.send(streamed(false, b.GetBody(), true))
+				_ = c.Send(fakeproc.HeadersResp(false, nil))
+				_ = c.Send(fakeproc.Streamed(false, b.GetBody(), true))
 			}
 		}
 	}
-	badMutation := func(c *conn) error {
-		_, _ = c.recv()
+	badMutation := func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
 		m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x", Value: "a", RawValue: []byte("b")}}}}
-		_ = c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: m}))
-		_, _ = c.recv()
+		_ = c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: m}))
+		_, _ = c.Recv()
 		return nil
 	}
-	deny := func(c *conn) error {
-		_, _ = c.recv()
-		_ = c.send(immediate(429, "slow down", "x-llm-d-request-dropped-reason", "rejected-saturated"))
-		_, _ = c.recv()
+	deny := func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
+		_ = c.Send(fakeproc.Immediate(429, "slow down", "x-llm-d-request-dropped-reason", "rejected-saturated"))
+		_, _ = c.Recv()
 		return nil
 	}
 	headersOnly := &filterv3.ProcessingMode{RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseHeaderMode: filterv3.ProcessingMode_SKIP}
 
 	for _, tc := range []struct {
 		name       string
-		handle     func(*conn) error // nil: nobody listens
+		handle     func(*fakeproc.Conn) error // nil: nobody listens
 		failOpen   bool
 		mode       *filterv3.ProcessingMode
 		timeout    time.Duration
@@ -319,11 +321,11 @@ func TestFailureModes(t *testing.T) {
 		{name: "immediate response", handle: deny, wantStatus: 429},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			target := closedAddr(t)
+			target := fakeproc.ClosedAddr(t)
 			if tc.handle != nil {
-				target = startServer(t, tc.handle).addr
+				target = fakeproc.Start(t, tc.handle).Addr
 			}
-			ctx := testCtx(t)
+			ctx := fakeproc.Ctx(t)
 			ex := newClient(t, FilterConfig{Target: target, FailureModeAllow: tc.failOpen, ProcessingMode: tc.mode, MessageTimeout: tc.timeout}).Open(ctx)
 			defer ex.Close()
 			var body Body
@@ -375,8 +377,8 @@ func TestFailureModes(t *testing.T) {
 }
 
 func TestResponsePath(t *testing.T) {
-	fs := startServer(t, eppHandler(eppOpts{headerDest: "10.0.0.7:8000", metadataDest: "10.0.0.7:8000"}))
-	ex := newClient(t, FilterConfig{Target: fs.addr, ForwardMetadata: SubsetHintMetadata("10.0.0.7:8000")}).Open(testCtx(t))
+	fs := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "10.0.0.7:8000", MetadataDest: "10.0.0.7:8000"}))
+	ex := newClient(t, FilterConfig{Target: fs.Addr, ForwardMetadata: SubsetHintMetadata("10.0.0.7:8000")}).Open(fakeproc.Ctx(t))
 	defer ex.Close()
 	if _, err := ex.RunRequest(Request{Path: "/v1/models"}); err != nil {
 		t.Fatal(err)
@@ -400,13 +402,13 @@ func TestResponsePath(t *testing.T) {
 		t.Errorf("body %q in %v", res.Body, res.BodyChunkSizes)
 	}
 	var rh *extprocv3.ProcessingRequest
-	for _, m := range fs.messages() {
+	for _, m := range fs.Messages() {
 		if m.GetResponseHeaders() != nil {
 			rh = m
 		}
 	}
 	md := rh.GetMetadataContext().GetFilterMetadata()
-	if md[LBNamespace].GetFields()[ServedEndpointKey].GetStringValue() != "10.0.0.7:8000" || md[SubsetHintNamespace] == nil {
+	if md[wire.LBNamespace].GetFields()[wire.ServedEndpointKey].GetStringValue() != "10.0.0.7:8000" || md[wire.SubsetHintNamespace] == nil {
 		t.Errorf("response metadata_context = %v", md)
 	}
 	if rh.GetProtocolConfig() != nil {
@@ -417,11 +419,11 @@ func TestResponsePath(t *testing.T) {
 func TestServerClosedCleanlySkipsRest(t *testing.T) {
 	// A server that has answered everything may end the stream; Envoy then
 	// leaves it out for the rest of the request.
-	fs := startServer(t, func(c *conn) error {
-		_, _ = c.recv()
-		return c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: setHeaders("x-seen", "1")}))
+	fs := fakeproc.Start(t, func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
+		return c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: fakeproc.SetHeaders("x-seen", "1")}))
 	})
-	ex := newClient(t, FilterConfig{Target: fs.addr}).Open(testCtx(t))
+	ex := newClient(t, FilterConfig{Target: fs.Addr}).Open(fakeproc.Ctx(t))
 	defer ex.Close()
 	req, err := ex.RunRequest(Request{})
 	if err != nil || req.Headers.Get("x-seen") != "1" {
@@ -436,23 +438,23 @@ func TestServerClosedCleanlySkipsRest(t *testing.T) {
 }
 
 func TestTrailers(t *testing.T) {
-	fs := startServer(t, func(c *conn) error {
+	fs := fakeproc.Start(t, func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			switch v := req.Request.(type) {
 			case *extprocv3.ProcessingRequest_RequestHeaders:
-				_ = c.send(headersResp(false, nil))
+				_ = c.Send(fakeproc.HeadersResp(false, nil))
 			case *extprocv3.ProcessingRequest_RequestBody:
-				_ = c.send(streamed(false, v.RequestBody.GetBody(), false))
+				_ = c.Send(fakeproc.Streamed(false, v.RequestBody.GetBody(), false))
 			case *extprocv3.ProcessingRequest_RequestTrailers:
-				_ = c.send(trailersResp(false, setHeaders("x-checksum", "ok")))
+				_ = c.Send(fakeproc.TrailersResp(false, fakeproc.SetHeaders("x-checksum", "ok")))
 			}
 		}
 	})
-	res, err := newClient(t, FilterConfig{Target: fs.addr}).Run(testCtx(t), Request{
+	res, err := newClient(t, FilterConfig{Target: fs.Addr}).Run(fakeproc.Ctx(t), Request{
 		Body: [][]byte{[]byte("a"), []byte("b")}, Trailers: Headers{{"x-checksum", "raw"}},
 	})
 	if err != nil || res.LocalReply != nil {
@@ -462,7 +464,7 @@ func TestTrailers(t *testing.T) {
 		t.Errorf("body %q trailers %v", res.Body, res.Trailers)
 	}
 	// With trailers, no body chunk carries end_of_stream.
-	for _, m := range fs.messages() {
+	for _, m := range fs.Messages() {
 		if m.GetRequestBody().GetEndOfStream() {
 			t.Error("end_of_stream on a body chunk although trailers follow")
 		}
@@ -470,19 +472,19 @@ func TestTrailers(t *testing.T) {
 }
 
 func TestBufferedMode(t *testing.T) {
-	fs := startServer(t, func(c *conn) error {
+	fs := fakeproc.Start(t, func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			switch v := req.Request.(type) {
 			case *extprocv3.ProcessingRequest_RequestHeaders:
-				_ = c.send(headersResp(false, nil))
+				_ = c.Send(fakeproc.HeadersResp(false, nil))
 			case *extprocv3.ProcessingRequest_RequestBody:
 				upper := bytes.ToUpper(v.RequestBody.GetBody())
-				_ = c.send(bodyResp(false, &extprocv3.CommonResponse{
-					HeaderMutation: setHeaders("content-length", "11", "x-body-seen", "1"),
+				_ = c.Send(fakeproc.BodyResp(false, &extprocv3.CommonResponse{
+					HeaderMutation: fakeproc.SetHeaders("content-length", "11", "x-body-seen", "1"),
 					BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: upper}},
 				}))
 			}
@@ -490,7 +492,7 @@ func TestBufferedMode(t *testing.T) {
 	})
 	mode := DefaultProcessingMode()
 	mode.RequestBodyMode = filterv3.ProcessingMode_BUFFERED
-	res, err := newClient(t, FilterConfig{Target: fs.addr, ProcessingMode: mode}).Run(testCtx(t), Request{
+	res, err := newClient(t, FilterConfig{Target: fs.Addr, ProcessingMode: mode}).Run(fakeproc.Ctx(t), Request{
 		Headers: Headers{{"content-length", "11"}},
 		Body:    [][]byte{[]byte("hello "), []byte("world")},
 	})
@@ -501,7 +503,7 @@ func TestBufferedMode(t *testing.T) {
 		t.Errorf("buffered result: body %q headers %v", res.Body, res.Headers)
 	}
 	var bodies int
-	for _, m := range fs.messages() {
+	for _, m := range fs.Messages() {
 		if b := m.GetRequestBody(); b != nil {
 			bodies++
 			if string(b.GetBody()) != "hello world" || !b.GetEndOfStream() {
@@ -515,9 +517,9 @@ func TestBufferedMode(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
-	fs := startTLSServer(t, eppHandler(eppOpts{headerDest: "10.0.0.1:8000"}))
-	res, err := newClient(t, FilterConfig{Target: fs.addr, TLS: true}).Run(testCtx(t), Request{})
-	if err != nil || res.LocalReply != nil || res.Headers.Get(DestinationEndpointKey) != "10.0.0.1:8000" {
+	fs := fakeproc.StartTLS(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "10.0.0.1:8000"}))
+	res, err := newClient(t, FilterConfig{Target: fs.Addr, TLS: true}).Run(fakeproc.Ctx(t), Request{})
+	if err != nil || res.LocalReply != nil || res.Headers.Get(wire.DestinationEndpointKey) != "10.0.0.1:8000" {
 		t.Fatalf("TLS exchange: %+v %v", res, err)
 	}
 }
@@ -582,41 +584,5 @@ func TestFilterConfigChecks(t *testing.T) {
 		if _, err := NewClient(tc.fc); err == nil {
 			t.Errorf("%s: want an error", tc.name)
 		}
-	}
-}
-
-func TestParseFilterFlag(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		want    FilterConfig
-		wantErr string
-	}{
-		{in: "epp=127.0.0.1:9002", want: FilterConfig{Name: "epp", Target: "127.0.0.1:9002"}},
-		{in: "epp=127.0.0.1:9002,failure-mode=FailOpen,tls=true", want: FilterConfig{Name: "epp", Target: "127.0.0.1:9002", FailureModeAllow: true, TLS: true}},
-		{in: "payload=localhost:9004,failure-mode=FailClose,tls=false", want: FilterConfig{Name: "payload", Target: "localhost:9004"}},
-		{in: "127.0.0.1:9002", wantErr: "want name=host:port"},
-		{in: "epp=127.0.0.1", wantErr: "address"},
-		{in: "epp=127.0.0.1:0", wantErr: "invalid port"},
-		{in: "epp=127.0.0.1:9002,failure-mode=open", wantErr: "FailOpen or FailClose"},
-		{in: "epp=127.0.0.1:9002,tls=maybe", wantErr: "true or false"},
-		{in: "epp=127.0.0.1:9002,mode=x", wantErr: "unknown option"},
-		{in: "epp=127.0.0.1:9002,response-body=sometimes", wantErr: "streamed or none"},
-	} {
-		got, err := ParseFilterFlag(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%q: err = %v, want %q", tc.in, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got.Name != tc.want.Name || got.Target != tc.want.Target || got.FailureModeAllow != tc.want.FailureModeAllow || got.TLS != tc.want.TLS {
-			t.Errorf("%q: got %+v, %v", tc.in, got, err)
-		}
-	}
-	fc, err := ParseFilterFlag("epp=127.0.0.1:9002,response-body=none")
-	if err != nil || fc.ProcessingMode.GetResponseBodyMode() != filterv3.ProcessingMode_NONE ||
-		fc.ProcessingMode.GetResponseTrailerMode() != filterv3.ProcessingMode_SKIP ||
-		fc.ProcessingMode.GetRequestBodyMode() != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		t.Fatalf("response-body=none: %+v, %v", fc.ProcessingMode, err)
 	}
 }

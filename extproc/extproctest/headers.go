@@ -112,8 +112,8 @@ func (h Headers) toProto() *corev3.HeaderMap {
 	return m
 }
 
-// headersFromProto decodes a HeaderMap, accepting either value field.
-func headersFromProto(m *corev3.HeaderMap) Headers {
+// HeadersFromProto decodes a HeaderMap, accepting either value field.
+func HeadersFromProto(m *corev3.HeaderMap) Headers {
 	var h Headers
 	for _, hv := range m.GetHeaders() {
 		v := string(hv.GetRawValue())
@@ -225,13 +225,4 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
-}
-
-// hopByHop reports the connection-scoped headers a proxy never forwards.
-func hopByHop(key string) bool {
-	switch key {
-	case "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade":
-		return true
-	}
-	return false
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/server"
@@ -96,10 +97,10 @@ func startEPP(t *testing.T, poolFile string) *eppProc {
 
 func startProxy(t *testing.T, eppAddr string, failOpen bool, fallback []string) string {
 	t.Helper()
-	p, err := extproctest.New(extproctest.Config{
+	p, err := devproxy.New(devproxy.Config{
 		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: eppAddr, TLS: true, FailureModeAllow: failOpen}},
 		FallbackEndpoints: fallback,
-		Timeouts:          extproctest.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:          devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata:     true,
 		Logger:            logr.Discard(),
 	})
@@ -134,8 +135,8 @@ func post(t *testing.T, base, body string) (reply, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return reply{status: resp.StatusCode, upstream: resp.Header.Get(extproctest.UpstreamHeader),
-		pod: resp.Header.Get("x-inference-pod"), debug: resp.Header.Get(extproctest.DebugMetadataHeader), body: string(b)}, err
+	return reply{status: resp.StatusCode, upstream: resp.Header.Get(devproxy.UpstreamHeader),
+		pod: resp.Header.Get("x-inference-pod"), debug: resp.Header.Get(devproxy.DebugMetadataHeader), body: string(b)}, err
 }
 
 const completion = `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`
@@ -202,8 +203,8 @@ func TestBodylessRequestIsRouted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(extproctest.UpstreamHeader) == "" {
-		t.Fatalf("GET /v1/models: %d via %q", resp.StatusCode, resp.Header.Get(extproctest.UpstreamHeader))
+	if resp.StatusCode != 200 || resp.Header.Get(devproxy.UpstreamHeader) == "" {
+		t.Fatalf("GET /v1/models: %d via %q", resp.StatusCode, resp.Header.Get(devproxy.UpstreamHeader))
 	}
 }
 
@@ -417,11 +418,11 @@ func TestEndpointWithBrokenMetricsKeepsServing(t *testing.T) {
 func TestPickerWithoutResponseBodies(t *testing.T) {
 	_, pool := newPool(t, 2)
 	e := startEPP(t, pool)
-	fc, err := extproctest.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
+	fc, err := devproxy.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := extproctest.New(extproctest.Config{Filters: []extproctest.FilterConfig{fc}, Logger: logr.Discard()})
+	p, err := devproxy.New(devproxy.Config{Filters: []extproctest.FilterConfig{fc}, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

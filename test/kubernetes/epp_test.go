@@ -33,6 +33,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/epp/kube"
 	"github.com/infergate/infergate/extproc/extproctest"
@@ -217,9 +218,9 @@ func wantAddresses(p *picker, want ...string) func() error {
 
 func proxy(t *testing.T, eppAddr string) string {
 	t.Helper()
-	p, err := extproctest.New(extproctest.Config{
+	p, err := devproxy.New(devproxy.Config{
 		Filters:  []extproctest.FilterConfig{{Name: "epp", Target: eppAddr}},
-		Timeouts: extproctest.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts: devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		Logger:   logr.Discard(),
 	})
 	if err != nil {

@@ -1,4 +1,10 @@
-package extproctest
+// Package fakeproc holds test doubles for ext_proc tests: a scripted
+// ext_proc server whose handler decides every answer (and that records what
+// it received), builders for the responses an ext_proc server sends, an
+// endpoint picker in the reference EPP's style, and a recording upstream.
+// They are fakes on purpose: tests use them to produce exact wire
+// behaviour, including the wrong behaviour a real server would never show.
+package fakeproc
 
 import (
 	"context"
@@ -27,35 +33,35 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/infergate/infergate/test/loopback"
+	"github.com/infergate/infergate/inference/wire"
 )
 
-// testCtx bounds every test so that a bug shows as a failure, not a hang.
-func testCtx(t *testing.T) context.Context {
+// Ctx bounds every test so that a bug shows as a failure, not a hang.
+func Ctx(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-// fakeServer is an ext_proc server for tests: handle decides the behaviour,
+// Server is an ext_proc server for tests: handle decides the behaviour,
 // every received message is recorded.
-type fakeServer struct {
+type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	addr   string
-	handle func(*conn) error
+	Addr   string
+	handle func(*Conn) error
 
 	mu       sync.Mutex
 	received []*extprocv3.ProcessingRequest
 	streams  int
 }
 
-type conn struct {
+type Conn struct {
 	srv extprocv3.ExternalProcessor_ProcessServer
-	fs  *fakeServer
+	fs  *Server
 }
 
-func (c *conn) recv() (*extprocv3.ProcessingRequest, error) {
+func (c *Conn) Recv() (*extprocv3.ProcessingRequest, error) {
 	r, err := c.srv.Recv()
 	if err == nil {
 		c.fs.mu.Lock()
@@ -65,28 +71,33 @@ func (c *conn) recv() (*extprocv3.ProcessingRequest, error) {
 	return r, err
 }
 
-func (c *conn) send(r *extprocv3.ProcessingResponse) error { return c.srv.Send(r) }
+// Send sends one response on the stream.
+func (c *Conn) Send(r *extprocv3.ProcessingResponse) error { return c.srv.Send(r) }
 
-func (s *fakeServer) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+// Context is the stream's context; it ends when the client goes away.
+func (c *Conn) Context() context.Context { return c.srv.Context() }
+
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.mu.Lock()
 	s.streams++
 	s.mu.Unlock()
-	return s.handle(&conn{srv: srv, fs: s})
+	return s.handle(&Conn{srv: srv, fs: s})
 }
 
-func (s *fakeServer) messages() []*extprocv3.ProcessingRequest {
+// Messages returns what the server received so far, in order.
+func (s *Server) Messages() []*extprocv3.ProcessingRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]*extprocv3.ProcessingRequest(nil), s.received...)
 }
 
-func startServer(t *testing.T, handle func(*conn) error, opts ...grpc.ServerOption) *fakeServer {
+func Start(t testing.TB, handle func(*Conn) error, opts ...grpc.ServerOption) *Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &fakeServer{addr: ln.Addr().String(), handle: handle}
+	fs := &Server{Addr: ln.Addr().String(), handle: handle}
 	gs := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(gs, fs)
 	go func() { _ = gs.Serve(ln) }()
@@ -94,7 +105,7 @@ func startServer(t *testing.T, handle func(*conn) error, opts ...grpc.ServerOpti
 	return fs
 }
 
-func startTLSServer(t *testing.T, handle func(*conn) error) *fakeServer {
+func StartTLS(t testing.TB, handle func(*Conn) error) *Server {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -110,11 +121,11 @@ func startTLSServer(t *testing.T, handle func(*conn) error) *fakeServer {
 		t.Fatal(err)
 	}
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	return startServer(t, handle, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
+	return Start(t, handle, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
 }
 
-// closedAddr returns a loopback address nobody listens on.
-func closedAddr(t *testing.T) string {
+// ClosedAddr returns a loopback address nobody listens on.
+func ClosedAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -127,7 +138,7 @@ func closedAddr(t *testing.T) string {
 
 // Response builders.
 
-func headersResp(response bool, cr *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+func HeadersResp(response bool, cr *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	if cr == nil {
 		cr = &extprocv3.CommonResponse{}
 	}
@@ -137,38 +148,38 @@ func headersResp(response bool, cr *extprocv3.CommonResponse) *extprocv3.Process
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: cr}}}
 }
 
-func bodyResp(response bool, cr *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+func BodyResp(response bool, cr *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	if response {
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{Response: cr}}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}}}
 }
 
-func streamed(response bool, data []byte, eos bool) *extprocv3.ProcessingResponse {
-	return bodyResp(response, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+func Streamed(response bool, data []byte, eos bool) *extprocv3.ProcessingResponse {
+	return BodyResp(response, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
 		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: data, EndOfStream: eos}},
 	}})
 }
 
-func trailersResp(response bool, m *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+func TrailersResp(response bool, m *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
 	if response {
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{HeaderMutation: m}}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{HeaderMutation: m}}}
 }
 
-func immediate(status int, body string, kv ...string) *extprocv3.ProcessingResponse {
+func Immediate(status int, body string, kv ...string) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
-		Headers: setHeaders(kv...),
+		Headers: SetHeaders(kv...),
 		Body:    []byte(body),
 		Details: "test_immediate",
 	}}}
 }
 
-// setHeaders builds a mutation that overwrites each key with raw_value, as
+// SetHeaders builds a mutation that overwrites each key with raw_value, as
 // endpoint pickers do.
-func setHeaders(kv ...string) *extprocv3.HeaderMutation {
+func SetHeaders(kv ...string) *extprocv3.HeaderMutation {
 	m := &extprocv3.HeaderMutation{}
 	for i := 0; i+1 < len(kv); i += 2 {
 		m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
@@ -178,48 +189,48 @@ func setHeaders(kv ...string) *extprocv3.HeaderMutation {
 	return m
 }
 
-func lbMetadata(key, value string) *structpb.Struct {
-	s, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{key: value}})
+func LBMetadata(key, value string) *structpb.Struct {
+	s, _ := structpb.NewStruct(map[string]any{wire.LBNamespace: map[string]any{key: value}})
 	return s
 }
 
-// eppOpts shapes eppHandler, an endpoint picker in the style of the
+// EPPOpts shapes EPPHandler, an endpoint picker in the style of the
 // reference EPP: it holds the headers response until the whole request body
 // arrived, answers with the pick in header and metadata, streams the body
 // back re-chunked, and on the response path echoes each chunk at once.
-type eppOpts struct {
-	headerDest   string // value of the x-gateway-destination-endpoint header; "" for none
-	metadataDest string // value of envoy.lb/x-gateway-destination-endpoint; "" for none
-	appendHeader bool   // append the header instead of overwriting it
-	rechunk      int    // re-chunk size for the request body (default 62000)
-	seq          *atomic.Int64
-	respSeen     *atomic.Int64 // set to seq's next value when response headers arrive
+type EPPOpts struct {
+	HeaderDest   string // value of the x-gateway-destination-endpoint header; "" for none
+	MetadataDest string // value of envoy.lb/x-gateway-destination-endpoint; "" for none
+	AppendHeader bool   // append the header instead of overwriting it
+	Rechunk      int    // re-chunk size for the request body (default 62000)
+	Seq          *atomic.Int64
+	RespSeen     *atomic.Int64 // set to Seq's next value when response headers arrive
 }
 
-func eppHandler(o eppOpts) func(*conn) error {
-	if o.rechunk == 0 {
-		o.rechunk = 62000
+func EPPHandler(o EPPOpts) func(*Conn) error {
+	if o.Rechunk == 0 {
+		o.Rechunk = 62000
 	}
-	return func(c *conn) error {
+	return func(c *Conn) error {
 		var body []byte
 		answer := func() error {
 			cr := &extprocv3.CommonResponse{ClearRouteCache: true}
-			if o.headerDest != "" {
-				cr.HeaderMutation = setHeaders(DestinationEndpointKey, o.headerDest)
-				if o.appendHeader {
+			if o.HeaderDest != "" {
+				cr.HeaderMutation = SetHeaders(wire.DestinationEndpointKey, o.HeaderDest)
+				if o.AppendHeader {
 					// APPEND_IF_EXISTS_OR_ADD is the enum's zero value, so Envoy
 					// only appends when the deprecated append flag says so.
 					cr.HeaderMutation.SetHeaders[0].Append = wrapperspb.Bool(true)
 				}
 			}
-			r := headersResp(false, cr)
-			if o.metadataDest != "" {
-				r.DynamicMetadata = lbMetadata(DestinationEndpointKey, o.metadataDest)
+			r := HeadersResp(false, cr)
+			if o.MetadataDest != "" {
+				r.DynamicMetadata = LBMetadata(wire.DestinationEndpointKey, o.MetadataDest)
 			}
-			return c.send(r)
+			return c.Send(r)
 		}
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
@@ -241,33 +252,33 @@ func eppHandler(o eppOpts) func(*conn) error {
 				if err := answer(); err != nil {
 					return err
 				}
-				for len(body) > o.rechunk {
-					if err := c.send(streamed(false, body[:o.rechunk], false)); err != nil {
+				for len(body) > o.Rechunk {
+					if err := c.Send(Streamed(false, body[:o.Rechunk], false)); err != nil {
 						return err
 					}
-					body = body[o.rechunk:]
+					body = body[o.Rechunk:]
 				}
-				if err := c.send(streamed(false, body, true)); err != nil {
+				if err := c.Send(Streamed(false, body, true)); err != nil {
 					return err
 				}
 			case *extprocv3.ProcessingRequest_ResponseHeaders:
-				if o.respSeen != nil {
-					o.respSeen.Store(o.seq.Add(1))
+				if o.RespSeen != nil {
+					o.RespSeen.Store(o.Seq.Add(1))
 				}
-				served := req.GetMetadataContext().GetFilterMetadata()[LBNamespace].GetFields()[ServedEndpointKey].GetStringValue()
-				if err := c.send(headersResp(true, &extprocv3.CommonResponse{HeaderMutation: setHeaders("x-test-served", served)})); err != nil {
+				served := req.GetMetadataContext().GetFilterMetadata()[wire.LBNamespace].GetFields()[wire.ServedEndpointKey].GetStringValue()
+				if err := c.Send(HeadersResp(true, &extprocv3.CommonResponse{HeaderMutation: SetHeaders("x-test-served", served)})); err != nil {
 					return err
 				}
 			case *extprocv3.ProcessingRequest_ResponseBody:
-				if err := c.send(streamed(true, v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream())); err != nil {
+				if err := c.Send(Streamed(true, v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream())); err != nil {
 					return err
 				}
 			case *extprocv3.ProcessingRequest_RequestTrailers:
-				if err := c.send(trailersResp(false, nil)); err != nil {
+				if err := c.Send(TrailersResp(false, nil)); err != nil {
 					return err
 				}
 			case *extprocv3.ProcessingRequest_ResponseTrailers:
-				if err := c.send(trailersResp(true, nil)); err != nil {
+				if err := c.Send(TrailersResp(true, nil)); err != nil {
 					return err
 				}
 			}
@@ -276,17 +287,17 @@ func eppHandler(o eppOpts) func(*conn) error {
 }
 
 // upstream is a model-server stand-in that records what reached it.
-type upstream struct {
-	addr string
+type Upstream struct {
+	Addr string
 
 	mu      sync.Mutex
 	headers []http.Header
 	bodies  [][]byte
 }
 
-func startUpstream(t *testing.T, handler http.HandlerFunc) *upstream {
+func StartUpstream(t testing.TB, handler http.HandlerFunc) *Upstream {
 	t.Helper()
-	u := &upstream{}
+	u := &Upstream{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
@@ -298,20 +309,20 @@ func startUpstream(t *testing.T, handler http.HandlerFunc) *upstream {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain")
-		_, _ = io.WriteString(w, "hello from "+u.addr)
+		_, _ = io.WriteString(w, "hello from "+u.Addr)
 	}))
 	t.Cleanup(srv.Close)
-	u.addr = srv.Listener.Addr().String()
+	u.Addr = srv.Listener.Addr().String()
 	return u
 }
 
-func (u *upstream) count() int {
+func (u *Upstream) Count() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.bodies)
 }
 
-func (u *upstream) last() (http.Header, []byte) {
+func (u *Upstream) Last() (http.Header, []byte) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.bodies) == 0 {
@@ -319,15 +330,3 @@ func (u *upstream) last() (http.Header, []byte) {
 	}
 	return u.headers[len(u.headers)-1], u.bodies[len(u.bodies)-1]
 }
-
-// startProxy serves a Proxy on a loopback port until the test ends.
-func startProxy(t *testing.T, cfg Config) string {
-	t.Helper()
-	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "http://" + loopback.Serve(t, p.Serve)
-}
-
-func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }

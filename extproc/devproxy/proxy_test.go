@@ -1,4 +1,4 @@
-package extproctest
+package devproxy
 
 import (
 	"bufio"
@@ -12,11 +12,15 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/test/loopback"
 )
 
 func post(t *testing.T, url, body string, kv ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,23 +40,23 @@ func post(t *testing.T, url, body string, kv ...string) (*http.Response, string)
 }
 
 func TestProxyEndToEnd(t *testing.T) {
-	a, b := startUpstream(t, nil), startUpstream(t, nil)
-	epp := startServer(t, eppHandler(eppOpts{headerDest: b.addr, metadataDest: b.addr}))
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: b.Addr, MetadataDest: b.Addr}))
 	url := startProxy(t, Config{
-		Filters:           []FilterConfig{{Name: "epp", Target: epp.addr}},
-		FallbackEndpoints: []string{a.addr},
+		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}},
+		FallbackEndpoints: []string{a.Addr},
 	})
 	reqBody := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 	resp, body := post(t, url, reqBody)
-	if resp.StatusCode != 200 || body != "hello from "+b.addr {
+	if resp.StatusCode != 200 || body != "hello from "+b.Addr {
 		t.Fatalf("status %d body %q", resp.StatusCode, body)
 	}
-	if resp.Header.Get(UpstreamHeader) != b.addr || resp.Header.Get("x-test-served") != b.addr {
+	if resp.Header.Get(UpstreamHeader) != b.Addr || resp.Header.Get("x-test-served") != b.Addr {
 		t.Errorf("response headers %v", resp.Header)
 	}
-	h, got := b.last()
-	if string(got) != reqBody || h.Get(DestinationEndpointKey) != b.addr || a.count() != 0 {
-		t.Errorf("upstream got %q with %v; fallback used %d times", got, h, a.count())
+	h, got := b.Last()
+	if string(got) != reqBody || h.Get(wire.DestinationEndpointKey) != b.Addr || a.Count() != 0 {
+		t.Errorf("upstream got %q with %v; fallback used %d times", got, h, a.Count())
 	}
 	if h.Get("User-Agent") == "" {
 		t.Error("client User-Agent not forwarded")
@@ -63,10 +67,10 @@ func TestProxyFilterChain(t *testing.T) {
 	// A payload processor rewrites the body and sets a header; the picker
 	// after it must see both, and the response path must run in reverse.
 	var seq, payloadSaw, eppSaw atomic.Int64
-	payload := startServer(t, func(c *conn) error {
+	payload := fakeproc.Start(t, func(c *fakeproc.Conn) error {
 		var body []byte
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
@@ -74,22 +78,22 @@ func TestProxyFilterChain(t *testing.T) {
 			case *extprocv3.ProcessingRequest_RequestBody:
 				body = append(body, v.RequestBody.GetBody()...)
 				if v.RequestBody.GetEndOfStream() {
-					_ = c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: setHeaders("x-gateway-model-name", "llama"), ClearRouteCache: true}))
+					_ = c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: fakeproc.SetHeaders("x-gateway-model-name", "llama"), ClearRouteCache: true}))
 					out := bytes.ReplaceAll(body, []byte(`"alias"`), []byte(`"meta-llama/Llama-3.1-8B"`))
-					_ = c.send(streamed(false, out[:10], false))
-					_ = c.send(streamed(false, out[10:], true))
+					_ = c.Send(fakeproc.Streamed(false, out[:10], false))
+					_ = c.Send(fakeproc.Streamed(false, out[10:], true))
 				}
 			case *extprocv3.ProcessingRequest_ResponseHeaders:
 				payloadSaw.Store(seq.Add(1))
-				_ = c.send(headersResp(true, nil))
+				_ = c.Send(fakeproc.HeadersResp(true, nil))
 			case *extprocv3.ProcessingRequest_ResponseBody:
-				_ = c.send(streamed(true, v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream()))
+				_ = c.Send(fakeproc.Streamed(true, v.ResponseBody.GetBody(), v.ResponseBody.GetEndOfStream()))
 			}
 		}
 	})
-	up := startUpstream(t, nil)
-	epp := startServer(t, eppHandler(eppOpts{headerDest: up.addr, metadataDest: up.addr, seq: &seq, respSeen: &eppSaw}))
-	url := startProxy(t, Config{Filters: []FilterConfig{{Name: "payload", Target: payload.addr}, {Name: "epp", Target: epp.addr}}})
+	up := fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: up.Addr, MetadataDest: up.Addr, Seq: &seq, RespSeen: &eppSaw}))
+	url := startProxy(t, Config{Filters: []extproctest.FilterConfig{{Name: "payload", Target: payload.Addr}, {Name: "epp", Target: epp.Addr}}})
 
 	resp, _ := post(t, url, `{"model":"alias"}`)
 	if resp.StatusCode != 200 {
@@ -98,16 +102,16 @@ func TestProxyFilterChain(t *testing.T) {
 	want := `{"model":"meta-llama/Llama-3.1-8B"}`
 	var eppHeaders *extprocv3.HttpHeaders
 	var eppBody []byte
-	for _, m := range epp.messages() {
+	for _, m := range epp.Messages() {
 		if h := m.GetRequestHeaders(); h != nil {
 			eppHeaders = h
 		}
 		eppBody = append(eppBody, m.GetRequestBody().GetBody()...)
 	}
-	if string(eppBody) != want || headersFromProto(eppHeaders.GetHeaders()).Get("x-gateway-model-name") != "llama" {
-		t.Errorf("picker saw body %q headers %v", eppBody, headersFromProto(eppHeaders.GetHeaders()))
+	if string(eppBody) != want || extproctest.HeadersFromProto(eppHeaders.GetHeaders()).Get("x-gateway-model-name") != "llama" {
+		t.Errorf("picker saw body %q headers %v", eppBody, extproctest.HeadersFromProto(eppHeaders.GetHeaders()))
 	}
-	h, got := up.last()
+	h, got := up.Last()
 	if string(got) != want || h.Get("Content-Length") != "" {
 		t.Errorf("upstream got %q (content-length %q)", got, h.Get("Content-Length"))
 	}
@@ -117,33 +121,33 @@ func TestProxyFilterChain(t *testing.T) {
 }
 
 func TestProxyRouting(t *testing.T) {
-	a, b := startUpstream(t, nil), startUpstream(t, nil)
-	refused := closedAddr(t)
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	refused := fakeproc.ClosedAddr(t)
 	for _, tc := range []struct {
 		name       string
 		routing    RoutingMode
-		epp        eppOpts
+		epp        fakeproc.EPPOpts
 		clientDest string // x-gateway-destination-endpoint sent by the client
 		wantStatus int
 		want       string // upstream that must serve
 		wantBody   string
 	}{
-		{name: "override-host walks the list past a refused endpoint", epp: eppOpts{headerDest: refused + "," + b.addr, metadataDest: refused + "," + b.addr}, wantStatus: 200, want: b.addr},
-		{name: "override-host metadata wins over header", epp: eppOpts{headerDest: b.addr, metadataDest: a.addr}, wantStatus: 200, want: a.addr},
-		{name: "override-host header alone", epp: eppOpts{headerDest: b.addr}, wantStatus: 200, want: b.addr},
-		{name: "override-host all refused", epp: eppOpts{metadataDest: refused}, wantStatus: 503, wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
-		{name: "original-dst ignores metadata", routing: RoutingOriginalDstHeader, epp: eppOpts{headerDest: b.addr, metadataDest: a.addr}, wantStatus: 200, want: b.addr},
-		{name: "original-dst takes the first header instance", routing: RoutingOriginalDstHeader, epp: eppOpts{headerDest: b.addr, appendHeader: true}, clientDest: a.addr, wantStatus: 200, want: a.addr},
-		{name: "original-dst does not walk a list", routing: RoutingOriginalDstHeader, epp: eppOpts{headerDest: b.addr + "," + a.addr}, wantStatus: 503, wantBody: "no healthy upstream"},
-		{name: "original-dst unparsable", routing: RoutingOriginalDstHeader, epp: eppOpts{headerDest: "pod-1:8000"}, wantStatus: 503, wantBody: "no healthy upstream"},
-		{name: "no pick and no fallback", epp: eppOpts{}, wantStatus: 503, wantBody: "no healthy upstream"},
+		{name: "override-host walks the list past a refused endpoint", epp: fakeproc.EPPOpts{HeaderDest: refused + "," + b.Addr, MetadataDest: refused + "," + b.Addr}, wantStatus: 200, want: b.Addr},
+		{name: "override-host metadata wins over header", epp: fakeproc.EPPOpts{HeaderDest: b.Addr, MetadataDest: a.Addr}, wantStatus: 200, want: a.Addr},
+		{name: "override-host header alone", epp: fakeproc.EPPOpts{HeaderDest: b.Addr}, wantStatus: 200, want: b.Addr},
+		{name: "override-host all refused", epp: fakeproc.EPPOpts{MetadataDest: refused}, wantStatus: 503, wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
+		{name: "original-dst ignores metadata", routing: RoutingOriginalDstHeader, epp: fakeproc.EPPOpts{HeaderDest: b.Addr, MetadataDest: a.Addr}, wantStatus: 200, want: b.Addr},
+		{name: "original-dst takes the first header instance", routing: RoutingOriginalDstHeader, epp: fakeproc.EPPOpts{HeaderDest: b.Addr, AppendHeader: true}, clientDest: a.Addr, wantStatus: 200, want: a.Addr},
+		{name: "original-dst does not walk a list", routing: RoutingOriginalDstHeader, epp: fakeproc.EPPOpts{HeaderDest: b.Addr + "," + a.Addr}, wantStatus: 503, wantBody: "no healthy upstream"},
+		{name: "original-dst unparsable", routing: RoutingOriginalDstHeader, epp: fakeproc.EPPOpts{HeaderDest: "pod-1:8000"}, wantStatus: 503, wantBody: "no healthy upstream"},
+		{name: "no pick and no fallback", epp: fakeproc.EPPOpts{}, wantStatus: 503, wantBody: "no healthy upstream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			epp := startServer(t, eppHandler(tc.epp))
-			url := startProxy(t, Config{Routing: tc.routing, Filters: []FilterConfig{{Name: "epp", Target: epp.addr}}})
+			epp := fakeproc.Start(t, fakeproc.EPPHandler(tc.epp))
+			url := startProxy(t, Config{Routing: tc.routing, Filters: []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}}})
 			var kv []string
 			if tc.clientDest != "" {
-				kv = []string{DestinationEndpointKey, tc.clientDest}
+				kv = []string{wire.DestinationEndpointKey, tc.clientDest}
 			}
 			resp, body := post(t, url, `{"model":"m"}`, kv...)
 			if resp.StatusCode != tc.wantStatus {
@@ -164,20 +168,20 @@ func TestProxyRouting(t *testing.T) {
 }
 
 func TestProxyFallback(t *testing.T) {
-	a, b := startUpstream(t, nil), startUpstream(t, nil)
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
 	for _, tc := range []struct {
 		name     string
 		failOpen bool
 	}{{"fail-open round robin", true}, {"fail-close", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			url := startProxy(t, Config{
-				Filters:           []FilterConfig{{Name: "epp", Target: closedAddr(t), FailureModeAllow: tc.failOpen}},
-				FallbackEndpoints: []string{a.addr, b.addr},
+				Filters:           []extproctest.FilterConfig{{Name: "epp", Target: fakeproc.ClosedAddr(t), FailureModeAllow: tc.failOpen}},
+				FallbackEndpoints: []string{a.Addr, b.Addr},
 			})
 			var served []string
 			for range 4 {
 				// GET: no body, so failing open is always possible.
-				req, _ := http.NewRequestWithContext(testCtx(t), http.MethodGet, url+"/v1/models", nil)
+				req, _ := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodGet, url+"/v1/models", nil)
 				resp, err := httpClient().Do(req)
 				if err != nil {
 					t.Fatal(err)
@@ -199,9 +203,9 @@ func TestProxyFallback(t *testing.T) {
 }
 
 func TestProxyFilterFailures(t *testing.T) {
-	crashMidBody := func(c *conn) error {
+	crashMidBody := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return err
 			}
@@ -213,27 +217,27 @@ func TestProxyFilterFailures(t *testing.T) {
 	// upAddr is the subtest's own upstream: a request a failed case let
 	// through late must not be counted against the next case.
 	var upAddr string
-	plainBody := func(c *conn) error {
+	plainBody := func(c *fakeproc.Conn) error {
 		for {
-			req, err := c.recv()
+			req, err := c.Recv()
 			if err != nil {
 				return nil
 			}
 			if req.GetRequestBody().GetEndOfStream() {
-				_ = c.send(headersResp(false, &extprocv3.CommonResponse{HeaderMutation: setHeaders(DestinationEndpointKey, upAddr)}))
-				_ = c.send(bodyResp(false, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("{}")}}}))
+				_ = c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: fakeproc.SetHeaders(wire.DestinationEndpointKey, upAddr)}))
+				_ = c.Send(fakeproc.BodyResp(false, &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("{}")}}}))
 			}
 		}
 	}
-	deny := func(c *conn) error {
-		_, _ = c.recv()
-		_ = c.send(immediate(429, "too many requests", "x-llm-d-request-dropped-reason", "rejected-saturated"))
-		_, _ = c.recv()
+	deny := func(c *fakeproc.Conn) error {
+		_, _ = c.Recv()
+		_ = c.Send(fakeproc.Immediate(429, "too many requests", "x-llm-d-request-dropped-reason", "rejected-saturated"))
+		_, _ = c.Recv()
 		return nil
 	}
 	for _, tc := range []struct {
 		name       string
-		handle     func(*conn) error
+		handle     func(*fakeproc.Conn) error
 		failOpen   bool
 		wantStatus int
 		wantBody   string
@@ -243,14 +247,14 @@ func TestProxyFilterFailures(t *testing.T) {
 		{name: "immediate response passes through", handle: deny, wantStatus: 429, wantBody: "too many requests"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := startUpstream(t, nil)
-			upAddr = up.addr
-			epp := startServer(t, tc.handle)
+			up := fakeproc.StartUpstream(t, nil)
+			upAddr = up.Addr
+			epp := fakeproc.Start(t, tc.handle)
 			url := startProxy(t, Config{
-				Filters:           []FilterConfig{{Name: "epp", Target: epp.addr, FailureModeAllow: tc.failOpen}},
-				FallbackEndpoints: []string{up.addr},
+				Filters:           []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr, FailureModeAllow: tc.failOpen}},
+				FallbackEndpoints: []string{up.Addr},
 			})
-			before := up.count()
+			before := up.Count()
 			resp, body := post(t, url, `{"model":"m"}`)
 			if resp.StatusCode != tc.wantStatus || (tc.wantBody != "" && body != tc.wantBody) {
 				t.Fatalf("got %d %q, want %d %q", resp.StatusCode, body, tc.wantStatus, tc.wantBody)
@@ -258,8 +262,8 @@ func TestProxyFilterFailures(t *testing.T) {
 			if tc.wantStatus == 429 && resp.Header.Get("x-llm-d-request-dropped-reason") != "rejected-saturated" {
 				t.Errorf("immediate response headers lost: %v", resp.Header)
 			}
-			if tc.wantStatus == 429 && up.count() != before {
-				t.Errorf("upstream reached %d times", up.count()-before)
+			if tc.wantStatus == 429 && up.Count() != before {
+				t.Errorf("upstream reached %d times", up.Count()-before)
 			}
 		})
 	}
@@ -267,7 +271,7 @@ func TestProxyFilterFailures(t *testing.T) {
 
 func TestProxySSEStreams(t *testing.T) {
 	release := make(chan struct{})
-	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+	up := fakeproc.StartUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		_, _ = io.WriteString(w, "data: first\n\n")
@@ -279,10 +283,10 @@ func TestProxySSEStreams(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "data: second\n\n")
 	})
-	epp := startServer(t, eppHandler(eppOpts{headerDest: up.addr, metadataDest: up.addr}))
-	url := startProxy(t, Config{Filters: []FilterConfig{{Name: "epp", Target: epp.addr}}})
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: up.Addr, MetadataDest: up.Addr}))
+	url := startProxy(t, Config{Filters: []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}}})
 
-	req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
+	req, _ := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
 	resp, err := httpClient().Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -307,12 +311,12 @@ func TestProxySSEStreams(t *testing.T) {
 func TestProxyNeverHangs(t *testing.T) {
 	// A picker that never answers: in FULL_DUPLEX_STREAMED there is no
 	// message timeout, so only the route timeout can end the request.
-	epp := startServer(t, func(c *conn) error {
-		<-c.srv.Context().Done()
+	epp := fakeproc.Start(t, func(c *fakeproc.Conn) error {
+		<-c.Context().Done()
 		return nil
 	})
 	url := startProxy(t, Config{
-		Filters:  []FilterConfig{{Name: "epp", Target: epp.addr}},
+		Filters:  []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}},
 		Timeouts: Timeouts{Route: 300 * time.Millisecond},
 	})
 	start := time.Now()
@@ -326,10 +330,22 @@ func TestProxyConfigErrors(t *testing.T) {
 	for _, cfg := range []Config{
 		{Routing: "random"},
 		{FallbackEndpoints: []string{"pod:80"}},
-		{Filters: []FilterConfig{{Name: "x"}}},
+		{Filters: []extproctest.FilterConfig{{Name: "x"}}},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v): want an error", cfg)
 		}
 	}
 }
+
+// startProxy serves a Proxy on a loopback port until the test ends.
+func startProxy(t *testing.T, cfg Config) string {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "http://" + loopback.Serve(t, p.Serve)
+}
+
+func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }

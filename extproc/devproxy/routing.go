@@ -1,4 +1,4 @@
-package extproctest
+package devproxy
 
 import (
 	"errors"
@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // RoutingMode is how Proxy turns the endpoint picker's answer into an upstream.
@@ -56,10 +59,10 @@ func parseList(s string) []string {
 var errNoHealthyUpstream = errors.New("no healthy upstream")
 
 // route returns the endpoints to try, in order.
-func (p *Proxy) route(hdrs Headers, exs []*Exchange) ([]string, error) {
+func (p *Proxy) route(hdrs extproctest.Headers, exs []*extproctest.Exchange) ([]string, error) {
 	switch p.cfg.Routing {
 	case RoutingOriginalDstHeader:
-		if vals := hdrs.Values(DestinationEndpointKey); len(vals) > 0 {
+		if vals := hdrs.Values(wire.DestinationEndpointKey); len(vals) > 0 {
 			ep, err := ParseEndpoint(vals[0])
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", errNoHealthyUpstream, err)
@@ -70,7 +73,7 @@ func (p *Proxy) route(hdrs Headers, exs []*Exchange) ([]string, error) {
 		if list := metadataDestination(exs); len(list) > 0 {
 			return list, nil
 		}
-		if list := parseList(strings.Join(hdrs.Values(DestinationEndpointKey), ",")); len(list) > 0 {
+		if list := parseList(strings.Join(hdrs.Values(wire.DestinationEndpointKey), ",")); len(list) > 0 {
 			return list, nil
 		}
 	}
@@ -85,10 +88,10 @@ func (p *Proxy) route(hdrs Headers, exs []*Exchange) ([]string, error) {
 
 // metadataDestination reads envoy.lb/x-gateway-destination-endpoint; the
 // stream's metadata is shared by all filters, so a later filter's value wins.
-func metadataDestination(exs []*Exchange) []string {
+func metadataDestination(exs []*extproctest.Exchange) []string {
 	var list []string
 	for _, ex := range exs {
-		v := ex.DynamicMetadata()[LBNamespace].GetFields()[DestinationEndpointKey]
+		v := ex.DynamicMetadata()[wire.LBNamespace].GetFields()[wire.DestinationEndpointKey]
 		var s string
 		if lv := v.GetListValue(); lv != nil {
 			var parts []string
@@ -107,13 +110,13 @@ func metadataDestination(exs []*Exchange) []string {
 }
 
 // routerReply builds the response of a local reply of the router itself.
-func routerReply(status int, body string) (Headers, Body) {
-	h := Headers{
-		{":status", strconv.Itoa(status)},
-		{"content-type", "text/plain"},
-		{"content-length", strconv.Itoa(len(body))},
+func routerReply(status int, body string) (extproctest.Headers, extproctest.Body) {
+	h := extproctest.Headers{
+		{Key: ":status", Value: strconv.Itoa(status)},
+		{Key: "content-type", Value: "text/plain"},
+		{Key: "content-length", Value: strconv.Itoa(len(body))},
 	}
-	return h, BodyFromChunks([]byte(body))
+	return h, extproctest.BodyFromChunks([]byte(body))
 }
 
 func isConnectFailure(err error) bool {
@@ -132,4 +135,13 @@ func upstreamError(err error) (int, string) {
 		return http.StatusGatewayTimeout, "upstream request timeout"
 	}
 	return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+}
+
+// hopByHop reports the connection-scoped headers a proxy never forwards.
+func hopByHop(key string) bool {
+	switch key {
+	case "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade":
+		return true
+	}
+	return false
 }

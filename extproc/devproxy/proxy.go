@@ -1,4 +1,4 @@
-package extproctest
+package devproxy
 
 import (
 	"context"
@@ -15,7 +15,18 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/inference/wire"
 	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// Response headers the stand-in adds; Envoy has neither.
+const (
+	// UpstreamHeader names the endpoint that served, on every proxied response.
+	UpstreamHeader = "x-infergate-upstream"
+	// DebugMetadataHeader carries, when Config.DebugMetadata is set, the
+	// envoy.lb dynamic metadata the filters emitted, as JSON.
+	DebugMetadataHeader = "x-infergate-debug-envoy-lb"
 )
 
 // Timeouts bound the proxy's work so that no request can hang.
@@ -35,7 +46,7 @@ type Config struct {
 	Listen string
 	// Filters run in order on the request path and in reverse order on the
 	// response path, as an Envoy HTTP filter chain does.
-	Filters []FilterConfig
+	Filters []extproctest.FilterConfig
 	// Routing defaults to RoutingOverrideHost.
 	Routing RoutingMode
 	// FallbackEndpoints (ip:port) are used round robin when no filter picked
@@ -52,7 +63,7 @@ type Config struct {
 // ext_proc filters the way Envoy does. It is an http.Handler.
 type Proxy struct {
 	cfg       Config
-	clients   []*Client
+	clients   []*extproctest.Client
 	transport *http.Transport
 	log       logr.Logger
 	next      atomic.Uint64 // round robin position
@@ -84,7 +95,7 @@ func New(cfg Config) (*Proxy, error) {
 
 	p := &Proxy{cfg: cfg, log: cfg.Logger}
 	for _, fc := range cfg.Filters {
-		c, err := NewClient(fc)
+		c, err := extproctest.NewClient(fc)
 		if err != nil {
 			_ = p.Close()
 			return nil, err
@@ -167,7 +178,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// a client that leaves or a route timeout still cancels them at once.
 	exCtx, exCancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, exCancel)
-	var exs []*Exchange
+	var exs []*extproctest.Exchange
 	defer func() {
 		stop()
 		p.closers.Add(1)
@@ -181,9 +192,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	hdrs := requestHeaders(r)
-	var body Body
+	var body extproctest.Body
 	if r.ContentLength != 0 {
-		body = BodyFromReader(r.Body, r.ContentLength)
+		body = extproctest.BodyFromReader(r.Body, r.ContentLength)
 	}
 	for _, c := range p.clients {
 		ex := c.Open(exCtx)
@@ -203,15 +214,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.routerReply(ctx, w, exs, err)
 		return
 	}
-	var br *BodyReader
+	var br *extproctest.BodyReader
 	if body != nil {
-		br = NewBodyReader(ctx, body)
+		br = extproctest.NewBodyReader(ctx, body)
 		defer br.Close()
 	}
 	resp, served, err := p.forward(ctx, hdrs, br, targets)
 	if err != nil {
 		closeBody(body)
-		var lr *LocalReply
+		var lr *extproctest.LocalReply
 		if br != nil && errors.As(br.Err(), &lr) {
 			// A filter ended the request while its body was streaming upstream.
 			writeLocalReply(w, lr)
@@ -225,23 +236,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
-	var rb Body
+	var rb extproctest.Body
 	if resp.Body != http.NoBody {
-		rb = BodyFromReader(resp.Body, resp.ContentLength)
+		rb = extproctest.BodyFromReader(resp.Body, resp.ContentLength)
 	}
 	p.respond(ctx, w, exs, responseHeaders(resp), rb, served, served)
 }
 
 // closeBody drops a request body nobody will send upstream, so that filters
 // still streaming it back do not block the response path behind it.
-func closeBody(b Body) {
+func closeBody(b extproctest.Body) {
 	if b != nil {
 		_ = b.Close()
 	}
 }
 
-func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, exs []*Exchange, err error) {
-	var lr *LocalReply
+func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, err error) {
+	var lr *extproctest.LocalReply
 	switch {
 	case errors.As(err, &lr):
 		if lr.Err != nil {
@@ -259,10 +270,10 @@ func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, exs []
 // routerReply answers with the router's own local reply, which, unlike an
 // ext_proc reply, passes through the filters' response path, unless the
 // request's time is already up.
-func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, exs []*Exchange, err error) {
+func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, err error) {
 	status, msg := upstreamError(err)
 	if ctx.Err() != nil {
-		writeLocalReply(w, &LocalReply{Status: status, Body: []byte(msg)})
+		writeLocalReply(w, &extproctest.LocalReply{Status: status, Body: []byte(msg)})
 		return
 	}
 	h, b := routerReply(status, msg)
@@ -270,13 +281,13 @@ func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, exs []*E
 }
 
 func writeTimeout(w http.ResponseWriter) {
-	writeLocalReply(w, &LocalReply{Status: http.StatusGatewayTimeout, Body: []byte("request timeout")})
+	writeLocalReply(w, &extproctest.LocalReply{Status: http.StatusGatewayTimeout, Body: []byte("request timeout")})
 }
 
 // forward sends the request to the first target that accepts a connection.
 // Walking to the next target is only safe while the body has not been read,
 // since the proxy keeps no copy of it.
-func (p *Proxy) forward(ctx context.Context, hdrs Headers, br *BodyReader, targets []string) (*http.Response, string, error) {
+func (p *Proxy) forward(ctx context.Context, hdrs extproctest.Headers, br *extproctest.BodyReader, targets []string) (*http.Response, string, error) {
 	for i, target := range targets {
 		req, err := upstreamRequest(ctx, target, hdrs, br)
 		if err != nil {
@@ -297,7 +308,7 @@ func (p *Proxy) forward(ctx context.Context, hdrs Headers, br *BodyReader, targe
 
 // attemptBody keeps the request body open when the transport gives up on a
 // connection before reading it, so the next endpoint can still be tried.
-type attemptBody struct{ *BodyReader }
+type attemptBody struct{ *extproctest.BodyReader }
 
 func (b attemptBody) Close() error {
 	if b.Touched() {
@@ -306,7 +317,7 @@ func (b attemptBody) Close() error {
 	return nil
 }
 
-func upstreamRequest(ctx context.Context, target string, hdrs Headers, br *BodyReader) (*http.Request, error) {
+func upstreamRequest(ctx context.Context, target string, hdrs extproctest.Headers, br *extproctest.BodyReader) (*http.Request, error) {
 	var body io.ReadCloser
 	if br != nil {
 		body = attemptBody{br}
@@ -340,12 +351,12 @@ func upstreamRequest(ctx context.Context, target string, hdrs Headers, br *BodyR
 // respond runs the response path through the filters in reverse order and
 // streams the result to the client, flushing every chunk so server-sent
 // events arrive as they are produced.
-func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*Exchange, h Headers, b Body, served, upstream string) {
+func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, h extproctest.Headers, b extproctest.Body, served, upstream string) {
 	for i := len(exs) - 1; i >= 0; i-- {
 		var err error
 		h, b, err = exs[i].Response(h, b, served)
 		if err != nil {
-			var lr *LocalReply
+			var lr *extproctest.LocalReply
 			switch {
 			case errors.As(err, &lr):
 				writeLocalReply(w, lr)
@@ -370,7 +381,7 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*Excha
 	}
 	if p.cfg.DebugMetadata {
 		for _, ex := range exs {
-			if lb := ex.DynamicMetadata()[LBNamespace]; lb != nil {
+			if lb := ex.DynamicMetadata()[wire.LBNamespace]; lb != nil {
 				if js, err := protojson.Marshal(lb); err == nil {
 					out.Set(DebugMetadataHeader, string(js))
 				}
@@ -406,7 +417,7 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*Excha
 	}
 }
 
-func writeLocalReply(w http.ResponseWriter, lr *LocalReply) {
+func writeLocalReply(w http.ResponseWriter, lr *extproctest.LocalReply) {
 	out := w.Header()
 	for _, kv := range lr.Headers {
 		if !strings.HasPrefix(kv.Key, ":") && !hopByHop(kv.Key) {
@@ -424,16 +435,16 @@ func writeLocalReply(w http.ResponseWriter, lr *LocalReply) {
 // requestHeaders builds the header map Envoy's HTTP/1 codec would: pseudo
 // headers first, names lower case, hop-by-hop headers dropped. Go does not
 // keep the arrival order, so regular headers are sorted.
-func requestHeaders(r *http.Request) Headers {
-	h := Headers{{":authority", r.Host}, {":path", r.RequestURI}, {":method", r.Method}, {":scheme", "http"}}
+func requestHeaders(r *http.Request) extproctest.Headers {
+	h := extproctest.Headers{{Key: ":authority", Value: r.Host}, {Key: ":path", Value: r.RequestURI}, {Key: ":method", Value: r.Method}, {Key: ":scheme", Value: "http"}}
 	return appendHeaders(h, r.Header)
 }
 
-func responseHeaders(resp *http.Response) Headers {
-	return appendHeaders(Headers{{":status", strconv.Itoa(resp.StatusCode)}}, resp.Header)
+func responseHeaders(resp *http.Response) extproctest.Headers {
+	return appendHeaders(extproctest.Headers{{Key: ":status", Value: strconv.Itoa(resp.StatusCode)}}, resp.Header)
 }
 
-func appendHeaders(h Headers, hdr http.Header) Headers {
+func appendHeaders(h extproctest.Headers, hdr http.Header) extproctest.Headers {
 	keys := make([]string, 0, len(hdr))
 	for k := range hdr {
 		keys = append(keys, k)

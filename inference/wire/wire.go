@@ -1,0 +1,20 @@
+// Package wire holds the names the endpoint picker protocol puts on the wire
+// (headers and dynamic-metadata keys), so the picker, the Envoy stand-in,
+// the gateway integrations and the conformance suite spell them once. It
+// imports nothing, so the Wasm build can use it too.
+package wire
+
+const (
+	// LBNamespace is Envoy's load-balancing dynamic-metadata namespace; the
+	// picker's answer and the served endpoint live in it.
+	LBNamespace = "envoy.lb"
+	// SubsetHintNamespace carries the proxy's optional subset hint to the picker.
+	SubsetHintNamespace = "envoy.lb.subset_hint"
+	// DestinationEndpointKey is the header and metadata key of the pick:
+	// "ip:port", or a comma list best first.
+	DestinationEndpointKey = "x-gateway-destination-endpoint"
+	// ServedEndpointKey reports, on the response path, the endpoint that served.
+	ServedEndpointKey = "x-gateway-destination-endpoint-served"
+	// SubsetKey is the subset hint's key: a list of "ip:port".
+	SubsetKey = "x-gateway-destination-endpoint-subset"
+)
