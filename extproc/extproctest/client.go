@@ -16,8 +16,9 @@ import (
 // counterpart of an Envoy filter plus its cluster. It is safe for concurrent
 // use; each HTTP request gets its own Exchange.
 type Client struct {
-	cfg  FilterConfig
-	conn *grpc.ClientConn
+	cfg      FilterConfig
+	conn     *grpc.ClientConn
+	ownsConn bool
 }
 
 // NewClient checks cfg the way Envoy checks a filter config and prepares the
@@ -28,14 +29,39 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	conn, err := Dial(cfg.Target, cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("ext_proc filter %q: %w", cfg.Name, err)
+	}
+	return &Client{cfg: cfg, conn: conn, ownsConn: true}, nil
+}
+
+// NewClientConn is NewClient over a channel the caller owns and may share
+// between filters (as Envoy shares a cluster's connections); Close leaves it
+// open. cfg.Target and cfg.TLS only label the filter.
+func NewClientConn(cfg FilterConfig, conn *grpc.ClientConn) (*Client, error) {
+	if cfg.Target == "" {
+		cfg.Target = conn.Target()
+	}
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cfg: cfg, conn: conn}, nil
+}
+
+// Dial prepares a gRPC channel to an ext_proc server the way an Envoy
+// cluster of HTTP/2 connections behaves. It does not connect: a server that
+// is down shows up as a stream error when an exchange opens.
+func Dial(target string, useTLS bool) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
-	if cfg.TLS {
+	if useTLS {
 		// Endpoint pickers serve self-signed certificates by default and
 		// gateways skip verification for them (e.g. Istio's DestinationRule
 		// insecureSkipVerify, agentgateway's INSECURE_ALL).
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // see above
 	}
-	conn, err := grpc.NewClient(cfg.Target,
+	return grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),
 		// Envoy's HTTP/2 defaults (initial_stream_window_size and
 		// initial_connection_window_size, 256 MiB): the proxy never makes
@@ -51,10 +77,6 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 			MinConnectTimeout: 2 * time.Second,
 		}),
 	)
-	if err != nil {
-		return nil, fmt.Errorf("ext_proc filter %q: %w", cfg.Name, err)
-	}
-	return &Client{cfg: cfg, conn: conn}, nil
 }
 
 // envoyWindow is Envoy's default HTTP/2 flow-control window.
@@ -63,8 +85,13 @@ const envoyWindow = 256 << 20
 // Config returns the filter configuration with defaults filled in.
 func (c *Client) Config() FilterConfig { return c.cfg }
 
-// Close closes the gRPC channel.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the gRPC channel, unless the caller owns it (NewClientConn).
+func (c *Client) Close() error {
+	if !c.ownsConn {
+		return nil
+	}
+	return c.conn.Close()
+}
 
 // Open starts the exchange for one HTTP request. ctx bounds the whole
 // exchange, including reads of the bodies handed to it; the gRPC stream is

@@ -50,6 +50,29 @@ type FilterConfig struct {
 	// ForwardMetadata is filter metadata sent in every message's
 	// metadata_context, by namespace (e.g. SubsetHintMetadata).
 	ForwardMetadata map[string]*structpb.Struct
+	// MetadataOptions is Envoy's metadata_options. Nil keeps every namespace
+	// the server sets (a convenience of flag-configured tests); non-nil
+	// applies Envoy's rule that only the receiving namespaces are kept, so
+	// an empty list drops all of the server's dynamic metadata.
+	MetadataOptions *MetadataOptions
+	// StatusOnError is Envoy's status_on_error: the status of the local
+	// reply when the server fails, cannot be reached or times out (Envoy
+	// uses it for all three). Zero means Envoy's defaults, 500 (504 for a
+	// message timeout).
+	StatusOnError int
+}
+
+// MetadataOptions is ExternalProcessor.metadata_options, untyped namespaces
+// only (Envoy does not receive typed metadata either).
+type MetadataOptions struct {
+	// Forwarding is forwarding_namespaces.untyped: the stream's dynamic
+	// metadata namespaces sent to the server in metadata_context. The
+	// caller (the proxy, which owns the stream's metadata) selects them and
+	// passes them to RequestWithMetadata / ResponseWithMetadata.
+	Forwarding []string
+	// Receiving is receiving_namespaces.untyped: the namespaces of the
+	// server's dynamic_metadata that are kept.
+	Receiving []string
 }
 
 // DefaultProcessingMode is what gateways configure for endpoint pickers:

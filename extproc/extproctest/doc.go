@@ -57,11 +57,18 @@
 //   - immediate_response ends the request with that local reply (status, 200
 //     when missing or below 200; header mutation; body; details).
 //
+// Metadata (metadata_options):
+//   - with FilterConfig.MetadataOptions set, only the receiving namespaces
+//     of the server's dynamic_metadata are kept (none when the list is
+//     empty); RequestWithMetadata / ResponseWithMetadata send the forwarded
+//     namespaces the caller selected from the stream's metadata. Without
+//     MetadataOptions every namespace is kept, a convenience for tests.
+//
 // Failures:
 //   - a gRPC error, a server that cannot be reached when the stream opens,
 //     a stream closed while a response is owed, or a spurious message is a
 //     stream error: with failure_mode_allow false a 500 local reply, a
-//     message timeout a 504;
+//     message timeout a 504, or status_on_error for both when it is set;
 //   - with failure_mode_allow true the filter is skipped and the request
 //     continues unmodified, but only while no body message has been sent to
 //     the server (Envoy PR #41276); after that the failure is a 500;
@@ -76,13 +83,11 @@
 //     an invalid response); send_body_without_waiting_for_header_response;
 //     observability_mode; flow-control messages (flow_control_init, window
 //     updates, request_drain); streamed_immediate_response;
-//   - metadata_options: every namespace the server sets is kept, where Envoy
-//     keeps only the configured receiving namespaces (gateways configure
-//     envoy.lb); typed metadata; request/response attributes; forward_rules;
+//   - typed metadata; request/response attributes; forward_rules;
 //     mutation_rules other than the defaults; disable_immediate_response;
-//     status_on_error; route_cache_action and re-matching routes after
-//     clear_route_cache (the proxy has one route); ExtProcPerRoute;
-//     deferred_close_timeout; grpc_service timeout and initial metadata;
+//     deferred_close_timeout; grpc_service timeout and initial metadata
+//     (route_cache_action, forwarding namespaces and ExtProcPerRoute are the
+//     proxy's: package devproxy);
 //   - buffer limits (a BUFFERED body is not capped); trailers in modes other
 //     than FULL_DUPLEX_STREAMED.
 package extproctest

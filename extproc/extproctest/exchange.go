@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -141,6 +142,19 @@ func newExchange(ctx context.Context, c *Client) *Exchange {
 // request later. A *LocalReply error means the request ends with that reply.
 func (e *Exchange) Request(hdrs Headers, body Body) (Headers, Body, error) {
 	return e.process(&e.req, hdrs, body, e.cfg.ForwardMetadata)
+}
+
+// RequestWithMetadata is Request with the metadata_context given by the
+// caller (the stream's forwarded namespaces) instead of ForwardMetadata.
+func (e *Exchange) RequestWithMetadata(hdrs Headers, body Body, md map[string]*structpb.Struct) (Headers, Body, error) {
+	return e.process(&e.req, hdrs, body, md)
+}
+
+// ResponseWithMetadata is Response with the metadata_context given by the
+// caller; the served endpoint is reported only if md carries it, as with
+// Envoy, where it reaches the server only through a forwarded namespace.
+func (e *Exchange) ResponseWithMetadata(hdrs Headers, body Body, md map[string]*structpb.Struct) (Headers, Body, error) {
+	return e.process(&e.resp, hdrs, body, md)
 }
 
 // Response runs the response path on the same stream, reporting served (the
@@ -634,6 +648,10 @@ func (e *Exchange) mergeMetadata(dm *structpb.Struct) {
 		if s == nil {
 			continue
 		}
+		if mo := e.cfg.MetadataOptions; mo != nil && !slices.Contains(mo.Receiving, ns) {
+			// metadata_options.receiving_namespaces: Envoy drops the rest.
+			continue
+		}
 		cur := e.metadata[ns]
 		if cur == nil {
 			cur = &structpb.Struct{Fields: map[string]*structpb.Value{}}
@@ -660,6 +678,8 @@ func (e *Exchange) fail(err error) {
 	case e.cfg.FailureModeAllow && !e.bodySent:
 		e.failedOpen = err
 		e.terminate(errSkipped)
+	case e.cfg.StatusOnError != 0:
+		e.terminate(e.errorReply(e.cfg.StatusOnError, err))
 	case errors.Is(err, ErrMessageTimeout):
 		e.terminate(e.errorReply(http.StatusGatewayTimeout, err))
 	default:
