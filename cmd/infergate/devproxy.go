@@ -78,7 +78,6 @@ It is not a production proxy.`,
 			tuneGC()
 
 			proxy, err := devproxy.New(devproxy.Config{
-				Listen:            net.JoinHostPort(address, strconv.Itoa(port)),
 				Filters:           filters,
 				Routing:           mode,
 				FallbackEndpoints: fallback,

@@ -15,9 +15,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/inference/wire"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // Response headers the stand-in adds; Envoy has neither.
@@ -32,7 +35,7 @@ const (
 // Timeouts bound the proxy's work so that no request can hang.
 type Timeouts struct {
 	// Route bounds a whole request: ext_proc streams, upstream, response
-	// streaming. Default 60s.
+	// streaming. Default 60s. A route's own timeout (xDS) can only shorten it.
 	Route time.Duration
 	// Connect bounds an upstream connect, like a cluster's connect_timeout. Default 5s.
 	Connect time.Duration
@@ -40,10 +43,21 @@ type Timeouts struct {
 	Shutdown time.Duration
 }
 
-// Config configures a Proxy.
+func (t *Timeouts) setDefaults() {
+	setDefault(&t.Route, 60*time.Second)
+	setDefault(&t.Connect, 5*time.Second)
+	setDefault(&t.Shutdown, 5*time.Second)
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d <= 0 {
+		*d = v
+	}
+}
+
+// Config configures a Proxy from flags: one filter chain, every request
+// routed to one cluster.
 type Config struct {
-	// Listen is the address ListenAndServe listens on, e.g. 127.0.0.1:8080.
-	Listen string
 	// Filters run in order on the request path and in reverse order on the
 	// response path, as an Envoy HTTP filter chain does.
 	Filters []extproctest.FilterConfig
@@ -60,72 +74,90 @@ type Config struct {
 }
 
 // Proxy is a loopback HTTP/1.1 reverse proxy that runs its requests through
-// ext_proc filters the way Envoy does. It is an http.Handler.
+// ext_proc filters the way Envoy does: one listener's HTTP connection
+// manager. It is an http.Handler.
 type Proxy struct {
-	cfg       Config
-	clients   []*extproctest.Client
+	tbl       atomic.Pointer[table]
+	timeouts  Timeouts
+	debug     bool
 	transport *http.Transport
 	log       logr.Logger
-	next      atomic.Uint64 // round robin position
+	owned     []*extproctest.Client // flag mode: the channels to close
 	closers   sync.WaitGroup
 	closeOnce sync.Once
 }
 
-// New checks cfg and prepares the filters' gRPC channels.
+// flagCluster names the one cluster of a flag-configured proxy.
+const flagCluster = "devproxy"
+
+// New builds a flag-configured proxy: the filters in order, then one route
+// for every request to a cluster that honours the picker per cfg.Routing.
 func New(cfg Config) (*Proxy, error) {
+	cl := &cluster{name: flagCluster, anyHost: true, walkList: true}
+	dest := hostSource{header: wire.DestinationEndpointKey}
 	switch cfg.Routing {
-	case "":
-		cfg.Routing = RoutingOverrideHost
-	case RoutingOverrideHost, RoutingOriginalDstHeader:
+	case "", RoutingOverrideHost:
+		cl.override = &overrideHost{sources: []hostSource{
+			{md: &metadataKey{namespace: wire.LBNamespace, path: []string{wire.DestinationEndpointKey}}}, dest,
+		}}
+	case RoutingOriginalDstHeader:
+		cl.originalDst = &dest
 	default:
 		return nil, fmt.Errorf("routing %q: want %s or %s", cfg.Routing, RoutingOverrideHost, RoutingOriginalDstHeader)
 	}
-	fallback := make([]string, 0, len(cfg.FallbackEndpoints))
 	for _, s := range cfg.FallbackEndpoints {
 		ep, err := ParseEndpoint(s)
 		if err != nil {
 			return nil, fmt.Errorf("fallback endpoints: %w", err)
 		}
-		fallback = append(fallback, ep)
+		cl.endpoints = append(cl.endpoints, ep)
 	}
-	cfg.FallbackEndpoints = fallback
-	setDefault(&cfg.Timeouts.Route, 60*time.Second)
-	setDefault(&cfg.Timeouts.Connect, 5*time.Second)
-	setDefault(&cfg.Timeouts.Shutdown, 5*time.Second)
-
-	p := &Proxy{cfg: cfg, log: cfg.Logger}
+	p := newProxy(cfg.Timeouts, cfg.DebugMetadata, cfg.Logger)
+	cl.connectTimeout = p.timeouts.Connect
+	t := &table{clusters: map[string]*cluster{flagCluster: cl}}
+	var clients []*extproctest.Client
 	for _, fc := range cfg.Filters {
 		c, err := extproctest.NewClient(fc)
 		if err != nil {
 			_ = p.Close()
 			return nil, err
 		}
-		p.clients = append(p.clients, c)
+		p.owned = append(p.owned, c)
+		clients = append(clients, c)
+		t.filters = append(t.filters, &httpFilter{name: fc.Name, client: c})
 	}
+	prefix := "/"
+	t.routes = &routeConfig{name: flagCluster, vhosts: []*virtualHost{{name: flagCluster, domains: []string{"*"}, routes: []*route{{
+		name: flagCluster, match: routeMatch{prefix: &prefix}, filters: clients,
+		clusters: []weightedCluster{{name: flagCluster, weight: 1}},
+	}}}}}
+	p.tbl.Store(t)
+	return p, nil
+}
+
+// newProxy makes a proxy with no table yet; the caller stores one.
+func newProxy(timeouts Timeouts, debug bool, log logr.Logger) *Proxy {
+	timeouts.setDefaults()
+	p := &Proxy{timeouts: timeouts, debug: debug, log: log}
 	p.transport = &http.Transport{
 		Proxy:               nil, // never an HTTP(S)_PROXY from the environment
-		DialContext:         (&net.Dialer{Timeout: cfg.Timeouts.Connect, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         p.dial,
 		DisableCompression:  true, // pass bodies through byte for byte
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     60 * time.Second,
 	}
-	return p, nil
+	return p
 }
 
-func setDefault(d *time.Duration, v time.Duration) {
-	if *d <= 0 {
-		*d = v
-	}
-}
+type connectTimeoutKey struct{}
 
-// ListenAndServe listens on Config.Listen and serves until ctx ends.
-func (p *Proxy) ListenAndServe(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", p.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("devproxy listen: %w", err)
+// dial applies the chosen cluster's connect_timeout.
+func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	timeout := p.timeouts.Connect
+	if d, ok := ctx.Value(connectTimeoutKey{}).(time.Duration); ok && d > 0 {
+		timeout = d
 	}
-	return p.Serve(ctx, ln)
+	return (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext(ctx, network, addr)
 }
 
 // Serve serves on ln until ctx ends, then drains in-flight requests for up to
@@ -138,7 +170,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	select {
 	case err = <-errc:
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeouts.Shutdown)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeouts.Shutdown)
 		if serr := srv.Shutdown(sctx); serr != nil {
 			_ = srv.Close()
 		}
@@ -152,12 +184,13 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// Close waits for background stream closes and releases the gRPC channels.
+// Close waits for background stream closes and releases the gRPC channels
+// the proxy owns.
 func (p *Proxy) Close() error {
 	var errs []error
 	p.closeOnce.Do(func() {
 		p.closers.Wait()
-		for _, c := range p.clients {
+		for _, c := range p.owned {
 			errs = append(errs, c.Close())
 		}
 		if p.transport != nil {
@@ -169,22 +202,74 @@ func (p *Proxy) Close() error {
 
 var errTimeout = errors.New("timeout")
 
+// exchange is one filter's stream for one request, with the client (and so
+// the config) it was opened with.
+type exchange struct {
+	*extproctest.Exchange
+	client *extproctest.Client
+}
+
+// request is the state of one request as it crosses the filter chain.
+type request struct {
+	exs []exchange
+	// md is the stream's dynamic metadata: what the filters' servers set,
+	// merged by namespace in filter order, plus what the router writes
+	// (override_host's selected_host_key).
+	md map[string]*structpb.Struct
+}
+
+// refreshMetadata rebuilds the stream's metadata from the exchanges (a
+// server may add to it at any time) and keeps what the router wrote.
+func (rq *request) refreshMetadata() {
+	md := make(map[string]*structpb.Struct, len(rq.md))
+	for _, ex := range rq.exs {
+		mergeMetadata(md, ex.DynamicMetadata())
+	}
+	mergeMetadata(md, rq.md)
+	rq.md = md
+}
+
+func mergeMetadata(dst, src map[string]*structpb.Struct) {
+	for ns, s := range src {
+		cur := dst[ns]
+		if cur == nil {
+			cur = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			dst[ns] = cur
+		}
+		for k, v := range s.GetFields() {
+			cur.Fields[k] = v
+		}
+	}
+}
+
+// forwarded selects metadata_options.forwarding_namespaces from the stream's metadata.
+func (rq *request) forwarded(names []string) map[string]*structpb.Struct {
+	out := make(map[string]*structpb.Struct, len(names))
+	for _, ns := range names {
+		if s := rq.md[ns]; s != nil {
+			out[ns] = proto.Clone(s).(*structpb.Struct)
+		}
+	}
+	return out
+}
+
 // ServeHTTP proxies one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeoutCause(r.Context(), p.cfg.Timeouts.Route, errTimeout)
+	t := p.tbl.Load()
+	ctx, cancel := context.WithTimeoutCause(r.Context(), p.timeouts.Route, errTimeout)
 	defer cancel()
 	// The streams get their own context so that, when the request ends
 	// normally, they can be half-closed gracefully after the handler returns;
 	// a client that leaves or a route timeout still cancels them at once.
 	exCtx, exCancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, exCancel)
-	var exs []*extproctest.Exchange
+	rq := &request{md: map[string]*structpb.Struct{}}
 	defer func() {
 		stop()
 		p.closers.Add(1)
 		go func() {
 			defer p.closers.Done()
-			for _, ex := range exs {
+			for _, ex := range rq.exs {
 				_ = ex.Close()
 			}
 			exCancel()
@@ -196,30 +281,78 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 {
 		body = extproctest.BodyFromReader(r.Body, r.ContentLength)
 	}
-	for _, c := range p.clients {
-		ex := c.Open(exCtx)
-		exs = append(exs, ex)
+	// Envoy matches the route when a filter first asks for it and keeps it
+	// until a filter clears the route cache.
+	rt := t.match(hdrs)
+	for i, f := range t.filters {
+		c := t.clientFor(rt, i)
+		if c == nil {
+			continue
+		}
+		ex := exchange{Exchange: c.Open(exCtx), client: c}
+		rq.exs = append(rq.exs, ex)
 		var err error
-		hdrs, body, err = ex.Request(hdrs, body)
+		if mo := c.Config().MetadataOptions; mo != nil {
+			hdrs, body, err = ex.RequestWithMetadata(hdrs, body, rq.forwarded(mo.Forwarding))
+		} else {
+			hdrs, body, err = ex.Request(hdrs, body)
+		}
 		if err != nil {
-			p.requestFailed(ctx, w, exs, err)
+			p.requestFailed(ctx, w, rq, err)
 			return
 		}
+		rq.refreshMetadata()
+		if f.alwaysRematch || (f.rematch && ex.ClearRouteCache()) {
+			rt = t.match(hdrs)
+		}
 	}
+	p.route(ctx, w, t, rt, rq, hdrs, body)
+}
 
-	targets, err := p.route(hdrs, exs)
-	if err != nil {
+// route is the router filter: the route's action, the cluster's host
+// choice, the upstream request and the response path.
+func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *route, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
+	if rt == nil {
 		closeBody(body)
-		p.log.Info("no upstream", "path", hdrs.Get(":path"), "reason", err.Error())
-		p.routerReply(ctx, w, exs, err)
+		// Envoy's router answers a request no route matches with an empty 404.
+		p.localReply(ctx, w, rq, http.StatusNotFound, "")
 		return
 	}
+	if rt.direct != nil {
+		closeBody(body)
+		p.localReply(ctx, w, rq, rt.direct.status, rt.direct.body)
+		return
+	}
+	if rt.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, rt.timeout, errTimeout)
+		defer cancel()
+	}
+	cl := t.clusters[rt.pickCluster()]
+	if cl == nil {
+		closeBody(body)
+		// cluster_not_found: a 503 with no body.
+		p.localReply(ctx, w, rq, http.StatusServiceUnavailable, "")
+		return
+	}
+	rq.refreshMetadata()
+	targets, err := cl.targets(hdrs, rq.md)
+	if err != nil {
+		closeBody(body)
+		p.log.Info("no upstream", "path", hdrs.Get(":path"), "cluster", cl.name, "reason", err.Error())
+		p.routerReply(ctx, w, rq, err)
+		return
+	}
+	// Envoy's router chooses the host before it applies the route's header
+	// changes (router.cc: createConnPool, then finalizeRequestHeaders), so a
+	// header the host came from may be removed on its way upstream.
+	hdrs = rt.finalizeHeaders(hdrs)
 	var br *extproctest.BodyReader
 	if body != nil {
 		br = extproctest.NewBodyReader(ctx, body)
 		defer br.Close()
 	}
-	resp, served, err := p.forward(ctx, hdrs, br, targets)
+	resp, served, err := p.forward(context.WithValue(ctx, connectTimeoutKey{}, cl.connectTimeout), hdrs, br, targets)
 	if err != nil {
 		closeBody(body)
 		var lr *extproctest.LocalReply
@@ -231,16 +364,37 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if context.Cause(ctx) == errTimeout {
 			err = errTimeout
 		}
-		p.log.Info("upstream failed", "endpoint", served, "error", err.Error())
-		p.routerReply(ctx, w, exs, err)
+		p.log.Error(err, "upstream failed", "endpoint", served, "cluster", cl.name)
+		p.routerReply(ctx, w, rq, err)
 		return
 	}
 	defer resp.Body.Close()
+	if cl.override != nil && cl.override.selected != nil {
+		cl.override.selected.set(rq.md, served)
+	}
 	var rb extproctest.Body
 	if resp.Body != http.NoBody {
 		rb = extproctest.BodyFromReader(resp.Body, resp.ContentLength)
 	}
-	p.respond(ctx, w, exs, responseHeaders(resp), rb, served, served)
+	p.respond(ctx, w, rq, responseHeaders(resp), rb, served)
+}
+
+// finalizeHeaders applies the route's header changes on the way upstream.
+func (rt *route) finalizeHeaders(h extproctest.Headers) extproctest.Headers {
+	if len(rt.removeHeaders) == 0 && rt.hostRewrite == "" && rt.prefixRewrite == "" {
+		return h
+	}
+	h = h.Clone()
+	for _, name := range rt.removeHeaders {
+		h.Del(name)
+	}
+	if rt.hostRewrite != "" {
+		h.Set(":authority", rt.hostRewrite)
+	}
+	if rt.prefixRewrite != "" && rt.match.prefix != nil {
+		h.Set(":path", rt.prefixRewrite+strings.TrimPrefix(h.Get(":path"), *rt.match.prefix))
+	}
+	return h
 }
 
 // closeBody drops a request body nobody will send upstream, so that filters
@@ -251,7 +405,7 @@ func closeBody(b extproctest.Body) {
 	}
 }
 
-func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, err error) {
+func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, rq *request, err error) {
 	var lr *extproctest.LocalReply
 	switch {
 	case errors.As(err, &lr):
@@ -267,17 +421,22 @@ func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, exs []
 	}
 }
 
-// routerReply answers with the router's own local reply, which, unlike an
-// ext_proc reply, passes through the filters' response path, unless the
-// request's time is already up.
-func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, err error) {
+// routerReply answers an upstream failure with the router's local reply.
+func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, rq *request, err error) {
 	status, msg := upstreamError(err)
+	p.localReply(ctx, w, rq, status, msg)
+}
+
+// localReply answers with a local reply of the router itself, which, unlike
+// an ext_proc reply, passes through the filters' response path, unless the
+// request's time is already up.
+func (p *Proxy) localReply(ctx context.Context, w http.ResponseWriter, rq *request, status int, msg string) {
 	if ctx.Err() != nil {
 		writeLocalReply(w, &extproctest.LocalReply{Status: status, Body: []byte(msg)})
 		return
 	}
 	h, b := routerReply(status, msg)
-	p.respond(ctx, w, exs, h, b, "", "")
+	p.respond(ctx, w, rq, h, b, "")
 }
 
 func writeTimeout(w http.ResponseWriter) {
@@ -304,6 +463,80 @@ func (p *Proxy) forward(ctx context.Context, hdrs extproctest.Headers, br *extpr
 		return nil, target, err
 	}
 	return nil, "", errNoHealthyUpstream
+}
+
+// respond runs the response path through the filters in reverse order and
+// streams the result to the client, flushing every chunk so server-sent
+// events arrive as they are produced. served is the endpoint that answered
+// ("" for a local reply).
+func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, rq *request, h extproctest.Headers, b extproctest.Body, served string) {
+	for i := len(rq.exs) - 1; i >= 0; i-- {
+		ex := rq.exs[i]
+		var err error
+		if mo := ex.client.Config().MetadataOptions; mo != nil {
+			h, b, err = ex.ResponseWithMetadata(h, b, rq.forwarded(mo.Forwarding))
+		} else {
+			h, b, err = ex.Response(h, b, served)
+		}
+		if err != nil {
+			var lr *extproctest.LocalReply
+			switch {
+			case errors.As(err, &lr):
+				writeLocalReply(w, lr)
+			case context.Cause(ctx) == errTimeout:
+				writeTimeout(w)
+			}
+			return
+		}
+	}
+	status, err := strconv.Atoi(h.Get(":status"))
+	if err != nil {
+		status = http.StatusBadGateway
+	}
+	out := w.Header()
+	for _, kv := range h {
+		if !strings.HasPrefix(kv.Key, ":") && !hopByHop(kv.Key) {
+			out.Add(kv.Key, kv.Value)
+		}
+	}
+	if served != "" {
+		out.Set(UpstreamHeader, served)
+	}
+	if p.debug {
+		rq.refreshMetadata()
+		if lb := rq.md[wire.LBNamespace]; lb != nil {
+			if js, err := protojson.Marshal(lb); err == nil {
+				out.Set(DebugMetadataHeader, string(js))
+			}
+		}
+	}
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	if b == nil {
+		return
+	}
+	defer b.Close()
+	for {
+		c, err := b.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			// The response has started, so Envoy can only reset the stream.
+			p.log.Error(err, "response aborted")
+			panic(http.ErrAbortHandler)
+		}
+		if len(c.Data) > 0 {
+			if _, err := w.Write(c.Data); err != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if c.EndOfStream {
+			return
+		}
+	}
 }
 
 // attemptBody keeps the request body open when the transport gives up on a
@@ -346,75 +579,6 @@ func upstreamRequest(ctx context.Context, target string, hdrs extproctest.Header
 		req.Header["User-Agent"] = nil // Go would add its own; Envoy adds none
 	}
 	return req, nil
-}
-
-// respond runs the response path through the filters in reverse order and
-// streams the result to the client, flushing every chunk so server-sent
-// events arrive as they are produced.
-func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, exs []*extproctest.Exchange, h extproctest.Headers, b extproctest.Body, served, upstream string) {
-	for i := len(exs) - 1; i >= 0; i-- {
-		var err error
-		h, b, err = exs[i].Response(h, b, served)
-		if err != nil {
-			var lr *extproctest.LocalReply
-			switch {
-			case errors.As(err, &lr):
-				writeLocalReply(w, lr)
-			case context.Cause(ctx) == errTimeout:
-				writeTimeout(w)
-			}
-			return
-		}
-	}
-	status, err := strconv.Atoi(h.Get(":status"))
-	if err != nil {
-		status = http.StatusBadGateway
-	}
-	out := w.Header()
-	for _, kv := range h {
-		if !strings.HasPrefix(kv.Key, ":") && !hopByHop(kv.Key) {
-			out.Add(kv.Key, kv.Value)
-		}
-	}
-	if upstream != "" {
-		out.Set(UpstreamHeader, upstream)
-	}
-	if p.cfg.DebugMetadata {
-		for _, ex := range exs {
-			if lb := ex.DynamicMetadata()[wire.LBNamespace]; lb != nil {
-				if js, err := protojson.Marshal(lb); err == nil {
-					out.Set(DebugMetadataHeader, string(js))
-				}
-			}
-		}
-	}
-	w.WriteHeader(status)
-	rc := http.NewResponseController(w)
-	_ = rc.Flush()
-	if b == nil {
-		return
-	}
-	defer b.Close()
-	for {
-		c, err := b.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			// The response has started, so Envoy can only reset the stream.
-			p.log.Info("response aborted", "error", err.Error())
-			panic(http.ErrAbortHandler)
-		}
-		if len(c.Data) > 0 {
-			if _, err := w.Write(c.Data); err != nil {
-				return
-			}
-			_ = rc.Flush()
-		}
-		if c.EndOfStream {
-			return
-		}
-	}
 }
 
 func writeLocalReply(w http.ResponseWriter, lr *extproctest.LocalReply) {

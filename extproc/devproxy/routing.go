@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/infergate/infergate/extproc/extproctest"
-	"github.com/infergate/infergate/inference/wire"
 )
 
 // RoutingMode is how Proxy turns the endpoint picker's answer into an upstream.
@@ -57,57 +56,6 @@ func parseList(s string) []string {
 }
 
 var errNoHealthyUpstream = errors.New("no healthy upstream")
-
-// route returns the endpoints to try, in order.
-func (p *Proxy) route(hdrs extproctest.Headers, exs []*extproctest.Exchange) ([]string, error) {
-	switch p.cfg.Routing {
-	case RoutingOriginalDstHeader:
-		if vals := hdrs.Values(wire.DestinationEndpointKey); len(vals) > 0 {
-			ep, err := ParseEndpoint(vals[0])
-			if err != nil {
-				return nil, fmt.Errorf("%w: %w", errNoHealthyUpstream, err)
-			}
-			return []string{ep}, nil
-		}
-	default:
-		if list := metadataDestination(exs); len(list) > 0 {
-			return list, nil
-		}
-		if list := parseList(strings.Join(hdrs.Values(wire.DestinationEndpointKey), ",")); len(list) > 0 {
-			return list, nil
-		}
-	}
-	// Nobody picked (e.g. the picker failed open): the cluster's load
-	// balancer chooses, round robin.
-	if n := len(p.cfg.FallbackEndpoints); n > 0 {
-		i := p.next.Add(1) - 1
-		return []string{p.cfg.FallbackEndpoints[i%uint64(n)]}, nil
-	}
-	return nil, errNoHealthyUpstream
-}
-
-// metadataDestination reads envoy.lb/x-gateway-destination-endpoint; the
-// stream's metadata is shared by all filters, so a later filter's value wins.
-func metadataDestination(exs []*extproctest.Exchange) []string {
-	var list []string
-	for _, ex := range exs {
-		v := ex.DynamicMetadata()[wire.LBNamespace].GetFields()[wire.DestinationEndpointKey]
-		var s string
-		if lv := v.GetListValue(); lv != nil {
-			var parts []string
-			for _, item := range lv.GetValues() {
-				parts = append(parts, item.GetStringValue())
-			}
-			s = strings.Join(parts, ",")
-		} else {
-			s = v.GetStringValue()
-		}
-		if l := parseList(s); len(l) > 0 {
-			list = l
-		}
-	}
-	return list
-}
 
 // routerReply builds the response of a local reply of the router itself.
 func routerReply(status int, body string) (extproctest.Headers, extproctest.Body) {

@@ -1,0 +1,169 @@
+package devproxy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+)
+
+// cluster is an upstream cluster reduced to how it picks a host.
+type cluster struct {
+	name string
+	// endpoints are the cluster's hosts (ip:port): a STATIC or STRICT_DNS
+	// load_assignment, or the EDS ClusterLoadAssignment. The normal load
+	// balancer takes them round robin.
+	endpoints []string
+	// originalDst is set for an ORIGINAL_DST cluster: the host comes from
+	// the request (original_dst_lb_config), never from endpoints.
+	originalDst *hostSource
+	// override is the override_host load-balancing policy: the host comes
+	// from the first source that names a usable one, else from the
+	// fallback policy (round robin over endpoints).
+	override *overrideHost
+	// anyHost lets override_host pick a host outside endpoints. Envoy skips
+	// such hosts; flag mode has no endpoint set to check against.
+	anyHost bool
+	// walkList tries the next host of an override list when a connection is
+	// refused. Envoy does that only through a route's retry policy; flag
+	// mode always did it.
+	walkList bool
+	// connectTimeout is Cluster.connect_timeout (default 5s in Envoy).
+	connectTimeout time.Duration
+	next           atomic.Uint64 // round-robin position
+}
+
+// hostSource is where a host address is read from: a request header or a
+// key of the stream's dynamic metadata (MetadataKey: namespace and path).
+type hostSource struct {
+	header string
+	md     *metadataKey
+}
+
+// metadataKey is an envoy.type.metadata.v3.MetadataKey.
+type metadataKey struct {
+	namespace string
+	path      []string
+}
+
+// overrideHost is envoy.load_balancing_policies.override_host.
+type overrideHost struct {
+	sources []hostSource
+	// selected is selected_host_key: where the chosen host is written in
+	// the stream's dynamic metadata, for filters to read on the response.
+	selected *metadataKey
+}
+
+// targets returns the hosts to try for one request, in order.
+func (c *cluster) targets(h extproctest.Headers, md map[string]*structpb.Struct) ([]string, error) {
+	if c.originalDst != nil {
+		v, ok := c.originalDst.first(h, md)
+		if !ok {
+			// Without the header (or metadata) ORIGINAL_DST falls back to
+			// the connection's restored destination, which a proxy that
+			// did not restore one lacks: no host.
+			return c.roundRobin()
+		}
+		ep, err := ParseEndpoint(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errNoHealthyUpstream, err)
+		}
+		return []string{ep}, nil
+	}
+	if c.override != nil {
+		for _, src := range c.override.sources {
+			list := c.usable(parseList(src.all(h, md)))
+			if len(list) == 0 {
+				continue
+			}
+			if !c.walkList {
+				list = list[:1]
+			}
+			return list, nil
+		}
+	}
+	return c.roundRobin()
+}
+
+// usable drops the hosts override_host may not pick: those outside the
+// cluster's endpoint set.
+func (c *cluster) usable(list []string) []string {
+	if c.anyHost {
+		return list
+	}
+	return slices.DeleteFunc(list, func(ep string) bool { return !slices.Contains(c.endpoints, ep) })
+}
+
+func (c *cluster) roundRobin() ([]string, error) {
+	if n := len(c.endpoints); n > 0 {
+		i := c.next.Add(1) - 1
+		return []string{c.endpoints[i%uint64(n)]}, nil
+	}
+	return nil, errNoHealthyUpstream
+}
+
+// first is the value ORIGINAL_DST reads: the first instance of the header,
+// or the metadata value.
+func (s hostSource) first(h extproctest.Headers, md map[string]*structpb.Struct) (string, bool) {
+	if s.md != nil {
+		v := s.md.lookup(md)
+		return v, v != ""
+	}
+	vals := h.Values(s.header)
+	if len(vals) == 0 {
+		return "", false
+	}
+	return vals[0], true
+}
+
+// all is the value override_host reads: metadata (a string or a list of
+// strings), or every instance of the header joined by commas.
+func (s hostSource) all(h extproctest.Headers, md map[string]*structpb.Struct) string {
+	if s.md != nil {
+		return s.md.lookup(md)
+	}
+	return strings.Join(h.Values(s.header), ",")
+}
+
+// lookup returns the value at the key as a comma list, or "".
+func (k *metadataKey) lookup(md map[string]*structpb.Struct) string {
+	s := md[k.namespace]
+	var v *structpb.Value
+	for i, seg := range k.path {
+		v = s.GetFields()[seg]
+		if i < len(k.path)-1 {
+			s = v.GetStructValue()
+		}
+	}
+	if lv := v.GetListValue(); lv != nil {
+		parts := make([]string, 0, len(lv.GetValues()))
+		for _, item := range lv.GetValues() {
+			parts = append(parts, item.GetStringValue())
+		}
+		return strings.Join(parts, ",")
+	}
+	return v.GetStringValue()
+}
+
+// set writes value at the key, creating the namespace and nested structs.
+func (k *metadataKey) set(md map[string]*structpb.Struct, value string) {
+	s := md[k.namespace]
+	if s == nil {
+		s = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		md[k.namespace] = s
+	}
+	for _, seg := range k.path[:len(k.path)-1] {
+		next := s.GetFields()[seg].GetStructValue()
+		if next == nil {
+			next = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			s.Fields[seg] = structpb.NewStructValue(next)
+		}
+		s = next
+	}
+	s.Fields[k.path[len(k.path)-1]] = structpb.NewStringValue(value)
+}

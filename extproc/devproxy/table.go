@@ -1,0 +1,279 @@
+package devproxy
+
+import (
+	"math/rand/v2"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+)
+
+// table is everything one listener routes by: its HTTP filter chain, its
+// route configuration and the clusters the routes name. It is built whole
+// (from flags, or from xDS resources) and never changed afterwards; an
+// update swaps in a new table, so a request in flight keeps the one it
+// started with, as Envoy drains a listener's old configuration.
+type table struct {
+	filters  []*httpFilter
+	routes   *routeConfig // nil: every request gets the router's 404
+	clusters map[string]*cluster
+}
+
+// httpFilter is one envoy.filters.http.ext_proc entry of
+// HttpConnectionManager.http_filters.
+type httpFilter struct {
+	name string
+	// client is the listener-level config; nil when HttpFilter.disabled is
+	// set, so that only a route's per-filter config enables it.
+	client *extproctest.Client
+	// rematch is whether a clear_route_cache answer makes the route be
+	// matched again (ExternalProcessor.route_cache_action DEFAULT or CLEAR,
+	// not disable_clear_route_cache).
+	rematch bool
+	// alwaysRematch is route_cache_action CLEAR: re-match after every
+	// request-headers answer, whatever it says.
+	alwaysRematch bool
+}
+
+// routeConfig is a RouteConfiguration.
+type routeConfig struct {
+	name       string
+	vhosts     []*virtualHost
+	ignorePort bool
+}
+
+// virtualHost is a VirtualHost: the routes for a set of authorities.
+type virtualHost struct {
+	name    string
+	domains []string // lower case, as Envoy matches them
+	routes  []*route
+}
+
+// route is one Route with everything the proxy needs precomputed.
+type route struct {
+	name  string
+	match routeMatch
+	// filters[i] is the client of table.filters[i] on this route, after the
+	// most specific typed_per_filter_config (route, virtual host, route
+	// configuration) is applied; nil means the filter is disabled here.
+	filters []*extproctest.Client
+	// removeHeaders is request_headers_to_remove of the route, its virtual
+	// host and its route configuration.
+	removeHeaders []string
+	// hostRewrite is RouteAction.host_rewrite_literal.
+	hostRewrite string
+	// prefixRewrite is RouteAction.prefix_rewrite.
+	prefixRewrite string
+	// timeout is RouteAction.timeout (0: none).
+	timeout  time.Duration
+	clusters []weightedCluster
+	direct   *directResponse
+}
+
+type weightedCluster struct {
+	name   string
+	weight uint32
+}
+
+// directResponse is Route.direct_response.
+type directResponse struct {
+	status int
+	body   string
+}
+
+// pickCluster chooses among weighted_clusters by weight, as Envoy does per
+// request.
+func (r *route) pickCluster() string {
+	if len(r.clusters) == 1 {
+		return r.clusters[0].name
+	}
+	var total uint64
+	for _, c := range r.clusters {
+		total += uint64(c.weight)
+	}
+	if total == 0 {
+		return r.clusters[0].name
+	}
+	n := rand.Uint64N(total) //nolint:gosec // load spreading, not security
+	for _, c := range r.clusters {
+		if n < uint64(c.weight) {
+			return c.name
+		}
+		n -= uint64(c.weight)
+	}
+	return r.clusters[len(r.clusters)-1].name
+}
+
+// clientFor returns the client filter i runs with on rt (nil: skipped).
+func (t *table) clientFor(rt *route, i int) *extproctest.Client {
+	if rt == nil {
+		return t.filters[i].client
+	}
+	return rt.filters[i]
+}
+
+// match finds the route for a request's current headers: the virtual host
+// by :authority, then the first route whose match holds. nil means no route
+// (Envoy answers 404 at the router).
+func (t *table) match(h extproctest.Headers) *route {
+	if t.routes == nil {
+		return nil
+	}
+	vh := t.routes.virtualHost(h.Get(":authority"))
+	if vh == nil {
+		return nil
+	}
+	for _, r := range vh.routes {
+		if r.match.matches(h) {
+			return r
+		}
+	}
+	return nil
+}
+
+// virtualHost picks by VirtualHost.domains with Envoy's precedence: an exact
+// name, then the longest suffix wildcard ("*.example.com"), then the longest
+// prefix wildcard ("example.*"), then "*". The authority is matched as sent,
+// port included, unless RouteConfiguration.ignore_port_in_host_matching.
+func (rc *routeConfig) virtualHost(authority string) *virtualHost {
+	host := strings.ToLower(authority)
+	if rc.ignorePort {
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+	}
+	return rc.bestDomain(host)
+}
+
+func (rc *routeConfig) bestDomain(host string) *virtualHost {
+	var (
+		best     *virtualHost
+		bestRank = -1
+		bestLen  = -1
+	)
+	for _, vh := range rc.vhosts {
+		for _, d := range vh.domains {
+			rank, ok := domainRank(d, host)
+			if !ok {
+				continue
+			}
+			if rank > bestRank || (rank == bestRank && len(d) > bestLen) {
+				best, bestRank, bestLen = vh, rank, len(d)
+			}
+		}
+	}
+	return best
+}
+
+// domainRank says whether domain d matches host and how strongly: exact 3,
+// suffix wildcard 2, prefix wildcard 1, "*" 0.
+func domainRank(d, host string) (int, bool) {
+	switch {
+	case d == "*":
+		return 0, true
+	case d == host:
+		return 3, true
+	case strings.HasPrefix(d, "*"):
+		return 2, len(host) >= len(d) && strings.HasSuffix(host, d[1:])
+	case strings.HasSuffix(d, "*"):
+		return 1, len(host) >= len(d) && strings.HasPrefix(host, d[:len(d)-1])
+	}
+	return 0, false
+}
+
+// routeMatch is a RouteMatch: one path specifier plus header matchers.
+type routeMatch struct {
+	prefix          *string
+	path            *string
+	separated       *string // path_separated_prefix
+	regex           *regexp.Regexp
+	caseInsensitive bool // RouteMatch.case_sensitive false
+	headers         []headerMatch
+}
+
+func (m *routeMatch) matches(h extproctest.Headers) bool {
+	p := h.Get(":path")
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		p = p[:i] // Envoy matches the path without the query string
+	}
+	eq, hasPrefix := func(a, b string) bool { return a == b }, strings.HasPrefix
+	if m.caseInsensitive {
+		eq = strings.EqualFold
+		hasPrefix = func(s, pre string) bool { return len(s) >= len(pre) && strings.EqualFold(s[:len(pre)], pre) }
+	}
+	switch {
+	case m.prefix != nil && !hasPrefix(p, *m.prefix):
+		return false
+	case m.path != nil && !eq(p, *m.path):
+		return false
+	case m.separated != nil:
+		// Matches the prefix exactly, or followed by "/".
+		if !hasPrefix(p, *m.separated) || (len(p) > len(*m.separated) && p[len(*m.separated)] != '/') {
+			return false
+		}
+	case m.regex != nil && !m.regex.MatchString(p):
+		return false
+	}
+	for _, hm := range m.headers {
+		if !hm.matches(h) {
+			return false
+		}
+	}
+	return true
+}
+
+// headerMatch is a HeaderMatcher. Envoy joins repeated headers with "," before
+// matching a value.
+type headerMatch struct {
+	name    string
+	invert  bool
+	present *bool
+	str     *stringMatch // nil with present: presence only
+}
+
+func (hm headerMatch) matches(h extproctest.Headers) bool {
+	vals := h.Values(hm.name)
+	var ok bool
+	switch {
+	case hm.present != nil:
+		ok = (len(vals) > 0) == *hm.present
+	case len(vals) == 0:
+		// An absent header fails a value match, even inverted (Envoy's
+		// treat_missing_header_as_empty is false by default).
+		return false
+	default:
+		ok = hm.str.matches(strings.Join(vals, ","))
+	}
+	return ok != hm.invert
+}
+
+// stringMatch is a StringMatcher.
+type stringMatch struct {
+	exact, prefix, suffix, contains *string
+	regex                           *regexp.Regexp
+	ignoreCase                      bool
+}
+
+func (s *stringMatch) matches(v string) bool {
+	cmp := v
+	lower := func(x string) string { return x }
+	if s.ignoreCase {
+		lower = strings.ToLower
+		cmp = strings.ToLower(v)
+	}
+	switch {
+	case s.exact != nil:
+		return cmp == lower(*s.exact)
+	case s.prefix != nil:
+		return strings.HasPrefix(cmp, lower(*s.prefix))
+	case s.suffix != nil:
+		return strings.HasSuffix(cmp, lower(*s.suffix))
+	case s.contains != nil:
+		return strings.Contains(cmp, lower(*s.contains))
+	case s.regex != nil:
+		return s.regex.MatchString(v)
+	}
+	return false
+}
