@@ -33,6 +33,8 @@ type cluster struct {
 	// refused. Envoy does that only through a route's retry policy; flag
 	// mode always did it.
 	walkList bool
+	// tls is a TLS transport socket (ext_proc clusters only).
+	tls bool
 	// connectTimeout is Cluster.connect_timeout (default 5s in Envoy).
 	connectTimeout time.Duration
 	next           atomic.Uint64 // round-robin position

@@ -15,8 +15,8 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -109,10 +109,8 @@ func TestFollowsListenersAndClustersToRoutesAndEndpoints(t *testing.T) {
 	if first.GetTypeUrl() != ListenerType || len(first.GetResourceNames()) != 0 || first.GetVersionInfo() != "" || first.GetResponseNonce() != "" {
 		t.Errorf("first request %v, want a wildcard LDS request with no version or nonce", first)
 	}
-	for _, r := range reqs[1:] {
-		if r.GetNode() != nil {
-			t.Errorf("node sent again on %s request", r.GetTypeUrl())
-		}
+	if nodes := srv.wireNodes(); len(nodes) < 2 || !nodes[0] || slices.Contains(nodes[1:], true) {
+		t.Errorf("node on the wire per request %v, want on the first request only", nodes)
 	}
 	// Every ACK names the response it answers and carries its version.
 	for _, typ := range []string{ListenerType, RouteType, ClusterType, EndpointType} {
@@ -296,6 +294,7 @@ func TestResponseChecks(t *testing.T) {
 		responses []*discoveryv3.DiscoveryResponse
 		wantNACK  string // substring of error_detail.message; "" = ACK
 		wantNames []string
+		noApply   bool
 	}{
 		{
 			name:      "plain",
@@ -308,8 +307,9 @@ func TestResponseChecks(t *testing.T) {
 			wantNames: []string{"l1"},
 		},
 		{
-			name:      "heartbeat only",
+			name:      "heartbeat only is ACKed without Apply",
 			responses: []*discoveryv3.DiscoveryResponse{lds("1", mustAny(t, &discoveryv3.Resource{Name: "l1"}))},
+			noApply:   true,
 		},
 		{
 			name:      "empty state of the world",
@@ -367,6 +367,9 @@ func TestResponseChecks(t *testing.T) {
 				if err := c.WaitVersion(ctx, ListenerType, "1"); err != nil {
 					t.Fatal(err)
 				}
+				if n := proxy.applyCalls(ListenerType); tc.noApply != (n == 0) {
+					t.Errorf("%d Apply calls", n)
+				}
 				if tc.wantNames != nil {
 					if got := proxy.names(ListenerType); !slices.Equal(got, tc.wantNames) {
 						t.Errorf("applied %v, want %v", got, tc.wantNames)
@@ -420,16 +423,14 @@ func TestReconnectResumes(t *testing.T) {
 			if !slices.Equal(rds.GetResourceNames(), []string{"r1"}) || rds.GetVersionInfo() != "1" {
 				t.Errorf("RDS request after reconnect %v, want [r1] at version 1", rds)
 			}
-			// Requests go out in first-subscribed order: LDS, CDS, then the
-			// RDS and EDS the handler added.
-			var order []string
-			for _, r := range srv2.requests() {
-				if r.GetResponseNonce() == "" {
-					order = append(order, r.GetTypeUrl())
-				}
-			}
-			if want := []string{ListenerType, ClusterType, RouteType, EndpointType}; !slices.Equal(order, want) {
-				t.Errorf("initial requests after reconnect in order %v, want %v", order, want)
+			srv2.waitRequest(ctx, t, "EDS on the new stream", func(r *discoveryv3.DiscoveryRequest) bool {
+				return r.GetTypeUrl() == EndpointType
+			})
+			// Requests go out again in first-subscribed order: LDS, CDS,
+			// then RDS and EDS in the order the handler added them (which
+			// depends on whether go-control-plane sent LDS or CDS first).
+			if got, want := initialTypes(srv2), initialTypes(srv); !slices.Equal(got, want) || len(got) != 4 {
+				t.Errorf("initial requests after reconnect in order %v, want %v as on the first stream", got, want)
 			}
 
 			waitVersions(ctx, t, c, tc.restartVersion)
@@ -443,6 +444,17 @@ func TestReconnectResumes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// initialTypes lists the types of the requests that carried no nonce.
+func initialTypes(s *xdsServer) []string {
+	var types []string
+	for _, r := range s.requests() {
+		if r.GetResponseNonce() == "" {
+			types = append(types, r.GetTypeUrl())
+		}
+	}
+	return types
 }
 
 // Cancelling Run's context stops it promptly, connected or not.

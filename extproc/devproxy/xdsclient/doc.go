@@ -12,14 +12,16 @@
 // rules:
 //
 //   - one stream, one sender; DiscoveryRequest.node on the first request of
-//     each stream only;
+//     each stream only (what the protocol guarantees; Envoy does the same
+//     with set_node_on_first_message_only);
 //   - ACK and NACK per the xDS protocol: every DiscoveryResponse of a
 //     subscribed type is answered with its response_nonce, version_info the
 //     last accepted version, error_detail on rejection;
 //   - a subscription change is a new request carrying the type's last
-//     accepted version and last nonce; a response being applied holds back
-//     requests until its ACK, so the subscriptions its handler made leave
-//     with the ACK as in Envoy's paused mux;
+//     accepted version and last nonce; while a response is being applied
+//     requests wait, so the RDS/EDS subscriptions its handler makes leave
+//     together, just before its ACK, as Envoy pauses RDS during an LDS
+//     update and EDS during a CDS update;
 //   - after a reconnect every subscription is re-sent, in the order first
 //     subscribed, with the last accepted version_info;
 //   - responses of types never subscribed are ignored (logged), resources of

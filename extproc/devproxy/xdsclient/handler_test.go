@@ -33,9 +33,16 @@ type fakeProxy struct {
 
 	mu    sync.Mutex
 	state proxyState
+	calls map[string]int // Apply calls per type
 }
 
 func (p *fakeProxy) Apply(_ context.Context, typeURL, version string, resources []*anypb.Any) error {
+	p.mu.Lock()
+	if p.calls == nil {
+		p.calls = map[string]int{}
+	}
+	p.calls[typeURL]++
+	p.mu.Unlock()
 	names := map[string]string{}
 	var follow []string
 	for _, a := range resources {
@@ -101,6 +108,12 @@ func nameAndDeps(m proto.Message) (string, []string, error) {
 		return r.GetClusterName(), nil, nil
 	}
 	return "", nil, fmt.Errorf("unexpected resource %T", m)
+}
+
+func (p *fakeProxy) applyCalls(typeURL string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls[typeURL]
 }
 
 // names returns the sorted resource names of typeURL the proxy holds.

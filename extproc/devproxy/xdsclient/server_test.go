@@ -33,15 +33,19 @@ type xdsServer struct {
 	addr  string
 	stop  func()
 	mu    sync.Mutex
-	reqs  []*discoveryv3.DiscoveryRequest
+	reqs  []*discoveryv3.DiscoveryRequest // as go-control-plane's callbacks see them
 	resps []*discoveryv3.DiscoveryResponse
+	// nodes records, per request read off the wire, whether it carried a
+	// node: go-control-plane copies the stream's node into every request
+	// before its callbacks run.
+	nodes []bool
 	// changed is closed and replaced on every record.
 	changed chan struct{}
 }
 
 // startXDS serves c on addr ("127.0.0.1:0" for a fresh port) until the
 // test ends or stop is called.
-func startXDS(t *testing.T, addr string, c cachev3.Cache) *xdsServer {
+func startXDS(t *testing.T, addr string, c cachev3.Cache, opts ...grpc.ServerOption) *xdsServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -58,7 +62,9 @@ func startXDS(t *testing.T, addr string, c cachev3.Cache) *xdsServer {
 			s.record(nil, proto.Clone(resp).(*discoveryv3.DiscoveryResponse))
 		},
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(append(opts, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, &wireRecorder{ServerStream: ss, s: s})
+	}))...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, c, cb))
 	served := make(chan struct{})
 	go func() {
@@ -77,12 +83,32 @@ func startXDS(t *testing.T, addr string, c cachev3.Cache) *xdsServer {
 	return s
 }
 
+type wireRecorder struct {
+	grpc.ServerStream
+	s *xdsServer
+}
+
+func (w *wireRecorder) RecvMsg(m any) error {
+	err := w.ServerStream.RecvMsg(m)
+	if req, ok := m.(*discoveryv3.DiscoveryRequest); ok && err == nil {
+		w.s.mu.Lock()
+		w.s.nodes = append(w.s.nodes, req.GetNode() != nil)
+		w.s.mu.Unlock()
+	}
+	return err
+}
+
+// wireNodes reports, per request in arrival order, whether it carried a node.
+func (s *xdsServer) wireNodes() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.nodes)
+}
+
 func (s *xdsServer) record(req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if req != nil {
-		// go-control-plane fills a missing node from the stream's first
-		// request; keep what the client actually sent.
 		s.reqs = append(s.reqs, req)
 	}
 	if resp != nil {

@@ -1,0 +1,378 @@
+package devproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/extproc/extproctest"
+)
+
+// NodeConfig configures a Node: the stand-in as an Envoy node taking its
+// listeners, routes and clusters over xDS.
+type NodeConfig struct {
+	// XDS is the ADS server and the node's identity.
+	XDS xdsclient.Config
+	// Address is the IP every listener binds on, whatever address the
+	// control plane gives it (default 127.0.0.1: tests never bind others).
+	Address string
+	// FreePorts binds each listener on a free port instead of its own
+	// port; ListenerAddr and OnListener tell which.
+	FreePorts bool
+	// Resolve maps host names of STRICT_DNS and LOGICAL_DNS clusters to IP
+	// addresses (a test's own namespace of names, e.g. the endpoint
+	// picker's Service name); names not in it go to the system resolver.
+	Resolve  map[string]string
+	Timeouts Timeouts
+	// DebugMetadata adds DebugMetadataHeader to responses.
+	DebugMetadata bool
+	Logger        logr.Logger
+	// OnListener, if set, is called when a listener starts serving, with
+	// its name, the address the control plane gave it and where it is bound.
+	OnListener func(name, xdsAddress, bound string)
+}
+
+// Node is the stand-in configured over xDS: it subscribes to LDS and CDS
+// (and the RDS and EDS names they need), NACKs what it cannot reproduce,
+// and serves every listener with a Proxy whose table is swapped on each
+// accepted update, so requests in flight finish on the table they started
+// with.
+type Node struct {
+	cfg    NodeConfig
+	log    logr.Logger
+	client *xdsclient.Client
+	conns  *connPool
+
+	mu        sync.Mutex
+	res       *resources
+	listeners map[string]*liveListener
+	ctx       context.Context // Run's, for listener servers
+	ready     chan struct{}   // closed when the first listener serves
+	readyOnce sync.Once
+}
+
+// liveListener is a bound listener and its server.
+type liveListener struct {
+	xdsPort uint32
+	bound   string
+	proxy   *Proxy
+	srv     *http.Server
+	done    chan struct{}
+}
+
+// NewNode checks cfg and prepares the xDS client; Run connects.
+func NewNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Address == "" {
+		cfg.Address = "127.0.0.1"
+	}
+	if net.ParseIP(cfg.Address) == nil {
+		return nil, fmt.Errorf("devproxy node: address %q is not an IP address", cfg.Address)
+	}
+	for name, ip := range cfg.Resolve {
+		if net.ParseIP(ip) == nil {
+			return nil, fmt.Errorf("devproxy node: resolve %s=%s: not an IP address", name, ip)
+		}
+	}
+	cfg.Timeouts.setDefaults()
+	cfg.XDS.Logger = cfg.Logger.WithName("xds")
+	n := &Node{
+		cfg: cfg, log: cfg.Logger, conns: newConnPool(cfg.Timeouts.Route),
+		res: &resources{
+			listeners: map[string]*listenerv3.Listener{}, routes: map[string]*routev3.RouteConfiguration{},
+			clusters: map[string]*clusterv3.Cluster{}, endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
+		},
+		listeners: map[string]*liveListener{},
+		ready:     make(chan struct{}),
+	}
+	c, err := xdsclient.New(cfg.XDS, n)
+	if err != nil {
+		return nil, fmt.Errorf("devproxy node: %w", err)
+	}
+	n.client = c
+	// Envoy subscribes to clusters and listeners as wildcards; routes and
+	// endpoints follow by name.
+	c.Subscribe(xdsclient.ClusterType, nil)
+	c.Subscribe(xdsclient.ListenerType, nil)
+	return n, nil
+}
+
+// XDS returns the node's xDS client, for its Status and WaitVersion.
+func (n *Node) XDS() *xdsclient.Client { return n.client }
+
+// Run keeps the ADS stream up and serves the listeners until ctx ends, then
+// drains every listener for up to Timeouts.Shutdown.
+func (n *Node) Run(ctx context.Context) error {
+	n.mu.Lock()
+	n.ctx = ctx
+	n.mu.Unlock()
+	err := n.client.Run(ctx)
+	n.mu.Lock()
+	lls := n.listeners
+	n.listeners = map[string]*liveListener{}
+	n.mu.Unlock()
+	for _, ll := range lls {
+		n.stopListener(ll)
+	}
+	for _, ll := range lls {
+		<-ll.done
+	}
+	n.conns.closeAll()
+	return err
+}
+
+// Ready is closed when the first listener serves.
+func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// ListenerAddr returns where a listener is bound, if it serves.
+func (n *Node) ListenerAddr(name string) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ll, ok := n.listeners[name]
+	if !ok {
+		return "", false
+	}
+	return ll.bound, true
+}
+
+// Apply takes one state-of-the-world update (xdsclient.Handler). The whole
+// configuration is rebuilt with it; any error NACKs it and leaves the node
+// as it was.
+func (n *Node) Apply(ctx context.Context, typeURL, version string, rs []*anypb.Any) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	next := *n.res
+	var err error
+	switch typeURL {
+	case xdsclient.ListenerType:
+		next.listeners, err = decodeAll(rs, func() *listenerv3.Listener { return &listenerv3.Listener{} }, (*listenerv3.Listener).GetName)
+	case xdsclient.RouteType:
+		next.routes, err = decodeAll(rs, func() *routev3.RouteConfiguration { return &routev3.RouteConfiguration{} }, (*routev3.RouteConfiguration).GetName)
+	case xdsclient.ClusterType:
+		next.clusters, err = decodeAll(rs, func() *clusterv3.Cluster { return &clusterv3.Cluster{} }, (*clusterv3.Cluster).GetName)
+	case xdsclient.EndpointType:
+		next.endpoints, err = decodeAll(rs, func() *endpointv3.ClusterLoadAssignment { return &endpointv3.ClusterLoadAssignment{} }, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	default:
+		err = fmt.Errorf("resource type %s is not implemented by the stand-in", typeURL)
+	}
+	if err != nil {
+		return err
+	}
+	built, rdsNames, edsNames, err := build(&next, buildEnv{resolve: n.resolve, clientFor: n.conns.client})
+	n.conns.endBuild(err == nil)
+	if err != nil {
+		n.log.Error(err, "xDS update rejected", "type", typeURL, "version", version)
+		return err
+	}
+	n.res = &next
+	n.activate(built)
+	// Subscribing to a name set that did not change sends nothing.
+	n.client.Subscribe(xdsclient.RouteType, rdsNames)
+	n.client.Subscribe(xdsclient.EndpointType, edsNames)
+	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
+	return nil
+}
+
+func decodeAll[T proto.Message](rs []*anypb.Any, newT func() T, name func(T) string) (map[string]T, error) {
+	out := make(map[string]T, len(rs))
+	for i, a := range rs {
+		m := newT()
+		if err := a.UnmarshalTo(m); err != nil {
+			return nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		n := name(m)
+		if _, dup := out[n]; dup {
+			return nil, fmt.Errorf("resource %q sent twice", n)
+		}
+		out[n] = m
+	}
+	return out, nil
+}
+
+// resolve maps a cluster host to an IP address: as given when it is one,
+// else from NodeConfig.Resolve, else the system resolver.
+func (n *Node) resolve(host string) (string, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.String(), nil
+	}
+	if ip, ok := n.cfg.Resolve[host]; ok {
+		return ip, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return "", fmt.Errorf("resolving %q: %w (add it to the stand-in's resolve table)", host, err)
+	}
+	return ips[0].String(), nil
+}
+
+// activate swaps the built tables into live listeners, binds new ones and
+// drains removed ones. A listener still waiting for its routes keeps
+// serving its previous table, as Envoy keeps a warming listener's
+// predecessor. Callers hold n.mu.
+func (n *Node) activate(built []*builtListener) {
+	keep := map[string]bool{}
+	for _, bl := range built {
+		keep[bl.name] = true
+		ll := n.listeners[bl.name]
+		if !bl.ready {
+			continue
+		}
+		if ll != nil && ll.xdsPort == bl.port {
+			ll.proxy.tbl.Store(bl.table)
+			continue
+		}
+		if ll != nil {
+			delete(n.listeners, bl.name)
+			go n.stopListener(ll)
+		}
+		if err := n.startListener(bl); err != nil {
+			// Envoy reports a listener that cannot bind and goes on.
+			n.log.Error(err, "listener not started", "listener", bl.name)
+		}
+	}
+	for name, ll := range n.listeners {
+		if !keep[name] {
+			delete(n.listeners, name)
+			go n.stopListener(ll)
+		}
+	}
+}
+
+// startListener binds a listener and serves it. Callers hold n.mu.
+func (n *Node) startListener(bl *builtListener) error {
+	port := int(bl.port)
+	if n.cfg.FreePorts {
+		port = 0
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(n.cfg.Address, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("binding listener %q: %w", bl.name, err)
+	}
+	p := newProxy(n.cfg.Timeouts, n.cfg.DebugMetadata, n.log.WithValues("listener", bl.name))
+	p.tbl.Store(bl.table)
+	ll := &liveListener{
+		xdsPort: bl.port, bound: ln.Addr().String(), proxy: p, done: make(chan struct{}),
+		srv: &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second},
+	}
+	n.listeners[bl.name] = ll
+	go func() {
+		defer close(ll.done)
+		if err := ll.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error(err, "listener stopped", "listener", bl.name)
+		}
+	}()
+	n.log.Info("listener serving", "listener", bl.name, "xdsPort", bl.port, "address", ll.bound)
+	if n.cfg.OnListener != nil {
+		n.cfg.OnListener(bl.name, bl.addr, ll.bound)
+	}
+	n.readyOnce.Do(func() { close(n.ready) })
+	return nil
+}
+
+// stopListener drains a listener: no new connections, in-flight requests
+// get Timeouts.Shutdown to finish.
+func (n *Node) stopListener(ll *liveListener) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeouts.Shutdown)
+	defer cancel()
+	if err := ll.srv.Shutdown(ctx); err != nil {
+		_ = ll.srv.Close()
+	}
+	<-ll.done
+	_ = ll.proxy.Close()
+}
+
+// connPool shares gRPC channels to ext_proc servers between filters, routes
+// and updates, as Envoy shares a cluster's connections. A channel no table
+// uses any more is closed after a grace period that outlasts any request
+// still using it.
+type connPool struct {
+	grace time.Duration
+
+	mu    sync.Mutex
+	conns map[connKey]*pooledConn
+	used  map[connKey]bool // referenced by the build in progress
+	live  map[connKey]bool // referenced by the tables serving now
+}
+
+type connKey struct {
+	target string
+	tls    bool
+}
+
+type pooledConn struct {
+	conn   *grpc.ClientConn
+	retire *time.Timer // non-nil while waiting to close
+}
+
+func newConnPool(grace time.Duration) *connPool {
+	return &connPool{grace: grace, conns: map[connKey]*pooledConn{}, used: map[connKey]bool{}, live: map[connKey]bool{}}
+}
+
+// client makes a client for cfg over the pooled channel to cfg.Target.
+func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, error) {
+	k := connKey{cfg.Target, cfg.TLS}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pc := p.conns[k]
+	if pc != nil && pc.retire != nil && !pc.retire.Stop() {
+		pc = nil // closed already
+	}
+	if pc == nil {
+		conn, err := extproctest.Dial(cfg.Target, cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		pc = &pooledConn{conn: conn}
+		p.conns[k] = pc
+	}
+	pc.retire = nil
+	p.used[k] = true
+	return extproctest.NewClientConn(cfg, pc.conn)
+}
+
+// endBuild ends a build: an accepted one's channels become the live set;
+// either way, every channel outside the live set is closed after the grace
+// period (a rejected build may have opened some).
+func (p *connPool) endBuild(accepted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if accepted {
+		p.live = p.used
+	}
+	p.used = map[connKey]bool{}
+	for k, pc := range p.conns {
+		if p.live[k] || pc.retire != nil {
+			continue
+		}
+		conn := pc.conn
+		pc.retire = time.AfterFunc(p.grace, func() { _ = conn.Close() })
+	}
+}
+
+func (p *connPool) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pc := range p.conns {
+		if pc.retire != nil {
+			pc.retire.Stop()
+		}
+		_ = pc.conn.Close()
+	}
+	p.conns = map[connKey]*pooledConn{}
+}

@@ -1,0 +1,893 @@
+package devproxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	randomv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/random/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+)
+
+// Names of the listener filters and HTTP filters by typed_config type.
+const (
+	httpConnectionManagerType = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+	extProcType               = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+	extProcPerRouteType       = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+	routerType                = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+	filterConfigType          = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+	upstreamTLSType           = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+)
+
+// passThroughListenerFilters are listener filters that only inspect the
+// connection for filter_chain_match, which the stand-in restricts to one
+// plaintext HTTP chain.
+var passThroughListenerFilters = map[string]string{
+	"type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector":   "reads the TLS ClientHello for filter chain matching",
+	"type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector": "detects the HTTP version for filter chain matching",
+}
+
+// passThroughHTTPFilters are HTTP filters that cannot change where a request
+// goes or whether it is answered, as configured by the inference
+// integrations; the stand-in leaves them out of the chain. Read-only.
+var passThroughHTTPFilters = map[string]string{
+	"type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig": "statistics only",
+	"type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors":               "acts only on routes with a CORS policy; per-route CORS policies are NACKed",
+}
+
+// resources is one accepted state of the four xDS types, by resource name
+// (endpoints by ClusterLoadAssignment.cluster_name).
+type resources struct {
+	listeners map[string]*listenerv3.Listener
+	routes    map[string]*routev3.RouteConfiguration
+	clusters  map[string]*clusterv3.Cluster
+	endpoints map[string]*endpointv3.ClusterLoadAssignment
+}
+
+// builtListener is a listener ready to serve, or waiting for its route
+// configuration (Envoy keeps such a listener warming).
+type builtListener struct {
+	name  string
+	addr  string // the address the control plane gave it
+	port  uint32
+	table *table
+	rds   string // route_config_name, "" when inline
+	ready bool
+}
+
+// buildEnv is what translation needs beyond the resources.
+type buildEnv struct {
+	resolve func(host string) (string, error)
+	// clientFor makes a client over a shared channel for cfg, whose Target
+	// is the cluster's address and TLS its transport socket.
+	clientFor func(cfg extproctest.FilterConfig) (*extproctest.Client, error)
+}
+
+// build translates the whole state. Any error is a NACK of the update that
+// produced this state.
+func build(res *resources, env buildEnv) ([]*builtListener, []string, []string, error) {
+	clusters := make(map[string]*cluster, len(res.clusters))
+	grpcTargets := make(map[string]grpcTarget, len(res.clusters))
+	var edsNames []string
+	for name, c := range res.clusters {
+		cl, tgt, eds, err := buildCluster(c, res.endpoints, env)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("cluster %q: %w", name, err)
+		}
+		clusters[name], grpcTargets[name] = cl, tgt
+		if eds != "" {
+			edsNames = append(edsNames, eds)
+		}
+	}
+	var out []*builtListener
+	var rdsNames []string
+	for name, l := range res.listeners {
+		bl, err := buildListener(l, res, clusters, grpcTargets, env)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("listener %q: %w", name, err)
+		}
+		if bl.rds != "" {
+			rdsNames = append(rdsNames, bl.rds)
+		}
+		out = append(out, bl)
+	}
+	return out, rdsNames, edsNames, nil
+}
+
+// grpcTarget is where an ext_proc filter naming a cluster connects.
+type grpcTarget struct {
+	addr string // "" when the cluster has no endpoint
+	tls  bool
+}
+
+func buildListener(l *listenerv3.Listener, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv) (*builtListener, error) {
+	if err := checkFields("listener", l); err != nil {
+		return nil, err
+	}
+	sa := l.GetAddress().GetSocketAddress()
+	if err := checkAll("address", l.GetAddress(), sa); err != nil {
+		return nil, err
+	}
+	if sa == nil || sa.GetProtocol() != corev3.SocketAddress_TCP {
+		return nil, errors.New("address: want a TCP socket_address")
+	}
+	for i, lf := range l.GetListenerFilters() {
+		if err := checkFields(fmt.Sprintf("listener_filters[%d]", i), lf); err != nil {
+			return nil, err
+		}
+		if _, ok := passThroughListenerFilters[lf.GetTypedConfig().GetTypeUrl()]; !ok {
+			return nil, fmt.Errorf("listener_filters[%d] %q (%s) is not implemented by the stand-in", i, lf.GetName(), lf.GetTypedConfig().GetTypeUrl())
+		}
+	}
+	if n := len(l.GetFilterChains()); n != 1 {
+		return nil, fmt.Errorf("filter_chains: the stand-in serves one plaintext HTTP filter chain, got %d", n)
+	}
+	fc := l.GetFilterChains()[0]
+	if err := checkAll("filter_chains[0]", fc, fc.GetFilterChainMatch()); err != nil {
+		return nil, err
+	}
+	if tp := fc.GetFilterChainMatch().GetTransportProtocol(); tp != "" && tp != "raw_buffer" {
+		return nil, fmt.Errorf("filter_chains[0].filter_chain_match.transport_protocol %q: the stand-in serves plaintext only", tp)
+	}
+	if len(fc.GetFilters()) != 1 || fc.GetFilters()[0].GetTypedConfig().GetTypeUrl() != httpConnectionManagerType {
+		return nil, errors.New("filter_chains[0].filters: want exactly one envoy.filters.network.http_connection_manager")
+	}
+	nf := fc.GetFilters()[0]
+	if err := checkFields("filter_chains[0].filters[0]", nf); err != nil {
+		return nil, err
+	}
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := nf.GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		return nil, fmt.Errorf("http_connection_manager: %w", err)
+	}
+	bl := &builtListener{name: l.GetName(), port: sa.GetPortValue(),
+		addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))}
+	t, rds, ready, err := buildHCM(hcm, res, clusters, targets, env)
+	if err != nil {
+		return nil, fmt.Errorf("http_connection_manager: %w", err)
+	}
+	bl.table, bl.rds, bl.ready = t, rds, ready
+	return bl, nil
+}
+
+// checkAll runs checkFields on each non-nil message.
+func checkAll(where string, ms ...proto.Message) error {
+	for _, m := range ms {
+		if m == nil || !m.ProtoReflect().IsValid() {
+			continue
+		}
+		if err := checkFields(where, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// extProcFilter is one ext_proc filter's listener-level config.
+type extProcFilter struct {
+	name     string
+	disabled bool // HttpFilter.disabled
+	proto    *extprocfilterv3.ExternalProcessor
+}
+
+func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv) (*table, string, bool, error) {
+	if err := checkFields("http_connection_manager", hcm); err != nil {
+		return nil, "", false, err
+	}
+	switch hcm.GetCodecType() {
+	case hcmv3.HttpConnectionManager_AUTO, hcmv3.HttpConnectionManager_HTTP1:
+	default:
+		return nil, "", false, fmt.Errorf("codec_type %s: the stand-in serves HTTP/1.1", hcm.GetCodecType())
+	}
+	var procs []extProcFilter
+	routerSeen := false
+	for i, hf := range hcm.GetHttpFilters() {
+		where := fmt.Sprintf("http_filters[%d] %q", i, hf.GetName())
+		if err := checkFields(where, hf); err != nil {
+			return nil, "", false, err
+		}
+		if routerSeen {
+			return nil, "", false, fmt.Errorf("%s: after the router, which must be the last filter", where)
+		}
+		tc := hf.GetTypedConfig()
+		switch url := tc.GetTypeUrl(); {
+		case url == routerType:
+			r := &routerv3.Router{}
+			if err := tc.UnmarshalTo(r); err != nil {
+				return nil, "", false, fmt.Errorf("%s: %w", where, err)
+			}
+			if err := checkFields(where, r); err != nil {
+				return nil, "", false, err
+			}
+			routerSeen = true
+		case url == extProcType:
+			ep := &extprocfilterv3.ExternalProcessor{}
+			if err := tc.UnmarshalTo(ep); err != nil {
+				return nil, "", false, fmt.Errorf("%s: %w", where, err)
+			}
+			if err := checkExtProc(where, ep); err != nil {
+				return nil, "", false, err
+			}
+			procs = append(procs, extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled(), proto: ep})
+		case passThroughHTTPFilters[url] != "":
+		default:
+			return nil, "", false, fmt.Errorf("%s: filter type %s is not implemented by the stand-in", where, url)
+		}
+	}
+	if !routerSeen {
+		return nil, "", false, errors.New("http_filters: no envoy.filters.http.router")
+	}
+	t := &table{clusters: clusters}
+	for _, p := range procs {
+		f := &httpFilter{name: p.name, rematch: true}
+		switch {
+		case p.proto.GetDisableClearRouteCache():
+			f.rematch = false
+		case p.proto.GetRouteCacheAction() == extprocfilterv3.ExternalProcessor_RETAIN:
+			f.rematch = false
+		case p.proto.GetRouteCacheAction() == extprocfilterv3.ExternalProcessor_CLEAR:
+			f.alwaysRematch = true
+		}
+		if !p.disabled {
+			c, err := extProcClient(p, nil, targets, env)
+			if err != nil {
+				return nil, "", false, err
+			}
+			f.client = c
+		}
+		t.filters = append(t.filters, f)
+	}
+	var rc *routev3.RouteConfiguration
+	rds := ""
+	switch {
+	case hcm.GetRouteConfig() != nil:
+		rc = hcm.GetRouteConfig()
+	case hcm.GetRds() != nil:
+		if err := checkFields("rds", hcm.GetRds()); err != nil {
+			return nil, "", false, err
+		}
+		rds = hcm.GetRds().GetRouteConfigName()
+		rc = res.routes[rds]
+		if rc == nil {
+			return t, rds, false, nil // warming until RDS delivers it
+		}
+	default:
+		return nil, "", false, errors.New("neither route_config nor rds")
+	}
+	routes, err := buildRoutes(rc, procs, t, targets, env)
+	if err != nil {
+		return nil, "", false, fmt.Errorf("route configuration %q: %w", rc.GetName(), err)
+	}
+	t.routes = routes
+	return t, rds, true, nil
+}
+
+// checkExtProc NACKs ExternalProcessor settings the stand-in does not reproduce.
+func checkExtProc(where string, ep *extprocfilterv3.ExternalProcessor) error {
+	if err := checkAll(where, ep, ep.GetGrpcService(), ep.GetGrpcService().GetEnvoyGrpc(), ep.GetProcessingMode(),
+		ep.GetMetadataOptions(), ep.GetMetadataOptions().GetForwardingNamespaces(), ep.GetMetadataOptions().GetReceivingNamespaces(),
+		ep.GetMutationRules()); err != nil {
+		return err
+	}
+	if ep.GetGrpcService().GetEnvoyGrpc() == nil {
+		return fmt.Errorf("%s: grpc_service.envoy_grpc is required (google_grpc and http_service are not implemented)", where)
+	}
+	mr := ep.GetMutationRules()
+	if mr.GetAllowAllRouting().GetValue() || mr.GetAllowEnvoy().GetValue() || mr.GetDisallowSystem().GetValue() ||
+		mr.GetDisallowAll().GetValue() || mr.GetDisallowIsError().GetValue() {
+		return fmt.Errorf("%s: mutation_rules other than Envoy's defaults are not implemented by the stand-in", where)
+	}
+	if ep.GetAllowModeOverride() {
+		m := ep.GetProcessingMode()
+		if m.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED || m.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			// Envoy ignores mode overrides in FULL_DUPLEX_STREAMED; elsewhere they change the exchange.
+			return fmt.Errorf("%s: allow_mode_override is implemented only where Envoy ignores it (both bodies FULL_DUPLEX_STREAMED)", where)
+		}
+	}
+	return nil
+}
+
+// extProcClient makes the client for filter p on one route: the listener's
+// config with the route's ExtProcOverrides applied (Envoy merges
+// processing_mode, grpc_service, metadata_options and failure_mode_allow).
+func extProcClient(p extProcFilter, ov *extprocfilterv3.ExtProcOverrides, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
+	ep := p.proto
+	mode, grpc, mo, failOpen := ep.GetProcessingMode(), ep.GetGrpcService(), ep.GetMetadataOptions(), ep.GetFailureModeAllow()
+	if ov != nil {
+		if ov.GetProcessingMode() != nil {
+			mode = ov.GetProcessingMode()
+		}
+		if ov.GetGrpcService() != nil {
+			grpc = ov.GetGrpcService()
+		}
+		if ov.GetMetadataOptions() != nil {
+			mo = ov.GetMetadataOptions()
+		}
+		if ov.GetFailureModeAllow() != nil {
+			failOpen = ov.GetFailureModeAllow().GetValue()
+		}
+	}
+	if mode == nil {
+		// ProcessingMode's own defaults: headers SEND, bodies NONE, trailers SKIP.
+		mode = &extprocfilterv3.ProcessingMode{}
+	}
+	cfg := extproctest.FilterConfig{
+		Name:             p.name,
+		FailureModeAllow: failOpen,
+		ProcessingMode:   mode,
+		MetadataOptions: &extproctest.MetadataOptions{
+			Forwarding: mo.GetForwardingNamespaces().GetUntyped(),
+			Receiving:  mo.GetReceivingNamespaces().GetUntyped(),
+		},
+		StatusOnError: int(ep.GetStatusOnError().GetCode()),
+	}
+	if d := ep.GetMessageTimeout(); d != nil {
+		cfg.MessageTimeout = d.AsDuration()
+	}
+	cluster := grpc.GetEnvoyGrpc().GetClusterName()
+	tgt, ok := targets[cluster]
+	if !ok || tgt.addr == "" {
+		// Envoy fails the stream at request time (cluster not found, or no
+		// healthy host); the filter's failure mode decides.
+		tgt = grpcTarget{addr: missingClusterTarget}
+	}
+	cfg.Target, cfg.TLS = tgt.addr, tgt.tls
+	c, err := env.clientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ext_proc filter %q (cluster %q): %w", p.name, cluster, err)
+	}
+	return c, nil
+}
+
+// missingClusterTarget is a gRPC target that fails at once, standing for an
+// ext_proc cluster that does not exist or has no endpoint.
+const missingClusterTarget = "unix:///nonexistent/infergate-devproxy-no-cluster"
+
+func buildRoutes(rc *routev3.RouteConfiguration, procs []extProcFilter, t *table, targets map[string]grpcTarget, env buildEnv) (*routeConfig, error) {
+	if err := checkFields("route configuration", rc); err != nil {
+		return nil, err
+	}
+	out := &routeConfig{name: rc.GetName(), ignorePort: rc.GetIgnorePortInHostMatching()}
+	for i, vh := range rc.GetVirtualHosts() {
+		where := fmt.Sprintf("virtual_hosts[%d] %q", i, vh.GetName())
+		if err := checkFields(where, vh); err != nil {
+			return nil, err
+		}
+		ovh := &virtualHost{name: vh.GetName()}
+		for _, d := range vh.GetDomains() {
+			ovh.domains = append(ovh.domains, strings.ToLower(d))
+		}
+		for j, r := range vh.GetRoutes() {
+			rwhere := fmt.Sprintf("%s.routes[%d] %q", where, j, r.GetName())
+			or, err := buildRoute(rwhere, r, vh, rc, procs, t, targets, env)
+			if err != nil {
+				return nil, err
+			}
+			ovh.routes = append(ovh.routes, or)
+		}
+		out.vhosts = append(out.vhosts, ovh)
+	}
+	return out, nil
+}
+
+func buildRoute(where string, r *routev3.Route, vh *routev3.VirtualHost, rc *routev3.RouteConfiguration, procs []extProcFilter, t *table, targets map[string]grpcTarget, env buildEnv) (*route, error) {
+	if err := checkFields(where, r); err != nil {
+		return nil, err
+	}
+	out := &route{name: r.GetName()}
+	m, err := buildMatch(where+".match", r.GetMatch())
+	if err != nil {
+		return nil, err
+	}
+	out.match = m
+	switch a := r.GetAction().(type) {
+	case *routev3.Route_Route:
+		if err := buildAction(where+".route", a.Route, out, t); err != nil {
+			return nil, err
+		}
+	case *routev3.Route_DirectResponse:
+		dr := a.DirectResponse
+		if err := checkAll(where+".direct_response", dr, dr.GetBody()); err != nil {
+			return nil, err
+		}
+		body := dr.GetBody().GetInlineString()
+		if b := dr.GetBody().GetInlineBytes(); b != nil {
+			body = string(b)
+		}
+		out.direct = &directResponse{status: int(dr.GetStatus()), body: body}
+	default:
+		return nil, fmt.Errorf("%s: only route and direct_response actions are implemented by the stand-in", where)
+	}
+	// Envoy's header changes: the route's, then its virtual host's, then its
+	// route configuration's.
+	out.removeHeaders = append(out.removeHeaders, r.GetRequestHeadersToRemove()...)
+	out.removeHeaders = append(out.removeHeaders, vh.GetRequestHeadersToRemove()...)
+	out.removeHeaders = append(out.removeHeaders, rc.GetRequestHeadersToRemove()...)
+	for i, p := range procs {
+		c, err := routeFilterClient(where, p, t.filters[i], r, vh, rc, targets, env)
+		if err != nil {
+			return nil, err
+		}
+		out.filters = append(out.filters, c)
+	}
+	return out, nil
+}
+
+// routeFilterClient applies the most specific typed_per_filter_config for
+// the filter (route, then virtual host, then route configuration, as Envoy
+// looks it up). A filter disabled on the listener runs only where a
+// per-route config enables it.
+func routeFilterClient(where string, p extProcFilter, f *httpFilter, r *routev3.Route, vh *routev3.VirtualHost, rc *routev3.RouteConfiguration, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
+	var cfg *anypb.Any
+	for _, m := range []map[string]*anypb.Any{r.GetTypedPerFilterConfig(), vh.GetTypedPerFilterConfig(), rc.GetTypedPerFilterConfig()} {
+		if c, ok := m[p.name]; ok {
+			cfg = c
+			break
+		}
+	}
+	where = fmt.Sprintf("%s.typed_per_filter_config[%q]", where, p.name)
+	if cfg == nil {
+		return f.client, nil
+	}
+	if cfg.GetTypeUrl() == filterConfigType {
+		fc := &routev3.FilterConfig{}
+		if err := cfg.UnmarshalTo(fc); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		if err := checkFields(where, fc); err != nil {
+			return nil, err
+		}
+		if fc.GetDisabled() {
+			return nil, nil
+		}
+		if fc.GetConfig() == nil {
+			// An empty FilterConfig enables the filter with its listener config.
+			return extProcClient(p, nil, targets, env)
+		}
+		cfg = fc.GetConfig()
+	}
+	if cfg.GetTypeUrl() != extProcPerRouteType {
+		return nil, fmt.Errorf("%s: type %s is not implemented by the stand-in", where, cfg.GetTypeUrl())
+	}
+	pr := &extprocfilterv3.ExtProcPerRoute{}
+	if err := cfg.UnmarshalTo(pr); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	ov := pr.GetOverrides()
+	if err := checkAll(where, pr, ov, ov.GetProcessingMode(), ov.GetGrpcService(), ov.GetGrpcService().GetEnvoyGrpc(),
+		ov.GetMetadataOptions(), ov.GetMetadataOptions().GetForwardingNamespaces(), ov.GetMetadataOptions().GetReceivingNamespaces()); err != nil {
+		return nil, err
+	}
+	if pr.GetDisabled() {
+		return nil, nil
+	}
+	if ov.GetGrpcService() != nil && ov.GetGrpcService().GetEnvoyGrpc() == nil {
+		return nil, fmt.Errorf("%s: overrides.grpc_service.envoy_grpc is required", where)
+	}
+	return extProcClient(p, ov, targets, env)
+}
+
+func buildMatch(where string, m *routev3.RouteMatch) (routeMatch, error) {
+	var out routeMatch
+	if err := checkFields(where, m); err != nil {
+		return out, err
+	}
+	switch ps := m.GetPathSpecifier().(type) {
+	case *routev3.RouteMatch_Prefix:
+		out.prefix = &ps.Prefix
+	case *routev3.RouteMatch_Path:
+		out.path = &ps.Path
+	case *routev3.RouteMatch_PathSeparatedPrefix:
+		out.separated = &ps.PathSeparatedPrefix
+	case *routev3.RouteMatch_SafeRegex:
+		re, err := compileRegex(where+".safe_regex", ps.SafeRegex, true)
+		if err != nil {
+			return out, err
+		}
+		out.regex = re
+	default:
+		return out, fmt.Errorf("%s: path specifier %T is not implemented by the stand-in", where, ps)
+	}
+	if cs := m.GetCaseSensitive(); cs != nil && !cs.GetValue() {
+		out.caseInsensitive = true
+	}
+	for i, h := range m.GetHeaders() {
+		hm, err := buildHeaderMatch(fmt.Sprintf("%s.headers[%d]", where, i), h)
+		if err != nil {
+			return out, err
+		}
+		out.headers = append(out.headers, hm)
+	}
+	return out, nil
+}
+
+// compileRegex compiles an RE2 regex; anchored makes it match the whole
+// value, as Envoy's safe_regex route and header matches do.
+func compileRegex(where string, rm *matcherv3.RegexMatcher, anchored bool) (*regexp.Regexp, error) {
+	if err := checkFields(where, rm); err != nil {
+		return nil, err
+	}
+	expr := rm.GetRegex()
+	if anchored {
+		expr = `^(?:` + expr + `)$`
+	}
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return re, nil
+}
+
+func buildHeaderMatch(where string, h *routev3.HeaderMatcher) (headerMatch, error) {
+	out := headerMatch{name: strings.ToLower(h.GetName()), invert: h.GetInvertMatch()}
+	if err := checkFields(where, h); err != nil {
+		return out, err
+	}
+	sm := &stringMatch{}
+	switch s := h.GetHeaderMatchSpecifier().(type) {
+	case nil:
+		// No specifier: the header must be present.
+		present := true
+		out.present = &present
+		return out, nil
+	case *routev3.HeaderMatcher_PresentMatch:
+		out.present = &s.PresentMatch
+		return out, nil
+	case *routev3.HeaderMatcher_ExactMatch:
+		sm.exact = &s.ExactMatch
+	case *routev3.HeaderMatcher_PrefixMatch:
+		sm.prefix = &s.PrefixMatch
+	case *routev3.HeaderMatcher_SuffixMatch:
+		sm.suffix = &s.SuffixMatch
+	case *routev3.HeaderMatcher_ContainsMatch:
+		sm.contains = &s.ContainsMatch
+	case *routev3.HeaderMatcher_SafeRegexMatch:
+		re, err := compileRegex(where+".safe_regex_match", s.SafeRegexMatch, true)
+		if err != nil {
+			return out, err
+		}
+		sm.regex = re
+	case *routev3.HeaderMatcher_StringMatch:
+		if err := checkFields(where+".string_match", s.StringMatch); err != nil {
+			return out, err
+		}
+		sm.ignoreCase = s.StringMatch.GetIgnoreCase()
+		switch p := s.StringMatch.GetMatchPattern().(type) {
+		case *matcherv3.StringMatcher_Exact:
+			sm.exact = &p.Exact
+		case *matcherv3.StringMatcher_Prefix:
+			sm.prefix = &p.Prefix
+		case *matcherv3.StringMatcher_Suffix:
+			sm.suffix = &p.Suffix
+		case *matcherv3.StringMatcher_Contains:
+			sm.contains = &p.Contains
+		case *matcherv3.StringMatcher_SafeRegex:
+			re, err := compileRegex(where+".string_match.safe_regex", p.SafeRegex, true)
+			if err != nil {
+				return out, err
+			}
+			sm.regex = re
+		default:
+			return out, fmt.Errorf("%s.string_match: %T is not implemented by the stand-in", where, p)
+		}
+	default:
+		return out, fmt.Errorf("%s: %T is not implemented by the stand-in", where, s)
+	}
+	out.str = sm
+	return out, nil
+}
+
+func buildAction(where string, a *routev3.RouteAction, out *route, t *table) error {
+	if err := checkFields(where, a); err != nil {
+		return err
+	}
+	if a.GetAutoHostRewrite().GetValue() {
+		return fmt.Errorf("%s: auto_host_rewrite is not implemented by the stand-in", where)
+	}
+	switch cs := a.GetClusterSpecifier().(type) {
+	case *routev3.RouteAction_Cluster:
+		out.clusters = []weightedCluster{{name: cs.Cluster, weight: 1}}
+	case *routev3.RouteAction_WeightedClusters:
+		if err := checkFields(where+".weighted_clusters", cs.WeightedClusters); err != nil {
+			return err
+		}
+		for i, c := range cs.WeightedClusters.GetClusters() {
+			if err := checkFields(fmt.Sprintf("%s.weighted_clusters.clusters[%d]", where, i), c); err != nil {
+				return err
+			}
+			out.clusters = append(out.clusters, weightedCluster{name: c.GetName(), weight: c.GetWeight().GetValue()})
+		}
+		if len(out.clusters) == 0 {
+			return fmt.Errorf("%s: weighted_clusters without clusters", where)
+		}
+	default:
+		return fmt.Errorf("%s: cluster specifier %T is not implemented by the stand-in", where, cs)
+	}
+	for _, wc := range out.clusters {
+		if cl := t.clusters[wc.name]; cl != nil && cl.tls {
+			return fmt.Errorf("%s: cluster %q uses TLS; upstream TLS to model servers is not implemented by the stand-in", where, wc.name)
+		}
+	}
+	// RouteAction.timeout: Envoy's default is 15s; 0 disables it.
+	out.timeout = 15 * time.Second
+	if d := a.GetTimeout(); d != nil {
+		out.timeout = d.AsDuration()
+	}
+	out.hostRewrite = a.GetHostRewriteLiteral()
+	out.prefixRewrite = a.GetPrefixRewrite()
+	return nil
+}
+
+// buildCluster translates a Cluster. It returns the cluster, where an
+// ext_proc filter naming it connects, and the EDS name it needs ("" when
+// it is not an EDS cluster).
+func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAssignment, env buildEnv) (*cluster, grpcTarget, string, error) {
+	var tgt grpcTarget
+	if err := checkFields("cluster", c); err != nil {
+		return nil, tgt, "", err
+	}
+	out := &cluster{name: c.GetName(), connectTimeout: 5 * time.Second}
+	if d := c.GetConnectTimeout(); d != nil {
+		out.connectTimeout = d.AsDuration()
+	}
+	tls, err := clusterTLS(c.GetTransportSocket())
+	if err != nil {
+		return nil, tgt, "", err
+	}
+	out.tls = tls
+	edsName := ""
+	var cla *endpointv3.ClusterLoadAssignment
+	switch c.GetType() {
+	case clusterv3.Cluster_STATIC, clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
+		cla = c.GetLoadAssignment()
+	case clusterv3.Cluster_EDS:
+		ec := c.GetEdsClusterConfig()
+		if err := checkFields("eds_cluster_config", ec); err != nil {
+			return nil, tgt, "", err
+		}
+		edsName = ec.GetServiceName()
+		if edsName == "" {
+			edsName = c.GetName()
+		}
+		cla = eds[edsName]
+	case clusterv3.Cluster_ORIGINAL_DST:
+		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
+			return nil, tgt, "", errors.New("ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED")
+		}
+		src, err := originalDstSource(c.GetOriginalDstLbConfig())
+		if err != nil {
+			return nil, tgt, "", err
+		}
+		out.originalDst = &src
+	default:
+		return nil, tgt, "", fmt.Errorf("type %s is not implemented by the stand-in", c.GetType())
+	}
+	if c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
+		switch c.GetLbPolicy() {
+		case clusterv3.Cluster_ROUND_ROBIN, clusterv3.Cluster_LEAST_REQUEST, clusterv3.Cluster_RANDOM:
+		default:
+			return nil, tgt, "", fmt.Errorf("lb_policy %s is not implemented by the stand-in", c.GetLbPolicy())
+		}
+	}
+	if lbp := c.GetLoadBalancingPolicy(); lbp != nil {
+		if out.originalDst != nil {
+			return nil, tgt, "", errors.New("load_balancing_policy on an ORIGINAL_DST cluster")
+		}
+		oh, err := loadBalancingPolicy("load_balancing_policy", lbp, true)
+		if err != nil {
+			return nil, tgt, "", err
+		}
+		out.override = oh
+	}
+	eps, err := clusterEndpoints(cla, env)
+	if err != nil {
+		return nil, tgt, "", err
+	}
+	out.endpoints = eps
+	if len(eps) > 0 {
+		// A gRPC client of this cluster connects to its first host: one
+		// endpoint picker Service per cluster, as the integrations render.
+		tgt = grpcTarget{addr: eps[0], tls: tls}
+	}
+	return out, tgt, edsName, nil
+}
+
+func originalDstSource(oc *clusterv3.Cluster_OriginalDstLbConfig) (hostSource, error) {
+	if err := checkFields("original_dst_lb_config", oc); err != nil {
+		return hostSource{}, err
+	}
+	if oc.GetMetadataKey() != nil {
+		k, err := metadataKeyOf("original_dst_lb_config.metadata_key", oc.GetMetadataKey())
+		return hostSource{md: k}, err
+	}
+	if !oc.GetUseHttpHeader() {
+		// Only the connection's restored destination, which the stand-in
+		// never has: no header name matches.
+		return hostSource{header: ""}, nil
+	}
+	name := oc.GetHttpHeaderName()
+	if name == "" {
+		name = "x-envoy-original-dst-host" // Envoy's default header
+	}
+	return hostSource{header: strings.ToLower(name)}, nil
+}
+
+// loadBalancingPolicy reads Cluster.load_balancing_policy: Envoy uses the
+// first policy it supports. override_host is read; round_robin,
+// least_request and random all pick among equal hosts, which the stand-in
+// does round robin.
+func loadBalancingPolicy(where string, lbp *clusterv3.LoadBalancingPolicy, allowOverride bool) (*overrideHost, error) {
+	if err := checkFields(where, lbp); err != nil {
+		return nil, err
+	}
+	for i, p := range lbp.GetPolicies() {
+		pw := fmt.Sprintf("%s.policies[%d]", where, i)
+		if err := checkAll(pw, p, p.GetTypedExtensionConfig()); err != nil {
+			return nil, err
+		}
+		tc := p.GetTypedExtensionConfig().GetTypedConfig()
+		msg, err := tc.UnmarshalNew()
+		if err != nil {
+			continue // a type this binary does not know: Envoy moves on too
+		}
+		switch m := msg.(type) {
+		case *roundrobinv3.RoundRobin, *leastrequestv3.LeastRequest, *randomv3.Random:
+			return nil, nil
+		case *overridehostv3.OverrideHost:
+			if !allowOverride {
+				return nil, fmt.Errorf("%s: override_host as a fallback policy", pw)
+			}
+			return overrideHostOf(pw, m)
+		}
+	}
+	return nil, fmt.Errorf("%s: no policy the stand-in implements (override_host, round_robin, least_request, random)", where)
+}
+
+func overrideHostOf(where string, m *overridehostv3.OverrideHost) (*overrideHost, error) {
+	if err := checkFields(where, m); err != nil {
+		return nil, err
+	}
+	out := &overrideHost{}
+	for i, s := range m.GetOverrideHostSources() {
+		sw := fmt.Sprintf("%s.override_host_sources[%d]", where, i)
+		if err := checkFields(sw, s); err != nil {
+			return nil, err
+		}
+		if s.GetMetadata() != nil {
+			k, err := metadataKeyOf(sw+".metadata", s.GetMetadata())
+			if err != nil {
+				return nil, err
+			}
+			out.sources = append(out.sources, hostSource{md: k})
+			continue
+		}
+		if s.GetHeader() == "" {
+			return nil, fmt.Errorf("%s: neither header nor metadata", sw)
+		}
+		out.sources = append(out.sources, hostSource{header: strings.ToLower(s.GetHeader())})
+	}
+	if k := m.GetSelectedHostKey(); k != nil {
+		sk, err := metadataKeyOf(where+".selected_host_key", k)
+		if err != nil {
+			return nil, err
+		}
+		out.selected = sk
+	}
+	if fp := m.GetFallbackPolicy(); fp != nil {
+		if _, err := loadBalancingPolicy(where+".fallback_policy", fp, false); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func metadataKeyOf(where string, k *metadatav3.MetadataKey) (*metadataKey, error) {
+	if err := checkFields(where, k); err != nil {
+		return nil, err
+	}
+	out := &metadataKey{namespace: k.GetKey()}
+	for i, seg := range k.GetPath() {
+		if err := checkFields(fmt.Sprintf("%s.path[%d]", where, i), seg); err != nil {
+			return nil, err
+		}
+		out.path = append(out.path, seg.GetKey())
+	}
+	if out.namespace == "" || len(out.path) == 0 {
+		return nil, fmt.Errorf("%s: want a key and a path", where)
+	}
+	return out, nil
+}
+
+// clusterTLS reads the cluster's transport socket: none, or TLS that
+// accepts any server certificate (how the integrations reach endpoint
+// pickers, which serve self-signed certificates).
+func clusterTLS(ts *corev3.TransportSocket) (bool, error) {
+	if ts == nil {
+		return false, nil
+	}
+	if err := checkFields("transport_socket", ts); err != nil {
+		return false, err
+	}
+	if ts.GetTypedConfig().GetTypeUrl() != upstreamTLSType {
+		return false, fmt.Errorf("transport_socket %s is not implemented by the stand-in", ts.GetTypedConfig().GetTypeUrl())
+	}
+	utc := &tlsv3.UpstreamTlsContext{}
+	if err := ts.GetTypedConfig().UnmarshalTo(utc); err != nil {
+		return false, fmt.Errorf("transport_socket: %w", err)
+	}
+	ctc := utc.GetCommonTlsContext()
+	if err := checkAll("transport_socket", utc, ctc); err != nil {
+		return false, err
+	}
+	if vc := ctc.GetValidationContext(); vc != nil && proto.Size(vc) > 0 {
+		return false, errors.New("transport_socket: certificate validation (validation_context) is not implemented by the stand-in; it accepts any certificate, as with an empty validation context")
+	}
+	return true, nil
+}
+
+// clusterEndpoints lists the usable hosts of a load assignment: the lowest
+// priority level that has healthy hosts, hosts marked UNHEALTHY, DRAINING or
+// TIMEOUT left out, hostnames resolved.
+func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]string, error) {
+	if cla == nil {
+		return nil, nil
+	}
+	if err := checkFields("load_assignment", cla); err != nil {
+		return nil, err
+	}
+	if len(cla.GetPolicy().GetDropOverloads()) > 0 {
+		return nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
+	}
+	byPriority := map[uint32][]string{}
+	best := ^uint32(0)
+	for i, lle := range cla.GetEndpoints() {
+		where := fmt.Sprintf("load_assignment.endpoints[%d]", i)
+		if err := checkFields(where, lle); err != nil {
+			return nil, err
+		}
+		for j, le := range lle.GetLbEndpoints() {
+			ew := fmt.Sprintf("%s.lb_endpoints[%d]", where, j)
+			ep := le.GetEndpoint()
+			if err := checkAll(ew, le, ep, ep.GetAddress(), ep.GetAddress().GetSocketAddress()); err != nil {
+				return nil, err
+			}
+			switch le.GetHealthStatus() {
+			case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
+				continue
+			}
+			sa := ep.GetAddress().GetSocketAddress()
+			if sa == nil {
+				return nil, fmt.Errorf("%s: want a socket_address", ew)
+			}
+			ip, err := env.resolve(sa.GetAddress())
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ew, err)
+			}
+			p := lle.GetPriority()
+			byPriority[p] = append(byPriority[p], net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue()))))
+			best = min(best, p)
+		}
+	}
+	return byPriority[best], nil
+}
