@@ -683,7 +683,9 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 	default:
 		return nil, tgt, "", fmt.Errorf("type %s is not implemented by the stand-in", c.GetType())
 	}
-	if c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
+	// With load_balancing_policy set, Envoy ignores lb_policy (Istio sets
+	// CLUSTER_PROVIDED beside override_host).
+	if c.GetType() != clusterv3.Cluster_ORIGINAL_DST && c.GetLoadBalancingPolicy() == nil {
 		switch c.GetLbPolicy() {
 		case clusterv3.Cluster_ROUND_ROBIN, clusterv3.Cluster_LEAST_REQUEST, clusterv3.Cluster_RANDOM:
 		default:
