@@ -70,10 +70,10 @@ func Istio(p Pool) []proto.Message {
 			ResponseHeaderMode: extprocv3.ProcessingMode_SKIP,
 		},
 		MessageTimeout:  durationpb.New(1000 * time.Second),
-		MetadataOptions: lbNamespaces(),
+		MetadataOptions: LBNamespaces(),
 	}
 	perRoute := &extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
-		ProcessingMode: duplexMode(),
+		ProcessingMode: DuplexMode(),
 		GrpcService: &corev3.GrpcService{
 			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: IstioEPPCluster}},
 			Timeout:         durationpb.New(10 * time.Second),
@@ -99,7 +99,7 @@ func Istio(p Pool) []proto.Message {
 						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: IstioPoolSvc},
 						Timeout:          durationpb.New(0),
 					}},
-					TypedPerFilterConfig: map[string]*anypb.Any{IstioFilter: mustAny(perRoute)},
+					TypedPerFilterConfig: map[string]*anypb.Any{IstioFilter: Any(perRoute)},
 				},
 			},
 		}},
@@ -107,28 +107,28 @@ func Istio(p Pool) []proto.Message {
 	lbPolicy := &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 		TypedExtensionConfig: &corev3.TypedExtensionConfig{
 			Name: "envoy.load_balancing_policies.override_host",
-			TypedConfig: mustAny(&overridehostv3.OverrideHost{
-				OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{Metadata: lbKey(wire.DestinationEndpointKey)}},
-				SelectedHostKey:     lbKey(wire.ServedEndpointKey),
+			TypedConfig: Any(&overridehostv3.OverrideHost{
+				OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{Metadata: LBKey(wire.DestinationEndpointKey)}},
+				SelectedHostKey:     LBKey(wire.ServedEndpointKey),
 				FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
-					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.round_robin", TypedConfig: mustAny(&roundrobinv3.RoundRobin{})},
+					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.round_robin", TypedConfig: Any(&roundrobinv3.RoundRobin{})},
 				}}},
 			}),
 		},
 	}}}
-	pool := edsCluster(IstioPoolSvc)
+	pool := EDSCluster(IstioPoolSvc)
 	pool.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 	pool.LoadBalancingPolicy = lbPolicy
-	epp := edsCluster(IstioEPPCluster)
+	epp := EDSCluster(IstioEPPCluster)
 	if p.EPPTLS {
 		// DestinationRule tls.mode SIMPLE with insecureSkipVerify.
-		epp.TransportSocket = acceptAnyTLS()
+		epp.TransportSocket = AcceptAnyTLS()
 	}
 	return []proto.Message{
-		listener(IstioListener, p.ListenerPort, IstioRoutes, httpFilter(IstioFilter, filter, false)),
+		Listener(IstioListener, p.ListenerPort, IstioRoutes, HTTPFilter(IstioFilter, filter, false)),
 		routes, pool, epp,
-		assignment(IstioPoolSvc, p.Endpoints...),
-		assignment(IstioEPPCluster, p.EPP),
+		Assignment(IstioPoolSvc, p.Endpoints...),
+		Assignment(IstioEPPCluster, p.EPP),
 	}
 }
 
@@ -162,11 +162,11 @@ func EnvoyGateway(p Pool, other string) []proto.Message {
 			Timeout:         durationpb.New(10 * time.Second),
 		},
 		FailureModeAllow: p.FailOpen,
-		ProcessingMode:   duplexMode(),
+		ProcessingMode:   DuplexMode(),
 		MessageTimeout:   durationpb.New(300 * time.Second),
-		MetadataOptions:  lbNamespaces(),
+		MetadataOptions:  LBNamespaces(),
 	}
-	enable := mustAny(&routev3.FilterConfig{Config: mustAny(&extprocv3.ExtProcPerRoute{
+	enable := Any(&routev3.FilterConfig{Config: Any(&extprocv3.ExtProcPerRoute{
 		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{}},
 	})})
 	routes := &routev3.RouteConfiguration{
@@ -218,20 +218,21 @@ func EnvoyGateway(p Pool, other string) []proto.Message {
 		}}},
 	}
 	if p.EPPTLS {
-		eppCluster.TransportSocket = acceptAnyTLS()
+		eppCluster.TransportSocket = AcceptAnyTLS()
 	}
 	otherCluster := &clusterv3.Cluster{
 		Name:                 EGOtherCluster,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		LoadAssignment:       assignment(EGOtherCluster, other),
+		LoadAssignment:       Assignment(EGOtherCluster, other),
 	}
 	return []proto.Message{
-		listener(EGListener, p.ListenerPort, EGRoutes, httpFilter(EGFilter, filter, true)),
+		Listener(EGListener, p.ListenerPort, EGRoutes, HTTPFilter(EGFilter, filter, true)),
 		routes, routeCluster, eppCluster, otherCluster,
 	}
 }
 
-func duplexMode() *extprocv3.ProcessingMode {
+// DuplexMode is headers SEND, both bodies FULL_DUPLEX_STREAMED, trailers SEND.
+func DuplexMode() *extprocv3.ProcessingMode {
 	return &extprocv3.ProcessingMode{
 		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
 		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
@@ -242,24 +243,28 @@ func duplexMode() *extprocv3.ProcessingMode {
 	}
 }
 
-func lbNamespaces() *extprocv3.MetadataOptions {
+// LBNamespaces forwards and receives the envoy.lb namespace.
+func LBNamespaces() *extprocv3.MetadataOptions {
 	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
 	return &extprocv3.MetadataOptions{ForwardingNamespaces: ns, ReceivingNamespaces: ns}
 }
 
-func lbKey(key string) *metadatav3.MetadataKey {
+// LBKey is the metadata key envoy.lb/key.
+func LBKey(key string) *metadatav3.MetadataKey {
 	return &metadatav3.MetadataKey{Key: wire.LBNamespace, Path: []*metadatav3.MetadataKey_PathSegment{
 		{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: key}},
 	}}
 }
 
-// httpFilter wraps a typed filter config as an HCM http filter.
-func httpFilter(name string, cfg proto.Message, disabled bool) *hcmv3.HttpFilter {
-	return &hcmv3.HttpFilter{Name: name, Disabled: disabled, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
+// HTTPFilter wraps a typed filter config as an HCM http filter.
+func HTTPFilter(name string, cfg proto.Message, disabled bool) *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: name, Disabled: disabled, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: Any(cfg)}}
 }
 
-func listener(name string, port uint32, rds string, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
-	router := httpFilter("envoy.filters.http.router", &routerv3.Router{}, false)
+// Listener is a plaintext HTTP listener on 0.0.0.0:port whose routes come
+// over RDS; the router is appended to filters.
+func Listener(name string, port uint32, rds string, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
+	router := HTTPFilter("envoy.filters.http.router", &routerv3.Router{}, false)
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: name,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
@@ -277,13 +282,14 @@ func listener(name string, port uint32, rds string, filters ...*hcmv3.HttpFilter
 		FilterChains: []*listenerv3.FilterChain{{
 			Filters: []*listenerv3.Filter{{
 				Name:       "envoy.filters.network.http_connection_manager",
-				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: Any(hcm)},
 			}},
 		}},
 	}
 }
 
-func edsCluster(name string) *clusterv3.Cluster {
+// EDSCluster is a cluster whose endpoints come over ADS.
+func EDSCluster(name string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -298,7 +304,8 @@ func edsCluster(name string) *clusterv3.Cluster {
 	}
 }
 
-func assignment(name string, endpoints ...string) *endpointv3.ClusterLoadAssignment {
+// Assignment is a ClusterLoadAssignment of ip:port endpoints.
+func Assignment(name string, endpoints ...string) *endpointv3.ClusterLoadAssignment {
 	var les []*endpointv3.LbEndpoint
 	for _, ep := range endpoints {
 		host, port, err := net.SplitHostPort(ep)
@@ -323,22 +330,44 @@ func socketAddress(host string, port uint32) *corev3.Address {
 	}}}
 }
 
-// acceptAnyTLS is TLS with an empty validation context: the server's
+// AcceptAnyTLS is TLS with an empty validation context: the server's
 // certificate is not verified (endpoint pickers serve self-signed ones).
-func acceptAnyTLS() *corev3.TransportSocket {
+func AcceptAnyTLS() *corev3.TransportSocket {
 	return &corev3.TransportSocket{
 		Name: "envoy.transport_sockets.tls",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: Any(&tlsv3.UpstreamTlsContext{
 			CommonTlsContext: &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}},
 		})},
 	}
 }
 
-// mustAny packs m; only a nil message can fail.
-func mustAny(m proto.Message) *anypb.Any {
+// Any packs m; only a nil message can fail.
+func Any(m proto.Message) *anypb.Any {
 	a, err := anypb.New(m)
 	if err != nil {
 		panic("xdstest: " + err.Error())
 	}
 	return a
+}
+
+// StaticCluster is a STATIC cluster of ip:port endpoints, round robin.
+func StaticCluster(name string, endpoints ...string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		LoadAssignment:       Assignment(name, endpoints...),
+	}
+}
+
+// ExtProc is an ext_proc filter config calling cluster with mode,
+// receiving and forwarding envoy.lb.
+func ExtProc(cluster string, mode *extprocv3.ProcessingMode, failOpen bool) *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cluster}},
+		},
+		FailureModeAllow: failOpen,
+		ProcessingMode:   mode,
+		MetadataOptions:  LBNamespaces(),
+	}
 }

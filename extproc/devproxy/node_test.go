@@ -1,0 +1,356 @@
+package devproxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/inference/wire"
+)
+
+// testNode runs a Node of srv until the test ends.
+func testNode(t *testing.T, srv *xdstest.Server) *Node {
+	t.Helper()
+	n, err := NewNode(NodeConfig{
+		XDS:       xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
+		FreePorts: true,
+		Resolve:   map[string]string{xdstest.EGEPPHost: "127.0.0.1"},
+		Timeouts:  Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Logger:    logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node: %v", err)
+		}
+	})
+	return n
+}
+
+// waitVersion waits until the node ACKed version of typ, failing with the
+// NACK reason if it refused it.
+func waitVersion(t *testing.T, n *Node, typ, version string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.XDS().WaitVersion(ctx, typ, version); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listenerURL waits for a listener to serve and returns its base URL.
+func listenerURL(t *testing.T, n *Node, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if addr, ok := n.ListenerAddr(name); ok {
+			return "http://" + addr
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("listener %q never served; xDS status %+v", name, n.XDS().Status())
+	return ""
+}
+
+func get(t *testing.T, url string, kv ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodPost, url, strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Header.Add(kv[i], kv[i+1])
+	}
+	resp, err := httpClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// modelHeaderProcessor sets x-gateway-model-name on the request headers and
+// asks for the route to be matched again, as the payload processor does.
+func modelHeaderProcessor(c *fakeproc.Conn) error {
+	for {
+		req, err := c.Recv()
+		if err != nil {
+			return nil
+		}
+		if req.GetRequestHeaders() != nil {
+			cr := &extprocv3.CommonResponse{HeaderMutation: fakeproc.SetHeaders("x-gateway-model-name", "llama"), ClearRouteCache: true}
+			if err := c.Send(fakeproc.HeadersResp(false, cr)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func headersOnly() *extprocfilterv3.ProcessingMode {
+	return &extprocfilterv3.ProcessingMode{ResponseHeaderMode: extprocfilterv3.ProcessingMode_SKIP}
+}
+
+// modelRoutes sends x-gateway-model-name: llama to cluster "llama" and
+// everything else to "default".
+func modelRoutes() *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{
+		Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{
+			{
+				Match: &routev3.RouteMatch{
+					PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+					Headers: []*routev3.HeaderMatcher{{Name: "x-gateway-model-name", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+						StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "llama"}},
+					}}},
+				},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "llama"}}},
+			},
+			{
+				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "default"}}},
+			},
+		},
+	}}}
+}
+
+// TestRouteRematchedAfterClearRouteCache: the payload processor's model
+// header selects the route only because the processor clears the route
+// cache; route_cache_action RETAIN keeps the first match.
+func TestRouteRematchedAfterClearRouteCache(t *testing.T) {
+	payload := fakeproc.Start(t, modelHeaderProcessor)
+	llama, other := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	for _, tc := range []struct {
+		name   string
+		action extprocfilterv3.ExternalProcessor_RouteCacheAction
+		want   *fakeproc.Upstream
+	}{
+		{"DEFAULT honours clear_route_cache", extprocfilterv3.ExternalProcessor_DEFAULT, llama},
+		{"RETAIN keeps the first route", extprocfilterv3.ExternalProcessor_RETAIN, other},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := xdstest.Start(t)
+			ep := xdstest.ExtProc("payload", headersOnly(), false)
+			ep.RouteCacheAction = tc.action
+			srv.Set(t, "1",
+				xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("payload", ep, false)), modelRoutes(),
+				xdstest.StaticCluster("payload", payload.Addr),
+				xdstest.StaticCluster("llama", llama.Addr), xdstest.StaticCluster("default", other.Addr))
+			n := testNode(t, srv)
+			resp, body := get(t, listenerURL(t, n, "l")+"/v1/chat/completions")
+			if resp.StatusCode != 200 || body != "hello from "+tc.want.Addr {
+				t.Fatalf("got %d %q, want the answer of %s", resp.StatusCode, body, tc.want.Addr)
+			}
+		})
+	}
+}
+
+// TestServedEndpointReachesThePicker: override_host's selected_host_key puts
+// the served host in envoy.lb, which the filter forwards on the response
+// path (Istio); an ORIGINAL_DST cluster reports nothing (Envoy Gateway).
+func TestServedEndpointReachesThePicker(t *testing.T) {
+	up := fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: up.Addr, MetadataDest: up.Addr}))
+	pool := xdstest.Pool{Endpoints: []string{up.Addr}, EPP: epp.Addr, ListenerPort: 80}
+	for _, tc := range []struct {
+		name, listener string
+		rs             []proto.Message
+		wantServed     string
+	}{
+		{"Istio override_host", xdstest.IstioListener, xdstest.Istio(pool), up.Addr},
+		{"Envoy Gateway ORIGINAL_DST", xdstest.EGListener, xdstest.EnvoyGateway(pool, up.Addr), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := xdstest.Start(t)
+			srv.Set(t, "1", tc.rs...)
+			n := testNode(t, srv)
+			resp, body := get(t, listenerURL(t, n, tc.listener)+"/v1/completions")
+			if resp.StatusCode != 200 || resp.Header.Get(UpstreamHeader) != up.Addr {
+				t.Fatalf("%d %q via %q", resp.StatusCode, body, resp.Header.Get(UpstreamHeader))
+			}
+			// The fake picker echoes envoy.lb/x-gateway-destination-endpoint-served.
+			if got := resp.Header.Get("x-test-served"); got != tc.wantServed {
+				t.Fatalf("picker saw served %q, want %q", got, tc.wantServed)
+			}
+		})
+	}
+}
+
+// TestHeadersRemovedAfterTheHostChoice: the route removes the picker's
+// header on the way upstream; Envoy chooses the ORIGINAL_DST host before it
+// applies the route's header changes, so the request still goes there.
+func TestHeadersRemovedAfterTheHostChoice(t *testing.T) {
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: b.Addr}))
+	rs := xdstest.EnvoyGateway(xdstest.Pool{Endpoints: []string{a.Addr, b.Addr}, EPP: epp.Addr, ListenerPort: 80}, a.Addr)
+	for _, m := range rs {
+		if rc, ok := m.(*routev3.RouteConfiguration); ok {
+			rc.VirtualHosts[0].Routes[1].RequestHeadersToRemove = []string{wire.DestinationEndpointKey}
+		}
+	}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", rs...)
+	n := testNode(t, srv)
+	resp, body := get(t, listenerURL(t, n, xdstest.EGListener)+"/v1/completions")
+	if resp.StatusCode != 200 || body != "hello from "+b.Addr {
+		t.Fatalf("%d %q, want the picker's choice %s", resp.StatusCode, body, b.Addr)
+	}
+	if h, _ := b.Last(); h.Get(wire.DestinationEndpointKey) != "" {
+		t.Fatalf("upstream still got %s: %v", wire.DestinationEndpointKey, h)
+	}
+}
+
+// TestRouterLocalReplies: a direct response, no route (404), a route to a
+// cluster that does not exist (503), weighted clusters (both get traffic),
+// and a route on which the picker is disabled.
+func TestRouterLocalReplies(t *testing.T) {
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: a.Addr}))
+	disabled := xdstest.Any(&routev3.FilterConfig{Disabled: true})
+	rc := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{
+		Name: "vh", Domains: []string{"api.example.com"},
+		Routes: []*routev3.Route{
+			{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/direct"}},
+				Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 418}}},
+			{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/missing"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "nope"}}}},
+			{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/split"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{
+					WeightedClusters: &routev3.WeightedCluster{Clusters: []*routev3.WeightedCluster_ClusterWeight{
+						{Name: "a", Weight: wrapperspb.UInt32(50)}, {Name: "b", Weight: wrapperspb.UInt32(50)},
+					}},
+				}}},
+				TypedPerFilterConfig: map[string]*anypb.Any{"epp": disabled}},
+		},
+	}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1",
+		xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("epp", xdstest.ExtProc("epp", xdstest.DuplexMode(), false), false)), rc,
+		xdstest.StaticCluster("epp", epp.Addr), xdstest.StaticCluster("a", a.Addr), xdstest.StaticCluster("b", b.Addr))
+	n := testNode(t, srv)
+	base := listenerURL(t, n, "l")
+	host := func(path, authority string) (int, string) {
+		req, _ := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodGet, base+path, nil)
+		req.Host = authority
+		resp, err := httpClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := host("/direct", "api.example.com"); code != 418 {
+		t.Errorf("direct response: %d", code)
+	}
+	if code, _ := host("/direct", "other.example.com"); code != 404 {
+		t.Errorf("no virtual host: %d, want 404", code)
+	}
+	if code, _ := host("/nowhere", "api.example.com"); code != 404 {
+		t.Errorf("no route: %d, want 404", code)
+	}
+	if code, _ := host("/missing", "api.example.com"); code != 503 {
+		t.Errorf("missing cluster: %d, want 503", code)
+	}
+	before := len(epp.Messages())
+	seen := map[string]int{}
+	for range 40 {
+		code, body := host("/split", "api.example.com")
+		if code != 200 {
+			t.Fatalf("weighted: %d %s", code, body)
+		}
+		seen[body]++
+	}
+	if len(seen) != 2 {
+		t.Errorf("weighted clusters 50/50 over 40 requests went to %v", seen)
+	}
+	if after := len(epp.Messages()); after != before {
+		t.Fatalf("the picker got %d messages on a route that disables it", after-before)
+	}
+}
+
+// TestListenersFollowUpdates: a listener that leaves LDS stops serving, a
+// new one starts, and a cluster update reaches a listener in place.
+func TestListenersFollowUpdates(t *testing.T) {
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	routes := func(name string) *routev3.RouteConfiguration {
+		return &routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+			Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", xdstest.Listener("one", 80, "r1"), routes("r1"), xdstest.StaticCluster("up", a.Addr))
+	n := testNode(t, srv)
+	one := listenerURL(t, n, "one")
+	if _, body := get(t, one+"/"); body != "hello from "+a.Addr {
+		t.Fatalf("v1: %q", body)
+	}
+	srv.Set(t, "2", xdstest.Listener("two", 81, "r2"), routes("r2"), xdstest.StaticCluster("up", b.Addr))
+	waitVersion(t, n, xdsclient.ListenerType, "2")
+	two := listenerURL(t, n, "two")
+	if _, body := get(t, two+"/"); body != "hello from "+b.Addr {
+		t.Fatalf("v2: %q", body)
+	}
+	if _, ok := n.ListenerAddr("one"); ok {
+		t.Fatal("listener one still registered after it left LDS")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := httpClient().Get(one + "/")
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("listener one still answers after it left LDS")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestUnsupportedUpdateKeepsTheLastGoodConfig: a NACKed cluster update
+// leaves the node serving what it had, and names the field.
+func TestUnsupportedUpdateKeepsTheLastGoodConfig(t *testing.T) {
+	a := fakeproc.StartUpstream(t, nil)
+	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", xdstest.Listener("l", 80, "r"), routes, xdstest.StaticCluster("up", a.Addr))
+	n := testNode(t, srv)
+	base := listenerURL(t, n, "l")
+	bad := xdstest.StaticCluster("up", a.Addr)
+	bad.LbPolicy = clusterv3.Cluster_MAGLEV
+	srv.Set(t, "2", xdstest.Listener("l", 80, "r"), routes, bad)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var nack *xdsclient.NACKError
+	if err := n.XDS().WaitVersion(ctx, xdsclient.ClusterType, "2"); !errors.As(err, &nack) || !strings.Contains(nack.Message, "MAGLEV") {
+		t.Fatalf("want a NACK naming MAGLEV, got %v", err)
+	}
+	if resp, body := get(t, base+"/"); resp.StatusCode != 200 || body != "hello from "+a.Addr {
+		t.Fatalf("after the NACK: %d %q", resp.StatusCode, body)
+	}
+}
