@@ -7,7 +7,7 @@ WASM     := build/infergate-payload.wasm
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-routing clean
+.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-routing clean
 
 all: build
 
@@ -40,8 +40,8 @@ vet:
 demo: build
 	$(GO) run ./test/demo --binary $(BIN)
 
-## bench: scheduling micro-benchmarks, the ext_proc load driver and the routing benchmark.
-bench: bench-scheduling bench-epp bench-payload bench-routing
+## bench: scheduling micro-benchmarks, the ext_proc load driver, the stand-in's two modes and the routing benchmark.
+bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-routing
 
 bench-scheduling:
 	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/ ./inference/pii/ ./inference/policy/
@@ -49,6 +49,10 @@ bench-scheduling:
 ## bench-payload: the payload processor's ext_proc round trip (p50/p99) and the Wasm plugin in the wazero host.
 bench-payload:
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./extproc/payload/ ./wasm/payload/
+
+## bench-devproxy: requests per second through the Envoy stand-in configured by flags and over xDS (same picker and simulators).
+bench-devproxy:
+	$(GO) test -run '^$$' -bench StandIn -benchtime 3s -count 5 ./test/e2e/
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)

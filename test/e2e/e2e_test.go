@@ -37,7 +37,7 @@ type simProc struct {
 	srv  *sim.Server
 }
 
-func startSims(t *testing.T, n int) []simProc {
+func startSims(t testing.TB, n int) []simProc {
 	t.Helper()
 	out := make([]simProc, n)
 	for i := range out {
@@ -51,7 +51,7 @@ func startSims(t *testing.T, n int) []simProc {
 	return out
 }
 
-func writePool(t *testing.T, path string, sims []simProc) {
+func writePool(t testing.TB, path string, sims []simProc) {
 	t.Helper()
 	var sb strings.Builder
 	sb.WriteString("name: e2e\nendpoints:\n")
@@ -72,7 +72,7 @@ type eppProc struct {
 	stop func() // stops the picker and waits for it
 }
 
-func startEPP(t *testing.T, poolFile string) *eppProc {
+func startEPP(t testing.TB, poolFile string) *eppProc {
 	t.Helper()
 	s, err := epp.NewService(epp.Config{
 		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
@@ -95,7 +95,7 @@ func startEPP(t *testing.T, poolFile string) *eppProc {
 	return &eppProc{Service: s, stop: stop}
 }
 
-func startProxy(t *testing.T, eppAddr string, failOpen bool, fallback []string) string {
+func startProxy(t testing.TB, eppAddr string, failOpen bool, fallback []string) string {
 	t.Helper()
 	p, err := devproxy.New(devproxy.Config{
 		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: eppAddr, TLS: true, FailureModeAllow: failOpen}},
@@ -110,7 +110,7 @@ func startProxy(t *testing.T, eppAddr string, failOpen bool, fallback []string) 
 	return "http://" + loopback.Serve(t, p.Serve)
 }
 
-func newPool(t *testing.T, n int) ([]simProc, string) {
+func newPool(t testing.TB, n int) ([]simProc, string) {
 	sims := startSims(t, n)
 	pool := filepath.Join(t.TempDir(), "pool.yaml")
 	writePool(t, pool, sims)
@@ -127,7 +127,7 @@ type reply struct {
 
 var client = &http.Client{Timeout: 15 * time.Second}
 
-func post(t *testing.T, base, body string) (reply, error) {
+func post(t testing.TB, base, body string) (reply, error) {
 	t.Helper()
 	resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -342,7 +342,7 @@ func TestFailureModeWhenThePickerStops(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

@@ -21,11 +21,11 @@ import (
 
 // startNode runs the stand-in as an xDS node of srv until the test ends and
 // returns the base URL of listener once it serves.
-func startNode(t *testing.T, srv *xdstest.Server, listener string) (*devproxy.Node, string) {
+func startNode(t testing.TB, srv *xdstest.Server, listener string) (*devproxy.Node, string) {
 	t.Helper()
 	log := logr.Discard()
-	if testing.Verbose() {
-		log = testr.New(t)
+	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
+		log = testr.New(tt)
 	}
 	n, err := devproxy.NewNode(devproxy.NodeConfig{
 		XDS:           xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
