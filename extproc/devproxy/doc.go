@@ -1,39 +1,151 @@
 // Package devproxy is the Envoy stand-in: a loopback HTTP/1.1 reverse proxy
 // that runs each request through ext_proc filters the way Envoy's
 // envoy.filters.http.ext_proc filter does (extproctest.Client) and then
-// routes it the way a gateway honours the endpoint picker's answer. It is
-// linked into the binary as `infergate devproxy` for the demo, the
-// benchmarks and the end-to-end tests, because Envoy itself cannot run on
-// the machines this project is built on. It is a test harness written from
-// Envoy's documented semantics, never a production gateway: users run Envoy.
+// routes it the way Envoy's router does. It is linked into the binary as
+// `infergate devproxy` for the demo, the benchmarks and the end-to-end
+// tests, because Envoy itself cannot run on the machines this project is
+// built on. It is a test harness written from Envoy's documented semantics,
+// never a production gateway: users run Envoy.
 //
-// # Behaviour reproduced
+// It is configured in one of two ways, both producing the same per-listener
+// table (filters, virtual hosts and routes, clusters):
 //
-//   - filters run in order on the request path, each one's mutated headers
-//     and processed body feeding the next, and in reverse order on the
-//     response path; the upstream request starts when the last filter lets
-//     the headers continue; bodies stream through and every response chunk
-//     is flushed to the client at once;
-//   - routing "override-host" (envoy.load_balancing_policies.override_host as
-//     Istio configures it): envoy.lb metadata wins over the
-//     x-gateway-destination-endpoint header, a comma list is walked in order
-//     on connection failure, invalid entries are skipped;
-//     "original-dst-header" (an ORIGINAL_DST cluster with use_http_header):
-//     the first instance of the header only, a value that is not one ip:port
-//     gives 503 "no healthy upstream"; without a pick, round robin over the
-//     fallback endpoints, or 503 "no healthy upstream";
-//   - the router's own local replies (no healthy upstream, upstream connect
-//     failure, upstream timeout) pass through the filters' response path; a
-//     failure after the response started resets the client connection.
+//   - by flags (New): one listener, the given filters in order, one route
+//     for every request to one cluster that honours the picker as
+//     override_host (metadata, then header, a comma list walked on
+//     connection failure) or as an ORIGINAL_DST cluster by header, and
+//     falls back to round robin over FallbackEndpoints;
+//   - over xDS (Node): an Envoy node on an ADS stream (package xdsclient)
+//     taking listeners, routes, clusters and endpoints from a real control
+//     plane. Every field of every message it reads is either interpreted
+//     with Envoy's semantics, or listed as ignorable with the reason it
+//     cannot change where a request goes (xdsfields.go), or the update is
+//     NACKed with the field named and the last good configuration kept.
+//
+// # Faithfulness in xDS mode
+//
+// Each row: the Envoy behaviour, the proto fields or Envoy source it
+// follows, and the test that shows it (xdsclient, devproxy or test/e2e).
+//
+//	ADS state of the world: CDS and LDS as wildcards, RDS and EDS by the
+//	names listeners and clusters reference; ACK with version_info and
+//	response_nonce; NACK with error_detail and the last accepted version;
+//	resubscribe with the last versions after a reconnect.
+//	  DiscoveryRequest.{version_info,response_nonce,error_detail,resource_names}
+//	  xdsclient: TestFollowsListenersAndClustersToRoutesAndEndpoints,
+//	  TestHandlerErrorNACKs, TestReconnectResumes
+//
+//	A set field the stand-in does not reproduce is a NACK naming it; the
+//	node keeps serving its last good configuration.
+//	  TestBuildNACKsWhatItDoesNotReproduce, TestUnsupportedUpdateKeepsTheLastGoodConfig,
+//	  e2e TestXDSUnsupportedFieldIsNACKed
+//
+//	Updates apply live: a request keeps the table it started with; a
+//	listener that leaves LDS drains; a listener waiting for its RDS keeps
+//	serving its previous table (warming).
+//	  e2e TestXDSLiveUpdate, TestListenersFollowUpdates
+//
+//	Listener: one plaintext filter chain holding the HTTP connection
+//	manager; bound on 127.0.0.1 (NodeConfig.Address) at the listener's port
+//	or, with FreePorts, a free one. tls_inspector and http_inspector are
+//	accepted (they only feed filter chain matching).
+//	  Listener.{address,filter_chains,listener_filters}
+//
+//	HTTP filters in order, the router last; ext_proc filters run, others
+//	only if listed as pass-through (grpc_stats; cors, whose per-route
+//	policies are NACKed); HttpFilter.disabled leaves a filter off except
+//	on routes whose per-filter config enables it.
+//	  HttpConnectionManager.http_filters, HttpFilter.disabled
+//	  TestRouterLocalReplies, TestPerRouteFilterConfig
+//
+//	ext_proc: grpc_service.envoy_grpc.cluster_name (the cluster's first
+//	host, TLS from its transport socket), failure_mode_allow,
+//	processing_mode (bodies NONE, BUFFERED, FULL_DUPLEX_STREAMED),
+//	message_timeout, metadata_options (untyped receiving namespaces kept,
+//	forwarding namespaces sent from the stream's metadata), status_on_error,
+//	route_cache_action / disable_clear_route_cache; mutation_rules only at
+//	Envoy's defaults; allow_mode_override only where Envoy ignores it.
+//	  ExternalProcessor.*; extproctest: TestMetadataOptions, TestStatusOnError;
+//	  TestRouteRematchedAfterClearRouteCache, TestServedEndpointReachesThePicker
+//
+//	Per-route filter config: the most specific typed_per_filter_config
+//	(route, then virtual host, then route configuration); FilterConfig
+//	{disabled, config}; ExtProcPerRoute {disabled, overrides
+//	{processing_mode, grpc_service, metadata_options, failure_mode_allow}}.
+//	  TestPerRouteFilterConfig, e2e TestXDSRequestsReachThePickersChoice (Istio)
+//
+//	Route matching: the virtual host by :authority (exact, then the longest
+//	suffix wildcard, prefix wildcard, then "*"; the port is part of the
+//	authority unless ignore_port_in_host_matching); the first route whose
+//	match holds: prefix, path, path_separated_prefix, safe_regex (the whole
+//	path, query string excluded), case_sensitive, header matchers (string
+//	matchers, present, invert; repeated values joined by ","). A route is
+//	matched when the first filter needs it and again after an ext_proc
+//	answer with clear_route_cache.
+//	  RouteConfiguration, VirtualHost.domains, RouteMatch, HeaderMatcher
+//	  TestRouteMatching, TestVirtualHostSelection, TestRouteRematchedAfterClearRouteCache
+//
+//	Route actions: cluster, weighted_clusters (by weight per request),
+//	direct_response, timeout (15s default, 0 none, within Timeouts.Route),
+//	host_rewrite_literal, prefix_rewrite. request_headers_to_remove of the
+//	route, virtual host and route configuration is applied after the host
+//	is chosen, as Envoy's router chooses it (createConnPool) before
+//	finalizeRequestHeaders.
+//	  RouteAction, Route.request_headers_to_remove; router.cc
+//	  TestHeadersRemovedAfterTheHostChoice, TestRouterLocalReplies
+//
+//	Local replies of the router: no route 404 (empty), cluster not found
+//	503 (empty), "no healthy upstream" 503, connection failure 503, upstream
+//	timeout 504; they pass through the filters' response path.
+//	  TestRouterLocalReplies, e2e TestXDSRequestsReachThePickersChoice
+//
+//	Clusters: STATIC, STRICT_DNS and LOGICAL_DNS (host names resolved when
+//	the cluster arrives, from NodeConfig.Resolve, then the system resolver),
+//	EDS (the lowest priority level with hosts; UNHEALTHY, DRAINING and
+//	TIMEOUT hosts left out); connect_timeout; lb_policy ROUND_ROBIN,
+//	LEAST_REQUEST and RANDOM all pick round robin.
+//	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
+//	  TestClusterEndpoints
+//
+//	ORIGINAL_DST with original_dst_lb_config: the first instance of
+//	use_http_header's header (x-envoy-original-dst-host unless
+//	http_header_name), or metadata_key; without it, no host: 503.
+//	  Cluster.original_dst_lb_config; TestHostChoice, e2e (Envoy Gateway shape)
+//
+//	load_balancing_policy override_host: sources in order (metadata or
+//	header, a comma list), hosts outside the cluster's endpoints skipped,
+//	the first usable host tried (further hosts need a retry policy, which
+//	is not reproduced), else fallback_policy (round robin);
+//	selected_host_key written for the filters' response path.
+//	  OverrideHost.{override_host_sources,selected_host_key,fallback_policy}
+//	  TestHostChoice, TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
 //
 // # Not reproduced
 //
+// Set in a configuration, these are NACKed: SDS and any secret a transport
+// socket would fetch; TLS listeners, several filter chains or any
+// filter_chain_match but plaintext; downstream HTTP/2 (codec_type HTTP2 or
+// HTTP3); retries (retry_policy), hedging, redirects, request_headers_to_add;
+// query-parameter, runtime, grpc and metadata route matches; ring hash,
+// maglev and subset load balancing; TLS to model servers; certificate
+// validation (validation_context); ext_proc body modes STREAMED,
+// BUFFERED_PARTIAL and GRPC, observability_mode, request and response
+// attributes, forward_rules, non-default mutation_rules, google_grpc and
+// http_service; any HTTP filter type not listed above.
+//
+// Accepted and ignored, each with its reason in xdsfields.go: health
+// checks and outlier detection (every host is healthy), circuit breakers,
+// buffer limits, statistics, logging, tracing, x-forwarded-for and
+// x-request-id handling, response header changes, and path normalisation
+// (normalize_path, merge_slashes: the stand-in matches the path as sent).
+//
+// # Also not reproduced, in both modes
+//
 //   - ext_proc local replies go straight to the client without passing other
-//     filters' response path; HTTP trailers are not forwarded;
+//     filters' response path; HTTP trailers are not forwarded; upstream
+//     requests are HTTP/1.1;
 //   - the rest of Envoy: x-request-id, x-forwarded-*, header sanitising,
-//     HTTP/2, retry policies beyond walking the override list (and only
-//     while the request body has not been read), health checks, outlier
-//     detection, and override_host's check that the host belongs to the
-//     cluster. The proxy also adds a response header x-infergate-upstream
-//     naming the endpoint that served, which Envoy does not.
+//     HTTP/2, health checks, outlier detection. The proxy adds a response
+//     header x-infergate-upstream naming the endpoint that served, which
+//     Envoy does not.
 package devproxy
