@@ -3,7 +3,6 @@ package devproxy
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,13 +14,16 @@ import (
 // cluster is an upstream cluster reduced to how it picks a host.
 type cluster struct {
 	name string
-	// endpoints are the cluster's hosts (ip:port): a STATIC or STRICT_DNS
-	// load_assignment, or the EDS ClusterLoadAssignment. The normal load
-	// balancer takes them round robin.
+	// endpoints are the hosts the normal load balancer takes round robin:
+	// the healthy hosts of the lowest priority level of a STATIC or
+	// STRICT_DNS load_assignment, or of the EDS ClusterLoadAssignment.
 	endpoints []string
+	// members are all the cluster's hosts, every priority and health
+	// state: override_host may pick any of them.
+	members map[string]bool
 	// originalDst is set for an ORIGINAL_DST cluster: the host comes from
 	// the request (original_dst_lb_config), never from endpoints.
-	originalDst *hostSource
+	originalDst *originalDst
 	// override is the override_host load-balancing policy: the host comes
 	// from the first source that names a usable one, else from the
 	// fallback policy (round robin over endpoints).
@@ -40,11 +42,18 @@ type cluster struct {
 	next           atomic.Uint64 // round-robin position
 }
 
-// hostSource is where a host address is read from: a request header or a
-// key of the stream's dynamic metadata (MetadataKey: namespace and path).
+// hostSource is one override_host_sources entry: a request header or a key
+// of the stream's dynamic metadata (MetadataKey: namespace and path).
 type hostSource struct {
 	header string
 	md     *metadataKey
+}
+
+// originalDst is Cluster.original_dst_lb_config: metadata_key is read
+// first, then (with use_http_header) the header.
+type originalDst struct {
+	md     *metadataKey
+	header string // "" without use_http_header
 }
 
 // metadataKey is an envoy.type.metadata.v3.MetadataKey.
@@ -64,7 +73,7 @@ type overrideHost struct {
 // targets returns the hosts to try for one request, in order.
 func (c *cluster) targets(h extproctest.Headers, md map[string]*structpb.Struct) ([]string, error) {
 	if c.originalDst != nil {
-		v, ok := c.originalDst.first(h, md)
+		v, ok := c.originalDst.host(h, md)
 		if !ok {
 			// Without the header (or metadata) ORIGINAL_DST falls back to
 			// the connection's restored destination, which a proxy that
@@ -79,7 +88,7 @@ func (c *cluster) targets(h extproctest.Headers, md map[string]*structpb.Struct)
 	}
 	if c.override != nil {
 		for _, src := range c.override.sources {
-			list := c.usable(parseList(src.all(h, md)))
+			list := c.usable(parseList(src.value(h, md)))
 			if len(list) == 0 {
 				continue
 			}
@@ -98,7 +107,7 @@ func (c *cluster) usable(list []string) []string {
 	if c.anyHost {
 		return list
 	}
-	return slices.DeleteFunc(list, func(ep string) bool { return !slices.Contains(c.endpoints, ep) })
+	return slices.DeleteFunc(list, func(ep string) bool { return !c.members[ep] })
 }
 
 func (c *cluster) roundRobin() ([]string, error) {
@@ -109,31 +118,42 @@ func (c *cluster) roundRobin() ([]string, error) {
 	return nil, errNoHealthyUpstream
 }
 
-// first is the value ORIGINAL_DST reads: the first instance of the header,
-// or the metadata value.
-func (s hostSource) first(h extproctest.Headers, md map[string]*structpb.Struct) (string, bool) {
-	if s.md != nil {
-		v := s.md.lookup(md)
-		return v, v != ""
+// host is what ORIGINAL_DST connects to: the metadata value (the first
+// element of a list), else the first instance of the header.
+func (o *originalDst) host(h extproctest.Headers, md map[string]*structpb.Struct) (string, bool) {
+	if o.md != nil {
+		v := o.md.value(md)
+		if lv := v.GetListValue(); lv != nil && len(lv.GetValues()) > 0 {
+			return lv.GetValues()[0].GetStringValue(), true
+		}
+		if s := v.GetStringValue(); s != "" {
+			return s, true
+		}
 	}
-	vals := h.Values(s.header)
+	if o.header == "" {
+		return "", false
+	}
+	vals := h.Values(o.header)
 	if len(vals) == 0 {
 		return "", false
 	}
 	return vals[0], true
 }
 
-// all is the value override_host reads: metadata (a string or a list of
-// strings), or every instance of the header joined by commas.
-func (s hostSource) all(h extproctest.Headers, md map[string]*structpb.Struct) string {
+// value is what override_host reads from a source: a metadata string, or
+// the first instance of the header; either may be a comma list.
+func (s hostSource) value(h extproctest.Headers, md map[string]*structpb.Struct) string {
 	if s.md != nil {
-		return s.md.lookup(md)
+		return s.md.value(md).GetStringValue()
 	}
-	return strings.Join(h.Values(s.header), ",")
+	if vals := h.Values(s.header); len(vals) > 0 {
+		return vals[0]
+	}
+	return ""
 }
 
-// lookup returns the value at the key as a comma list, or "".
-func (k *metadataKey) lookup(md map[string]*structpb.Struct) string {
+// value returns the value at the key, or nil.
+func (k *metadataKey) value(md map[string]*structpb.Struct) *structpb.Value {
 	s := md[k.namespace]
 	var v *structpb.Value
 	for i, seg := range k.path {
@@ -142,14 +162,7 @@ func (k *metadataKey) lookup(md map[string]*structpb.Struct) string {
 			s = v.GetStructValue()
 		}
 	}
-	if lv := v.GetListValue(); lv != nil {
-		parts := make([]string, 0, len(lv.GetValues()))
-		for _, item := range lv.GetValues() {
-			parts = append(parts, item.GetStringValue())
-		}
-		return strings.Join(parts, ",")
-	}
-	return v.GetStringValue()
+	return v
 }
 
 // set writes value at the key, creating the namespace and nested structs.

@@ -68,11 +68,18 @@
 //	  ExternalProcessor.*; extproctest: TestMetadataOptions, TestStatusOnError;
 //	  TestRouteRematchedAfterClearRouteCache, TestServedEndpointReachesThePicker
 //
-//	Per-route filter config: the most specific typed_per_filter_config
-//	(route, then virtual host, then route configuration); FilterConfig
-//	{disabled, config}; ExtProcPerRoute {disabled, overrides
-//	{processing_mode, grpc_service, metadata_options, failure_mode_allow}}.
-//	  TestPerRouteFilterConfig, e2e TestXDSRequestsReachThePickersChoice (Istio)
+//	Per-route filter config: which filters run is decided by the route a
+//	request starts on (the most specific typed_per_filter_config entry: any
+//	entry enables a filter HttpFilter.disabled left out, FilterConfig
+//	{disabled} removes it; an empty FilterConfig is rejected); ext_proc's
+//	own config is taken from the current route, ExtProcPerRoute merged over
+//	route configuration, virtual host and route (disabled from the most
+//	specific; processing_mode, grpc_service, each metadata namespace list
+//	and failure_mode_allow from the most specific level that sets them).
+//	Per-route configs of pass-through filters are NACKed.
+//	  ext_proc.cc FilterConfigPerRoute; per_filter_config.cc
+//	  TestPerRouteFilterConfig, TestPerRouteConfigsMerge, TestFilterConfigWrapper,
+//	  TestFilterChainFromTheFirstRoute, e2e TestXDSRequestsReachThePickersChoice (Istio)
 //
 //	Route matching: the virtual host by :authority (exact, then the longest
 //	suffix wildcard, prefix wildcard, then "*"; the port is part of the
@@ -107,18 +114,23 @@
 //	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
 //	  TestClusterEndpoints
 //
-//	ORIGINAL_DST with original_dst_lb_config: the first instance of
+//	ORIGINAL_DST with original_dst_lb_config: metadata_key (a string, or
+//	the first element of a list), then the first instance of
 //	use_http_header's header (x-envoy-original-dst-host unless
-//	http_header_name), or metadata_key; without it, no host: 503.
-//	  Cluster.original_dst_lb_config; TestHostChoice, e2e (Envoy Gateway shape)
+//	http_header_name); without either, no host: 503.
+//	  Cluster.original_dst_lb_config; original_dst_cluster.cc
+//	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, e2e (Envoy Gateway shape)
 //
-//	load_balancing_policy override_host: sources in order (metadata or
-//	header, a comma list), hosts outside the cluster's endpoints skipped,
-//	the first usable host tried (further hosts need a retry policy, which
-//	is not reproduced), else fallback_policy (round robin);
-//	selected_host_key written for the filters' response path.
+//	load_balancing_policy: the first policy must be override_host,
+//	round_robin, least_request or random. override_host: sources in order
+//	(a metadata string or the first instance of a header, either a comma
+//	list), hosts outside the cluster (any priority or health) skipped, the
+//	first usable host tried (further hosts need a retry policy, which is
+//	not reproduced), else fallback_policy (round robin); selected_host_key
+//	written for the filters' response path.
 //	  OverrideHost.{override_host_sources,selected_host_key,fallback_policy}
-//	  TestHostChoice, TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
+//	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, TestLoadBalancingPolicyFirstWins,
+//	  TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
 //
 // # Not reproduced
 //

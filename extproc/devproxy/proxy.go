@@ -94,14 +94,14 @@ const flagCluster = "devproxy"
 // for every request to a cluster that honours the picker per cfg.Routing.
 func New(cfg Config) (*Proxy, error) {
 	cl := &cluster{name: flagCluster, anyHost: true, walkList: true}
-	dest := hostSource{header: wire.DestinationEndpointKey}
 	switch cfg.Routing {
 	case "", RoutingOverrideHost:
 		cl.override = &overrideHost{sources: []hostSource{
-			{md: &metadataKey{namespace: wire.LBNamespace, path: []string{wire.DestinationEndpointKey}}}, dest,
+			{md: &metadataKey{namespace: wire.LBNamespace, path: []string{wire.DestinationEndpointKey}}},
+			{header: wire.DestinationEndpointKey},
 		}}
 	case RoutingOriginalDstHeader:
-		cl.originalDst = &dest
+		cl.originalDst = &originalDst{header: wire.DestinationEndpointKey}
 	default:
 		return nil, fmt.Errorf("routing %q: want %s or %s", cfg.Routing, RoutingOverrideHost, RoutingOriginalDstHeader)
 	}
@@ -284,7 +284,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Envoy matches the route when a filter first asks for it and keeps it
 	// until a filter clears the route cache.
 	rt := t.match(hdrs)
+	first := rt
 	for i, f := range t.filters {
+		if !t.inChain(first, i) {
+			continue
+		}
 		c := t.clientFor(rt, i)
 		if c == nil {
 			continue

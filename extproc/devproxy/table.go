@@ -25,9 +25,11 @@ type table struct {
 // HttpConnectionManager.http_filters.
 type httpFilter struct {
 	name string
-	// client is the listener-level config; nil when HttpFilter.disabled is
-	// set, so that only a route's per-filter config enables it.
+	// client is the listener-level config.
 	client *extproctest.Client
+	// disabled is HttpFilter.disabled: the filter is in a request's chain
+	// only if the route the request starts on enables it.
+	disabled bool
 	// rematch is whether a clear_route_cache answer makes the route be
 	// matched again (ExternalProcessor.route_cache_action DEFAULT or CLEAR,
 	// not disable_clear_route_cache).
@@ -55,9 +57,12 @@ type virtualHost struct {
 type route struct {
 	name  string
 	match routeMatch
-	// filters[i] is the client of table.filters[i] on this route, after the
-	// most specific typed_per_filter_config (route, virtual host, route
-	// configuration) is applied; nil means the filter is disabled here.
+	// chain[i] is what this route's typed_per_filter_config says of
+	// table.filters[i] being in the chain of a request that starts here.
+	chain []chainState
+	// filters[i] is the client of table.filters[i] on this route, with the
+	// typed_per_filter_config of every level merged in; nil means
+	// ExtProcPerRoute.disabled.
 	filters []*extproctest.Client
 	// removeHeaders is request_headers_to_remove of the route, its virtual
 	// host and its route configuration.
@@ -104,6 +109,31 @@ func (r *route) pickCluster() string {
 		n -= uint64(c.weight)
 	}
 	return r.clusters[len(r.clusters)-1].name
+}
+
+// chainState is a route's word on one filter's place in the chain.
+type chainState uint8
+
+const (
+	chainDefault  chainState = iota // no entry: HttpFilter.disabled decides
+	chainEnabled                    // an entry other than a disabled FilterConfig
+	chainDisabled                   // FilterConfig.disabled
+)
+
+// inChain says whether filter i is in the chain of a request that started
+// on route rt. Envoy builds the filter chain once, from the first route
+// matched; a later re-match changes filter configs, not the chain.
+func (t *table) inChain(rt *route, i int) bool {
+	if rt == nil || rt.chain == nil {
+		return !t.filters[i].disabled
+	}
+	switch rt.chain[i] {
+	case chainEnabled:
+		return true
+	case chainDisabled:
+		return false
+	}
+	return !t.filters[i].disabled
 }
 
 // clientFor returns the client filter i runs with on rt (nil: skipped).

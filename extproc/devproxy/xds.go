@@ -201,6 +201,7 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 		return nil, "", false, fmt.Errorf("codec_type %s: the stand-in serves HTTP/1.1", hcm.GetCodecType())
 	}
 	var procs []extProcFilter
+	passThrough := map[string]bool{}
 	routerSeen := false
 	for i, hf := range hcm.GetHttpFilters() {
 		where := fmt.Sprintf("http_filters[%d] %q", i, hf.GetName())
@@ -231,6 +232,7 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 			}
 			procs = append(procs, extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled(), proto: ep})
 		case passThroughHTTPFilters[url] != "":
+			passThrough[hf.GetName()] = true
 		default:
 			return nil, "", false, fmt.Errorf("%s: filter type %s is not implemented by the stand-in", where, url)
 		}
@@ -249,13 +251,11 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 		case p.proto.GetRouteCacheAction() == extprocfilterv3.ExternalProcessor_CLEAR:
 			f.alwaysRematch = true
 		}
-		if !p.disabled {
-			c, err := extProcClient(p, nil, targets, env)
-			if err != nil {
-				return nil, "", false, err
-			}
-			f.client = c
+		c, err := extProcClient(p, nil, targets, env)
+		if err != nil {
+			return nil, "", false, err
 		}
+		f.client, f.disabled = c, p.disabled
 		t.filters = append(t.filters, f)
 	}
 	var rc *routev3.RouteConfiguration
@@ -275,7 +275,8 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	default:
 		return nil, "", false, errors.New("neither route_config nor rds")
 	}
-	routes, err := buildRoutes(rc, procs, t, targets, env)
+	hb := &hcmBuild{procs: procs, passThrough: passThrough, table: t, targets: targets, env: env}
+	routes, err := hb.routes(rc)
 	if err != nil {
 		return nil, "", false, fmt.Errorf("route configuration %q: %w", rc.GetName(), err)
 	}
@@ -308,24 +309,64 @@ func checkExtProc(where string, ep *extprocfilterv3.ExternalProcessor) error {
 	return nil
 }
 
+// routeOverrides is ExtProcPerRoute merged over the levels that carry one
+// (route configuration, virtual host, route), as Envoy's ext_proc merges
+// them: disabled from the most specific level, every other setting from the
+// most specific level that sets it.
+type routeOverrides struct {
+	disabled   bool
+	mode       *extprocfilterv3.ProcessingMode
+	grpc       *corev3.GrpcService
+	forwarding *extprocfilterv3.MetadataOptions_MetadataNamespaces
+	receiving  *extprocfilterv3.MetadataOptions_MetadataNamespaces
+	failOpen   *bool
+}
+
+// merge applies a more specific level.
+func (o *routeOverrides) merge(pr *extprocfilterv3.ExtProcPerRoute) {
+	o.disabled = pr.GetDisabled()
+	ov := pr.GetOverrides()
+	if ov.GetProcessingMode() != nil {
+		o.mode = ov.GetProcessingMode()
+	}
+	if ov.GetGrpcService() != nil {
+		o.grpc = ov.GetGrpcService()
+	}
+	if mo := ov.GetMetadataOptions(); mo != nil {
+		if mo.GetForwardingNamespaces() != nil {
+			o.forwarding = mo.GetForwardingNamespaces()
+		}
+		if mo.GetReceivingNamespaces() != nil {
+			o.receiving = mo.GetReceivingNamespaces()
+		}
+	}
+	if fo := ov.GetFailureModeAllow(); fo != nil {
+		v := fo.GetValue()
+		o.failOpen = &v
+	}
+}
+
 // extProcClient makes the client for filter p on one route: the listener's
-// config with the route's ExtProcOverrides applied (Envoy merges
-// processing_mode, grpc_service, metadata_options and failure_mode_allow).
-func extProcClient(p extProcFilter, ov *extprocfilterv3.ExtProcOverrides, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
+// config with the route's merged overrides applied (nil: none).
+func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
 	ep := p.proto
-	mode, grpc, mo, failOpen := ep.GetProcessingMode(), ep.GetGrpcService(), ep.GetMetadataOptions(), ep.GetFailureModeAllow()
+	mode, grpc, failOpen := ep.GetProcessingMode(), ep.GetGrpcService(), ep.GetFailureModeAllow()
+	fwd, rcv := ep.GetMetadataOptions().GetForwardingNamespaces(), ep.GetMetadataOptions().GetReceivingNamespaces()
 	if ov != nil {
-		if ov.GetProcessingMode() != nil {
-			mode = ov.GetProcessingMode()
+		if ov.mode != nil {
+			mode = ov.mode
 		}
-		if ov.GetGrpcService() != nil {
-			grpc = ov.GetGrpcService()
+		if ov.grpc != nil {
+			grpc = ov.grpc
 		}
-		if ov.GetMetadataOptions() != nil {
-			mo = ov.GetMetadataOptions()
+		if ov.forwarding != nil {
+			fwd = ov.forwarding
 		}
-		if ov.GetFailureModeAllow() != nil {
-			failOpen = ov.GetFailureModeAllow().GetValue()
+		if ov.receiving != nil {
+			rcv = ov.receiving
+		}
+		if ov.failOpen != nil {
+			failOpen = *ov.failOpen
 		}
 	}
 	if mode == nil {
@@ -336,11 +377,8 @@ func extProcClient(p extProcFilter, ov *extprocfilterv3.ExtProcOverrides, target
 		Name:             p.name,
 		FailureModeAllow: failOpen,
 		ProcessingMode:   mode,
-		MetadataOptions: &extproctest.MetadataOptions{
-			Forwarding: mo.GetForwardingNamespaces().GetUntyped(),
-			Receiving:  mo.GetReceivingNamespaces().GetUntyped(),
-		},
-		StatusOnError: int(ep.GetStatusOnError().GetCode()),
+		MetadataOptions:  &extproctest.MetadataOptions{Forwarding: fwd.GetUntyped(), Receiving: rcv.GetUntyped()},
+		StatusOnError:    int(ep.GetStatusOnError().GetCode()),
 	}
 	if d := ep.GetMessageTimeout(); d != nil {
 		cfg.MessageTimeout = d.AsDuration()
@@ -364,7 +402,16 @@ func extProcClient(p extProcFilter, ov *extprocfilterv3.ExtProcOverrides, target
 // ext_proc cluster that does not exist or has no endpoint.
 const missingClusterTarget = "unix:///nonexistent/infergate-devproxy-no-cluster"
 
-func buildRoutes(rc *routev3.RouteConfiguration, procs []extProcFilter, t *table, targets map[string]grpcTarget, env buildEnv) (*routeConfig, error) {
+// hcmBuild is what building one connection manager's routes needs.
+type hcmBuild struct {
+	procs       []extProcFilter
+	passThrough map[string]bool // names of pass-through HTTP filters
+	table       *table
+	targets     map[string]grpcTarget
+	env         buildEnv
+}
+
+func (hb *hcmBuild) routes(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 	if err := checkFields("route configuration", rc); err != nil {
 		return nil, err
 	}
@@ -380,7 +427,7 @@ func buildRoutes(rc *routev3.RouteConfiguration, procs []extProcFilter, t *table
 		}
 		for j, r := range vh.GetRoutes() {
 			rwhere := fmt.Sprintf("%s.routes[%d] %q", where, j, r.GetName())
-			or, err := buildRoute(rwhere, r, vh, rc, procs, t, targets, env)
+			or, err := hb.route(rwhere, r, vh, rc)
 			if err != nil {
 				return nil, err
 			}
@@ -391,7 +438,7 @@ func buildRoutes(rc *routev3.RouteConfiguration, procs []extProcFilter, t *table
 	return out, nil
 }
 
-func buildRoute(where string, r *routev3.Route, vh *routev3.VirtualHost, rc *routev3.RouteConfiguration, procs []extProcFilter, t *table, targets map[string]grpcTarget, env buildEnv) (*route, error) {
+func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHost, rc *routev3.RouteConfiguration) (*route, error) {
 	if err := checkFields(where, r); err != nil {
 		return nil, err
 	}
@@ -403,7 +450,7 @@ func buildRoute(where string, r *routev3.Route, vh *routev3.VirtualHost, rc *rou
 	out.match = m
 	switch a := r.GetAction().(type) {
 	case *routev3.Route_Route:
-		if err := buildAction(where+".route", a.Route, out, t); err != nil {
+		if err := buildAction(where+".route", a.Route, out, hb.table); err != nil {
 			return nil, err
 		}
 	case *routev3.Route_DirectResponse:
@@ -424,68 +471,94 @@ func buildRoute(where string, r *routev3.Route, vh *routev3.VirtualHost, rc *rou
 	out.removeHeaders = append(out.removeHeaders, r.GetRequestHeadersToRemove()...)
 	out.removeHeaders = append(out.removeHeaders, vh.GetRequestHeadersToRemove()...)
 	out.removeHeaders = append(out.removeHeaders, rc.GetRequestHeadersToRemove()...)
-	for i, p := range procs {
-		c, err := routeFilterClient(where, p, t.filters[i], r, vh, rc, targets, env)
+	levels := []map[string]*anypb.Any{rc.GetTypedPerFilterConfig(), vh.GetTypedPerFilterConfig(), r.GetTypedPerFilterConfig()}
+	for _, level := range levels {
+		for name := range level {
+			if hb.passThrough[name] {
+				return nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of a pass-through filter is not implemented by the stand-in", where, name)
+			}
+		}
+	}
+	for i, p := range hb.procs {
+		state, c, err := routeFilter(where, p, hb.table.filters[i].client, levels, hb.targets, hb.env)
 		if err != nil {
 			return nil, err
 		}
+		out.chain = append(out.chain, state)
 		out.filters = append(out.filters, c)
 	}
 	return out, nil
 }
 
-// routeFilterClient applies the most specific typed_per_filter_config for
-// the filter (route, then virtual host, then route configuration, as Envoy
-// looks it up). A filter disabled on the listener runs only where a
-// per-route config enables it.
-func routeFilterClient(where string, p extProcFilter, f *httpFilter, r *routev3.Route, vh *routev3.VirtualHost, rc *routev3.RouteConfiguration, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
-	var cfg *anypb.Any
-	for _, m := range []map[string]*anypb.Any{r.GetTypedPerFilterConfig(), vh.GetTypedPerFilterConfig(), rc.GetTypedPerFilterConfig()} {
-		if c, ok := m[p.name]; ok {
-			cfg = c
-			break
-		}
-	}
+// routeFilter reads the typed_per_filter_config entries for filter p on a
+// route, least specific first (route configuration, virtual host, route).
+// It returns whether the most specific entry puts the filter in the chain
+// (Envoy decides the chain from the route a request starts on: any entry
+// enables a filter HttpFilter.disabled left out, FilterConfig.disabled
+// removes it), and the ext_proc client for the route (nil when
+// ExtProcPerRoute.disabled).
+func routeFilter(where string, p extProcFilter, listenerClient *extproctest.Client, levels []map[string]*anypb.Any, targets map[string]grpcTarget, env buildEnv) (chainState, *extproctest.Client, error) {
 	where = fmt.Sprintf("%s.typed_per_filter_config[%q]", where, p.name)
-	if cfg == nil {
-		return f.client, nil
-	}
-	if cfg.GetTypeUrl() == filterConfigType {
-		fc := &routev3.FilterConfig{}
-		if err := cfg.UnmarshalTo(fc); err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+	state := chainDefault
+	var ov *routeOverrides
+	for _, level := range levels {
+		cfg, ok := level[p.name]
+		if !ok {
+			continue
 		}
-		if err := checkFields(where, fc); err != nil {
-			return nil, err
+		if cfg.GetTypeUrl() == filterConfigType {
+			fc := &routev3.FilterConfig{}
+			if err := cfg.UnmarshalTo(fc); err != nil {
+				return 0, nil, fmt.Errorf("%s: %w", where, err)
+			}
+			if err := checkFields(where, fc); err != nil {
+				return 0, nil, err
+			}
+			switch {
+			case fc.GetDisabled():
+				state = chainDisabled
+				continue
+			case fc.GetConfig() == nil:
+				return 0, nil, fmt.Errorf("%s: empty FilterConfig (Envoy rejects an empty per filter configuration)", where)
+			case fc.GetConfig().GetTypeUrl() == "":
+				// An empty config enables the filter with its listener config.
+				state = chainEnabled
+				continue
+			}
+			cfg = fc.GetConfig()
 		}
-		if fc.GetDisabled() {
-			return nil, nil
+		if cfg.GetTypeUrl() != extProcPerRouteType {
+			return 0, nil, fmt.Errorf("%s: type %s is not implemented by the stand-in", where, cfg.GetTypeUrl())
 		}
-		if fc.GetConfig() == nil {
-			// An empty FilterConfig enables the filter with its listener config.
-			return extProcClient(p, nil, targets, env)
+		pr := &extprocfilterv3.ExtProcPerRoute{}
+		if err := cfg.UnmarshalTo(pr); err != nil {
+			return 0, nil, fmt.Errorf("%s: %w", where, err)
 		}
-		cfg = fc.GetConfig()
+		o := pr.GetOverrides()
+		if err := checkAll(where, pr, o, o.GetProcessingMode(), o.GetGrpcService(), o.GetGrpcService().GetEnvoyGrpc(),
+			o.GetMetadataOptions(), o.GetMetadataOptions().GetForwardingNamespaces(), o.GetMetadataOptions().GetReceivingNamespaces()); err != nil {
+			return 0, nil, err
+		}
+		if !pr.GetDisabled() && o == nil {
+			return 0, nil, fmt.Errorf("%s: ExtProcPerRoute needs disabled: true or overrides", where)
+		}
+		if o.GetGrpcService() != nil && o.GetGrpcService().GetEnvoyGrpc() == nil {
+			return 0, nil, fmt.Errorf("%s: overrides.grpc_service.envoy_grpc is required", where)
+		}
+		if ov == nil {
+			ov = &routeOverrides{}
+		}
+		ov.merge(pr)
+		state = chainEnabled
 	}
-	if cfg.GetTypeUrl() != extProcPerRouteType {
-		return nil, fmt.Errorf("%s: type %s is not implemented by the stand-in", where, cfg.GetTypeUrl())
+	switch {
+	case ov == nil:
+		return state, listenerClient, nil
+	case ov.disabled:
+		return state, nil, nil
 	}
-	pr := &extprocfilterv3.ExtProcPerRoute{}
-	if err := cfg.UnmarshalTo(pr); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	ov := pr.GetOverrides()
-	if err := checkAll(where, pr, ov, ov.GetProcessingMode(), ov.GetGrpcService(), ov.GetGrpcService().GetEnvoyGrpc(),
-		ov.GetMetadataOptions(), ov.GetMetadataOptions().GetForwardingNamespaces(), ov.GetMetadataOptions().GetReceivingNamespaces()); err != nil {
-		return nil, err
-	}
-	if pr.GetDisabled() {
-		return nil, nil
-	}
-	if ov.GetGrpcService() != nil && ov.GetGrpcService().GetEnvoyGrpc() == nil {
-		return nil, fmt.Errorf("%s: overrides.grpc_service.envoy_grpc is required", where)
-	}
-	return extProcClient(p, ov, targets, env)
+	c, err := extProcClient(p, ov, targets, env)
+	return state, c, err
 }
 
 func buildMatch(where string, m *routev3.RouteMatch) (routeMatch, error) {
@@ -605,6 +678,9 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 	if a.GetAutoHostRewrite().GetValue() {
 		return fmt.Errorf("%s: auto_host_rewrite is not implemented by the stand-in", where)
 	}
+	if a.GetIncludeVhRateLimits().GetValue() {
+		return fmt.Errorf("%s: include_vh_rate_limits is not implemented by the stand-in (no rate limits)", where)
+	}
 	switch cs := a.GetClusterSpecifier().(type) {
 	case *routev3.RouteAction_Cluster:
 		out.clusters = []weightedCluster{{name: cs.Cluster, weight: 1}}
@@ -675,11 +751,11 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
 			return nil, tgt, "", errors.New("ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED")
 		}
-		src, err := originalDstSource(c.GetOriginalDstLbConfig())
+		od, err := originalDstSource(c.GetOriginalDstLbConfig())
 		if err != nil {
 			return nil, tgt, "", err
 		}
-		out.originalDst = &src
+		out.originalDst = od
 	default:
 		return nil, tgt, "", fmt.Errorf("type %s is not implemented by the stand-in", c.GetType())
 	}
@@ -702,11 +778,11 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 		}
 		out.override = oh
 	}
-	eps, err := clusterEndpoints(cla, env)
+	eps, members, err := clusterEndpoints(cla, env)
 	if err != nil {
 		return nil, tgt, "", err
 	}
-	out.endpoints = eps
+	out.endpoints, out.members = eps, members
 	if len(eps) > 0 {
 		// A gRPC client of this cluster connects to its first host: one
 		// endpoint picker Service per cluster, as the integrations render.
@@ -715,55 +791,61 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 	return out, tgt, edsName, nil
 }
 
-func originalDstSource(oc *clusterv3.Cluster_OriginalDstLbConfig) (hostSource, error) {
+func originalDstSource(oc *clusterv3.Cluster_OriginalDstLbConfig) (*originalDst, error) {
 	if err := checkFields("original_dst_lb_config", oc); err != nil {
-		return hostSource{}, err
+		return nil, err
 	}
+	out := &originalDst{}
 	if oc.GetMetadataKey() != nil {
 		k, err := metadataKeyOf("original_dst_lb_config.metadata_key", oc.GetMetadataKey())
-		return hostSource{md: k}, err
+		if err != nil {
+			return nil, err
+		}
+		out.md = k
 	}
-	if !oc.GetUseHttpHeader() {
-		// Only the connection's restored destination, which the stand-in
-		// never has: no header name matches.
-		return hostSource{header: ""}, nil
+	if oc.GetUseHttpHeader() {
+		out.header = "x-envoy-original-dst-host" // Envoy's default header
+		if name := oc.GetHttpHeaderName(); name != "" {
+			out.header = strings.ToLower(name)
+		}
 	}
-	name := oc.GetHttpHeaderName()
-	if name == "" {
-		name = "x-envoy-original-dst-host" // Envoy's default header
-	}
-	return hostSource{header: strings.ToLower(name)}, nil
+	// With neither, only the connection's restored destination, which the
+	// stand-in never has.
+	return out, nil
 }
 
-// loadBalancingPolicy reads Cluster.load_balancing_policy: Envoy uses the
-// first policy it supports. override_host is read; round_robin,
-// least_request and random all pick among equal hosts, which the stand-in
-// does round robin.
+// loadBalancingPolicy reads Cluster.load_balancing_policy. Envoy uses the
+// first policy it supports, and supports many; the stand-in takes the first
+// policy and NACKs it unless it is override_host or one of round_robin,
+// least_request and random, which all pick among equal hosts (round robin
+// here).
 func loadBalancingPolicy(where string, lbp *clusterv3.LoadBalancingPolicy, allowOverride bool) (*overrideHost, error) {
 	if err := checkFields(where, lbp); err != nil {
 		return nil, err
 	}
-	for i, p := range lbp.GetPolicies() {
-		pw := fmt.Sprintf("%s.policies[%d]", where, i)
-		if err := checkAll(pw, p, p.GetTypedExtensionConfig()); err != nil {
-			return nil, err
-		}
-		tc := p.GetTypedExtensionConfig().GetTypedConfig()
-		msg, err := tc.UnmarshalNew()
-		if err != nil {
-			continue // a type this binary does not know: Envoy moves on too
-		}
-		switch m := msg.(type) {
-		case *roundrobinv3.RoundRobin, *leastrequestv3.LeastRequest, *randomv3.Random:
-			return nil, nil
-		case *overridehostv3.OverrideHost:
-			if !allowOverride {
-				return nil, fmt.Errorf("%s: override_host as a fallback policy", pw)
-			}
-			return overrideHostOf(pw, m)
-		}
+	if len(lbp.GetPolicies()) == 0 {
+		return nil, fmt.Errorf("%s: no policies", where)
 	}
-	return nil, fmt.Errorf("%s: no policy the stand-in implements (override_host, round_robin, least_request, random)", where)
+	p := lbp.GetPolicies()[0]
+	pw := where + ".policies[0]"
+	if err := checkAll(pw, p, p.GetTypedExtensionConfig()); err != nil {
+		return nil, err
+	}
+	tc := p.GetTypedExtensionConfig().GetTypedConfig()
+	msg, err := tc.UnmarshalNew()
+	if err != nil {
+		return nil, fmt.Errorf("%s: policy %s is not implemented by the stand-in", pw, tc.GetTypeUrl())
+	}
+	switch m := msg.(type) {
+	case *roundrobinv3.RoundRobin, *leastrequestv3.LeastRequest, *randomv3.Random:
+		return nil, nil
+	case *overridehostv3.OverrideHost:
+		if !allowOverride {
+			return nil, fmt.Errorf("%s: override_host as a fallback policy", pw)
+		}
+		return overrideHostOf(pw, m)
+	}
+	return nil, fmt.Errorf("%s: policy %s is not implemented by the stand-in", pw, tc.GetTypeUrl())
 }
 
 func overrideHostOf(where string, m *overridehostv3.OverrideHost) (*overrideHost, error) {
@@ -848,48 +930,53 @@ func clusterTLS(ts *corev3.TransportSocket) (bool, error) {
 	return true, nil
 }
 
-// clusterEndpoints lists the usable hosts of a load assignment: the lowest
-// priority level that has healthy hosts, hosts marked UNHEALTHY, DRAINING or
-// TIMEOUT left out, hostnames resolved.
-func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]string, error) {
+// clusterEndpoints lists the hosts the normal load balancer uses (the
+// lowest priority level that has healthy hosts; UNHEALTHY, DRAINING and
+// TIMEOUT hosts left out) and every host of the assignment, for
+// override_host, which Envoy lets pick any host of the cluster. Host names
+// are resolved.
+func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]string, map[string]bool, error) {
 	if cla == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err := checkFields("load_assignment", cla); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(cla.GetPolicy().GetDropOverloads()) > 0 {
-		return nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
+		return nil, nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
 	}
 	byPriority := map[uint32][]string{}
+	members := map[string]bool{}
 	best := ^uint32(0)
 	for i, lle := range cla.GetEndpoints() {
 		where := fmt.Sprintf("load_assignment.endpoints[%d]", i)
 		if err := checkFields(where, lle); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for j, le := range lle.GetLbEndpoints() {
 			ew := fmt.Sprintf("%s.lb_endpoints[%d]", where, j)
 			ep := le.GetEndpoint()
 			if err := checkAll(ew, le, ep, ep.GetAddress(), ep.GetAddress().GetSocketAddress()); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
+			sa := ep.GetAddress().GetSocketAddress()
+			if sa == nil {
+				return nil, nil, fmt.Errorf("%s: want a socket_address", ew)
+			}
+			ip, err := env.resolve(sa.GetAddress())
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", ew, err)
+			}
+			hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
+			members[hostPort] = true
 			switch le.GetHealthStatus() {
 			case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
 				continue
 			}
-			sa := ep.GetAddress().GetSocketAddress()
-			if sa == nil {
-				return nil, fmt.Errorf("%s: want a socket_address", ew)
-			}
-			ip, err := env.resolve(sa.GetAddress())
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", ew, err)
-			}
 			p := lle.GetPriority()
-			byPriority[p] = append(byPriority[p], net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue()))))
+			byPriority[p] = append(byPriority[p], hostPort)
 			best = min(best, p)
 		}
 	}
-	return byPriority[best], nil
+	return byPriority[best], members, nil
 }

@@ -256,10 +256,10 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 			t.Fatalf("listeners %+v, rds %q, eds %q", bls, rds, eds)
 		}
 		tb := bls[0].table
-		if tb.filters[0].client != nil {
-			t.Error("the disabled filter has a listener-level client")
+		if !tb.filters[0].disabled {
+			t.Error("the filter Envoy Gateway adds disabled is not")
 		}
-		if rt := tb.match(xbHeaders("gw.example:8080", "/other/x")); rt == nil || rt.filters[0] != nil || rt.clusters[0].name != xdstest.EGOtherCluster {
+		if rt := tb.match(xbHeaders("gw.example:8080", "/other/x")); rt == nil || tb.inChain(rt, 0) || rt.clusters[0].name != xdstest.EGOtherCluster {
 			t.Errorf("other route %+v", rt)
 		}
 		rt := tb.match(xbHeaders("gw.example:8080", "/v1/chat/completions"))
@@ -299,7 +299,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.ring_hash", TypedConfig: xdstest.Any(&ringhashv3.RingHash{})},
 				}}}
 			},
-			want: []string{"load_balancing_policy", "no policy the stand-in implements"},
+			want: []string{"load_balancing_policy", "RingHash is not implemented"},
 		},
 		{
 			name: "cluster transport socket validation_context trusted_ca", shape: eg,
@@ -439,7 +439,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 					ep.ProcessingMode.RequestBodyMode = extprocfilterv3.ProcessingMode_STREAMED
 				})
 			},
-			want: []string{"request_body_mode STREAMED", xdstest.EGFilter, `route configuration "` + xdstest.EGRoutes + `"`},
+			want: []string{"request_body_mode STREAMED", xdstest.EGFilter, `listener "` + xdstest.EGListener + `"`},
 		},
 		{
 			name: "ext_proc observability_mode", shape: eg,
@@ -974,7 +974,7 @@ func TestVirtualHostSelection(t *testing.T) {
 		for _, vh := range vhs {
 			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{Name: vh.name, Domains: vh.domains})
 		}
-		out, err := buildRoutes(rc, nil, &table{}, nil, xbEnv(t, xbResolve))
+		out, err := (&hcmBuild{table: &table{}, env: xbEnv(t, xbResolve)}).routes(rc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1133,7 +1133,7 @@ func TestClusterEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := clusterEndpoints(tc.cla, env)
+			got, _, err := clusterEndpoints(tc.cla, env)
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("got %q, want an error", got)
@@ -1424,26 +1424,28 @@ func TestPerRouteFilterConfig(t *testing.T) {
 			}
 			// The listener-level client never changes with per-route config.
 			lc := tb.filters[0].client
-			switch {
-			case tc.disabled && lc != nil:
-				t.Errorf("a disabled filter has a listener-level client calling %s", lc.Config().Target)
-			case !tc.disabled && lc == nil:
-				t.Error("no listener-level client")
-			case !tc.disabled:
-				cfg := lc.Config()
-				checkListenerSettings(t, cfg)
-				if cfg.Target != listener || cfg.TLS || cfg.FailureModeAllow != tc.failOpen ||
-					cfg.ProcessingMode.GetResponseHeaderMode() != prMode ||
-					cfg.ProcessingMode.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
-					!slices.Equal(cfg.MetadataOptions.Forwarding, []string{wire.LBNamespace}) ||
-					!slices.Equal(cfg.MetadataOptions.Receiving, []string{wire.LBNamespace}) {
-					t.Errorf("listener-level client changed: %+v", cfg)
-				}
+			if tb.filters[0].disabled != tc.disabled {
+				t.Errorf("HttpFilter.disabled %v, want %v", tb.filters[0].disabled, tc.disabled)
+			}
+			if lc == nil {
+				t.Fatal("no listener-level client")
+			}
+			cfg := lc.Config()
+			checkListenerSettings(t, cfg)
+			if cfg.Target != listener || cfg.TLS || cfg.FailureModeAllow != tc.failOpen ||
+				cfg.ProcessingMode.GetResponseHeaderMode() != prMode ||
+				cfg.ProcessingMode.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
+				!slices.Equal(cfg.MetadataOptions.Forwarding, []string{wire.LBNamespace}) ||
+				!slices.Equal(cfg.MetadataOptions.Receiving, []string{wire.LBNamespace}) {
+				t.Errorf("listener-level client changed: %+v", cfg)
 			}
 			for name, want := range tc.want {
-				c := xbRoute(t, tb, name).filters[0]
+				// What a request starting on the route calls: nothing when
+				// the filter is not in its chain or ExtProcPerRoute disables it.
+				r := xbRoute(t, tb, name)
+				c := r.filters[0]
 				got := ""
-				if c != nil {
+				if c != nil && tb.inChain(r, 0) {
 					got = c.Config().Target
 				}
 				if got != want {
@@ -1477,7 +1479,7 @@ func TestHostChoice(t *testing.T) {
 		}
 		return out
 	}
-	originalDst := func(oc *clusterv3.Cluster_OriginalDstLbConfig) func(t *testing.T) *cluster {
+	odCluster := func(oc *clusterv3.Cluster_OriginalDstLbConfig) func(t *testing.T) *cluster {
 		return func(t *testing.T) *cluster {
 			return mkCluster(t, &clusterv3.Cluster{
 				Name:                 "od",
@@ -1487,13 +1489,13 @@ func TestHostChoice(t *testing.T) {
 			}, nil)
 		}
 	}
-	byHeader := originalDst(&clusterv3.Cluster_OriginalDstLbConfig{UseHttpHeader: true, HttpHeaderName: "X-Dst"})
-	byDefaultHeader := originalDst(&clusterv3.Cluster_OriginalDstLbConfig{UseHttpHeader: true})
-	noHeader := originalDst(&clusterv3.Cluster_OriginalDstLbConfig{})
-	byMetadata := originalDst(&clusterv3.Cluster_OriginalDstLbConfig{MetadataKey: xdstest.LBKey("dst")})
+	byHeader := odCluster(&clusterv3.Cluster_OriginalDstLbConfig{UseHttpHeader: true, HttpHeaderName: "X-Dst"})
+	byDefaultHeader := odCluster(&clusterv3.Cluster_OriginalDstLbConfig{UseHttpHeader: true})
+	noHeader := odCluster(&clusterv3.Cluster_OriginalDstLbConfig{})
+	byMetadata := odCluster(&clusterv3.Cluster_OriginalDstLbConfig{MetadataKey: xdstest.LBKey("dst")})
 	withEndpoints := func(t *testing.T) *cluster {
 		// Flag mode: an ORIGINAL_DST cluster with fallback endpoints.
-		return &cluster{name: "od", originalDst: &hostSource{header: "x-dst"}, endpoints: []string{c}}
+		return &cluster{name: "od", originalDst: &originalDst{header: "x-dst"}, endpoints: []string{c}}
 	}
 	// overrideHost is the Istio shape's pool cluster with a header source
 	// after the metadata one.
@@ -1587,7 +1589,7 @@ func TestHostChoice(t *testing.T) {
 		}
 		m := dest(a)
 		sel.set(m, b)
-		if got := sel.lookup(m); got != b {
+		if got := sel.value(m).GetStringValue(); got != b {
 			t.Errorf("lookup after set = %q", got)
 		}
 		f := m[wire.LBNamespace].GetFields()
@@ -1595,17 +1597,17 @@ func TestHostChoice(t *testing.T) {
 			t.Errorf("namespace after set: %v", m[wire.LBNamespace])
 		}
 		sel.set(m, c)
-		if got := sel.lookup(m); got != c {
+		if got := sel.value(m).GetStringValue(); got != c {
 			t.Errorf("lookup after a second set = %q", got)
 		}
 		// A namespace that does not exist yet, and a nested path.
 		nested := &metadataKey{namespace: "ns", path: []string{"outer", "inner"}}
 		m = map[string]*structpb.Struct{}
-		if got := nested.lookup(m); got != "" {
+		if got := nested.value(m).GetStringValue(); got != "" {
 			t.Errorf("lookup in empty metadata = %q", got)
 		}
 		nested.set(m, a)
-		if got := nested.lookup(m); got != a {
+		if got := nested.value(m).GetStringValue(); got != a {
 			t.Errorf("nested lookup after set = %q", got)
 		}
 		if got := m["ns"].GetFields()["outer"].GetStructValue().GetFields()["inner"].GetStringValue(); got != a {

@@ -37,6 +37,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"socket_options":                       "socket option",
 			"metadata":                             "opaque to routing",
 			"connection_balance_config":            "spreads connections over worker threads",
+			"freebind":                             "socket option",
 		},
 	},
 	"envoy.config.listener.v3.ListenerFilter": {
@@ -205,7 +206,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"google_re2": "the engine choice; Go's regexp is RE2"},
 	},
 	"envoy.config.route.v3.RouteAction": {
-		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite"},
+		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite", "include_vh_rate_limits"},
 		ignores: map[string]string{
 			"upgrade_configs": "WebSocket and other upgrades, which inference requests do not use",
 			"hash_policy":     "read only by ring_hash and maglev load balancers, which are NACKed",
@@ -332,9 +333,9 @@ func checkFields(where string, m proto.Message) error {
 		return fmt.Errorf("%s: %s is not interpreted by the stand-in", where, name)
 	}
 	var bad []string
-	m.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	m.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
 		f := string(fd.Name())
-		if _, ignored := rules.ignores[f]; ignored || slices.Contains(rules.reads, f) || defaultWrapper(fd, v) {
+		if _, ignored := rules.ignores[f]; ignored || slices.Contains(rules.reads, f) {
 			return true
 		}
 		bad = append(bad, f)
@@ -344,19 +345,4 @@ func checkFields(where string, m proto.Message) error {
 		return fmt.Errorf("%s: %s.%s not implemented by the stand-in", where, name.Name(), strings.Join(bad, ", "))
 	}
 	return nil
-}
-
-// defaultWrapper reports a google.protobuf wrapper (BoolValue, UInt32Value,
-// ...) holding its zero value: control planes often write e.g.
-// auto_host_rewrite: false, which only restates the default.
-func defaultWrapper(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-	if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() {
-		return false
-	}
-	md := fd.Message()
-	if md.ParentFile().Package() != "google.protobuf" || !strings.HasSuffix(string(md.Name()), "Value") || md.Fields().Len() != 1 {
-		return false
-	}
-	inner := v.Message()
-	return !inner.Has(md.Fields().Get(0))
 }
