@@ -208,3 +208,34 @@ func TestFilterChainFromTheFirstRoute(t *testing.T) {
 		t.Fatal("the picker did not run on the route that enables it")
 	}
 }
+
+// TestConfigsEnvoyRejects: settings Envoy itself refuses are NACKed too.
+func TestConfigsEnvoyRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(r *resources)
+		want   string
+	}{
+		{"a domain in two virtual hosts", func(r *resources) {
+			rc := r.routes[xdstest.EGRoutes]
+			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{Name: "dup", Domains: []string{"*"}})
+		}, `domain "*" is also in virtual host`},
+		{"disable_clear_route_cache with route_cache_action", func(r *resources) {
+			xbEditExtProc(t, r.listeners[xdstest.EGListener], func(ep *extprocfilterv3.ExternalProcessor) {
+				ep.DisableClearRouteCache = true
+				ep.RouteCacheAction = extprocfilterv3.ExternalProcessor_CLEAR
+			})
+		}, "only one of disable_clear_route_cache and route_cache_action"},
+		{"ORIGINAL_DST with a load assignment", func(r *resources) {
+			r.clusters[xdstest.EGRouteCluster].LoadAssignment = xdstest.Assignment(xdstest.EGRouteCluster, "127.0.0.1:8000")
+		}, "ORIGINAL_DST clusters take no load_assignment"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := xbResources(t, xdstest.EnvoyGateway(xbPool, xbOther)...)
+			tc.mutate(r)
+			if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -294,6 +294,10 @@ func checkExtProc(where string, ep *extprocfilterv3.ExternalProcessor) error {
 	if ep.GetGrpcService().GetEnvoyGrpc() == nil {
 		return fmt.Errorf("%s: grpc_service.envoy_grpc is required (google_grpc and http_service are not implemented)", where)
 	}
+	if ep.GetDisableClearRouteCache() && ep.GetRouteCacheAction() != extprocfilterv3.ExternalProcessor_DEFAULT {
+		// Envoy rejects the pair.
+		return fmt.Errorf("%s: only one of disable_clear_route_cache and route_cache_action may be set", where)
+	}
 	mr := ep.GetMutationRules()
 	if mr.GetAllowAllRouting().GetValue() || mr.GetAllowEnvoy().GetValue() || mr.GetDisallowSystem().GetValue() ||
 		mr.GetDisallowAll().GetValue() || mr.GetDisallowIsError().GetValue() {
@@ -416,6 +420,7 @@ func (hb *hcmBuild) routes(rc *routev3.RouteConfiguration) (*routeConfig, error)
 		return nil, err
 	}
 	out := &routeConfig{name: rc.GetName(), ignorePort: rc.GetIgnorePortInHostMatching()}
+	domains := map[string]string{} // domain → virtual host
 	for i, vh := range rc.GetVirtualHosts() {
 		where := fmt.Sprintf("virtual_hosts[%d] %q", i, vh.GetName())
 		if err := checkFields(where, vh); err != nil {
@@ -423,7 +428,13 @@ func (hb *hcmBuild) routes(rc *routev3.RouteConfiguration) (*routeConfig, error)
 		}
 		ovh := &virtualHost{name: vh.GetName()}
 		for _, d := range vh.GetDomains() {
-			ovh.domains = append(ovh.domains, strings.ToLower(d))
+			d = strings.ToLower(d)
+			if other, dup := domains[d]; dup {
+				// Envoy rejects a route configuration that lists a domain twice.
+				return nil, fmt.Errorf("%s: domain %q is also in virtual host %q", where, d, other)
+			}
+			domains[d] = vh.GetName()
+			ovh.domains = append(ovh.domains, d)
 		}
 		for j, r := range vh.GetRoutes() {
 			rwhere := fmt.Sprintf("%s.routes[%d] %q", where, j, r.GetName())
@@ -748,6 +759,9 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 		}
 		cla = eds[edsName]
 	case clusterv3.Cluster_ORIGINAL_DST:
+		if c.GetLoadAssignment() != nil {
+			return nil, tgt, "", errors.New("ORIGINAL_DST clusters take no load_assignment")
+		}
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
 			return nil, tgt, "", errors.New("ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED")
 		}
