@@ -271,7 +271,9 @@ const (
 )
 
 func retryAfter() []server.Header {
-	d := RetryAfterMin + rand.N(RetryAfterMax-RetryAfterMin)
+	// Whole milliseconds, so both headers state the same pause: 1000.4ms
+	// would otherwise read as retry-after-ms 1000 but retry-after 2.
+	d := (RetryAfterMin + rand.N(RetryAfterMax-RetryAfterMin)).Truncate(time.Millisecond)
 	return []server.Header{
 		{Name: "retry-after", Value: strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)},
 		{Name: "retry-after-ms", Value: strconv.FormatInt(d.Milliseconds(), 10)},
