@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v3/pkg/strvals"
 	appsv1 "k8s.io/api/apps/v1"
@@ -325,7 +326,7 @@ func TestEPPRoleGrantsAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r := range need {
-		if !allowed(t, user, ns, ns, r) {
+		if !eventuallyAllowed(t, user, ns, ns, r) {
 			t.Errorf("%s may not %s", user, r)
 		}
 	}
@@ -545,6 +546,33 @@ func keys(set map[access]bool) []string {
 }
 
 // allowed asks the API server's authorizer whether user may do a in ns.
+// eventuallyAllowed is allowed for a grant just created: the API server's
+// authorizer sees new Roles and RoleBindings through an informer, a moment
+// after they are stored, so a denial is asked again for up to 5 seconds.
+// Denials that must hold are checked with allowed after a grant was seen.
+func eventuallyAllowed(t *testing.T, user, userNS, ns string, a access) bool {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if allowed(t, user, userNS, ns, a) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// allowedExpecting asks with eventuallyAllowed when a grant is expected.
+func allowedExpecting(t *testing.T, user, userNS, ns string, a access, want bool) bool {
+	t.Helper()
+	if want {
+		return eventuallyAllowed(t, user, userNS, ns, a)
+	}
+	return allowed(t, user, userNS, ns, a)
+}
+
 func allowed(t *testing.T, user, userNS, ns string, a access) bool {
 	t.Helper()
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{

@@ -272,11 +272,11 @@ func TestPayloadRBACGrantsAccount(t *testing.T) {
 			user := "system:serviceaccount:" + ns + ":" + sa.Name
 			for _, v := range []string{"get", "list", "watch"} {
 				a := access{"", "configmaps", v}
-				if got := allowed(t, user, ns, ns, a); got != tc.ownNS {
+				if got := allowedExpecting(t, user, ns, ns, a, tc.ownNS); got != tc.ownNS {
 					t.Errorf("%s may %s in its namespace: %t, want %t", user, a, got, tc.ownNS)
 				}
 			}
-			if got := allowed(t, user, ns, other, read); got != tc.otherNS {
+			if got := allowedExpecting(t, user, ns, other, read, tc.otherNS); got != tc.otherNS {
 				t.Errorf("%s may %s in another namespace: %t, want %t", user, read, got, tc.otherNS)
 			}
 			for _, a := range []access{{"", "configmaps", "update"}, {"", "configmaps", "delete"}, {"", "secrets", "get"}, {"", "pods", "list"}} {
