@@ -61,9 +61,7 @@ type Node struct {
 	mu        sync.Mutex
 	res       *resources
 	listeners map[string]*liveListener
-	ctx       context.Context // Run's, for listener servers
-	ready     chan struct{}   // closed when the first listener serves
-	readyOnce sync.Once
+	warming   map[string]*warmingListener
 }
 
 // liveListener is a bound listener and its server.
@@ -97,7 +95,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			clusters: map[string]*clusterv3.Cluster{}, endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
 		},
 		listeners: map[string]*liveListener{},
-		ready:     make(chan struct{}),
+		warming:   map[string]*warmingListener{},
 	}
 	c, err := xdsclient.New(cfg.XDS, n)
 	if err != nil {
@@ -117,13 +115,14 @@ func (n *Node) XDS() *xdsclient.Client { return n.client }
 // Run keeps the ADS stream up and serves the listeners until ctx ends, then
 // drains every listener for up to Timeouts.Shutdown.
 func (n *Node) Run(ctx context.Context) error {
-	n.mu.Lock()
-	n.ctx = ctx
-	n.mu.Unlock()
 	err := n.client.Run(ctx)
 	n.mu.Lock()
 	lls := n.listeners
 	n.listeners = map[string]*liveListener{}
+	for _, w := range n.warming {
+		_ = w.ln.Close()
+	}
+	n.warming = map[string]*warmingListener{}
 	n.mu.Unlock()
 	for _, ll := range lls {
 		n.stopListener(ll)
@@ -134,9 +133,6 @@ func (n *Node) Run(ctx context.Context) error {
 	n.conns.closeAll()
 	return err
 }
-
-// Ready is closed when the first listener serves.
-func (n *Node) Ready() <-chan struct{} { return n.ready }
 
 // ListenerAddr returns where a listener is bound, if it serves.
 func (n *Node) ListenerAddr(name string) (string, bool) {
@@ -152,7 +148,7 @@ func (n *Node) ListenerAddr(name string) (string, bool) {
 // Apply takes one state-of-the-world update (xdsclient.Handler). The whole
 // configuration is rebuilt with it; any error NACKs it and leaves the node
 // as it was.
-func (n *Node) Apply(ctx context.Context, typeURL, version string, rs []*anypb.Any) error {
+func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	next := *n.res
@@ -173,13 +169,15 @@ func (n *Node) Apply(ctx context.Context, typeURL, version string, rs []*anypb.A
 		return err
 	}
 	built, rdsNames, edsNames, err := build(&next, buildEnv{resolve: n.resolve, clientFor: n.conns.client})
+	if err == nil {
+		err = n.activate(built)
+	}
 	n.conns.endBuild(err == nil)
 	if err != nil {
 		n.log.Error(err, "xDS update rejected", "type", typeURL, "version", version)
 		return err
 	}
 	n.res = &next
-	n.activate(built)
 	// Subscribing to a name set that did not change sends nothing.
 	n.client.Subscribe(xdsclient.RouteType, rdsNames)
 	n.client.Subscribe(xdsclient.EndpointType, edsNames)
@@ -222,28 +220,58 @@ func (n *Node) resolve(host string) (string, error) {
 }
 
 // activate swaps the built tables into live listeners, binds new ones and
-// drains removed ones. A listener still waiting for its routes keeps
-// serving its previous table, as Envoy keeps a warming listener's
-// predecessor. Callers hold n.mu.
-func (n *Node) activate(built []*builtListener) {
+// drains removed ones. Sockets are bound when a listener first appears,
+// before any change, as Envoy binds them when it adds a listener: one that
+// cannot bind makes the update a NACK and leaves the node as it was. A
+// listener waiting for its routes (warming) holds its socket without
+// serving; one that had a table keeps serving it. Callers hold n.mu.
+func (n *Node) activate(built []*builtListener) error {
+	sockets := map[string]net.Listener{}
+	for _, bl := range built {
+		if ll := n.listeners[bl.name]; ll != nil && ll.xdsPort == bl.port {
+			continue
+		}
+		if w := n.warming[bl.name]; w != nil && w.port == bl.port {
+			continue
+		}
+		port := int(bl.port)
+		if n.cfg.FreePorts {
+			port = 0
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(n.cfg.Address, strconv.Itoa(port)))
+		if err != nil {
+			for _, s := range sockets {
+				_ = s.Close()
+			}
+			return fmt.Errorf("listener %q: binding port %d: %w", bl.name, port, err)
+		}
+		sockets[bl.name] = ln
+	}
 	keep := map[string]bool{}
 	for _, bl := range built {
 		keep[bl.name] = true
 		ll := n.listeners[bl.name]
-		if !bl.ready {
-			continue
+		ln, fresh := sockets[bl.name]
+		if fresh {
+			if w := n.warming[bl.name]; w != nil {
+				_ = w.ln.Close() // the port changed while warming
+				delete(n.warming, bl.name)
+			}
+		} else if w := n.warming[bl.name]; w != nil && bl.ready {
+			ln, fresh = w.ln, true
+			delete(n.warming, bl.name)
 		}
-		if ll != nil && ll.xdsPort == bl.port {
+		switch {
+		case fresh && bl.ready:
+			if ll != nil {
+				delete(n.listeners, bl.name)
+				go n.stopListener(ll)
+			}
+			n.startListener(bl, ln)
+		case fresh:
+			n.warming[bl.name] = &warmingListener{port: bl.port, ln: ln}
+		case ll != nil && bl.ready:
 			ll.proxy.tbl.Store(bl.table)
-			continue
-		}
-		if ll != nil {
-			delete(n.listeners, bl.name)
-			go n.stopListener(ll)
-		}
-		if err := n.startListener(bl); err != nil {
-			// Envoy reports a listener that cannot bind and goes on.
-			n.log.Error(err, "listener not started", "listener", bl.name)
 		}
 	}
 	for name, ll := range n.listeners {
@@ -252,18 +280,23 @@ func (n *Node) activate(built []*builtListener) {
 			go n.stopListener(ll)
 		}
 	}
+	for name, w := range n.warming {
+		if !keep[name] {
+			_ = w.ln.Close()
+			delete(n.warming, name)
+		}
+	}
+	return nil
 }
 
-// startListener binds a listener and serves it. Callers hold n.mu.
-func (n *Node) startListener(bl *builtListener) error {
-	port := int(bl.port)
-	if n.cfg.FreePorts {
-		port = 0
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(n.cfg.Address, strconv.Itoa(port)))
-	if err != nil {
-		return fmt.Errorf("binding listener %q: %w", bl.name, err)
-	}
+// warmingListener is a bound socket whose listener waits for its routes.
+type warmingListener struct {
+	port uint32
+	ln   net.Listener
+}
+
+// startListener serves a listener on its bound socket. Callers hold n.mu.
+func (n *Node) startListener(bl *builtListener, ln net.Listener) {
 	p := newProxy(n.cfg.Timeouts, n.cfg.DebugMetadata, n.log.WithValues("listener", bl.name))
 	p.tbl.Store(bl.table)
 	ll := &liveListener{
@@ -281,8 +314,6 @@ func (n *Node) startListener(bl *builtListener) error {
 	if n.cfg.OnListener != nil {
 		n.cfg.OnListener(bl.name, bl.addr, ll.bound)
 	}
-	n.readyOnce.Do(func() { close(n.ready) })
-	return nil
 }
 
 // stopListener drains a listener: no new connections, in-flight requests

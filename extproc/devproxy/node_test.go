@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -352,5 +353,91 @@ func TestUnsupportedUpdateKeepsTheLastGoodConfig(t *testing.T) {
 	}
 	if resp, body := get(t, base+"/"); resp.StatusCode != 200 || body != "hello from "+a.Addr {
 		t.Fatalf("after the NACK: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestListenerThatCannotBindIsNACKed: Envoy rejects an LDS update whose
+// listener cannot bind its port.
+func TestListenerThatCannotBindIsNACKed(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := uint32(taken.Addr().(*net.TCPAddr).Port)
+	a := fakeproc.StartUpstream(t, nil)
+	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", xdstest.Listener("l", port, "r"), routes, xdstest.StaticCluster("up", a.Addr))
+	n, err := NewNode(NodeConfig{
+		XDS:      xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
+		Timeouts: Timeouts{Shutdown: time.Second},
+		Logger:   logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	var nack *xdsclient.NACKError
+	if err := n.XDS().WaitVersion(wctx, xdsclient.ListenerType, "1"); !errors.As(err, &nack) || !strings.Contains(nack.Message, "binding port") {
+		t.Fatalf("want an LDS NACK for the port in use, got %v", err)
+	}
+	if _, ok := n.ListenerAddr("l"); ok {
+		t.Fatal("a listener that could not bind is registered")
+	}
+}
+
+// TestWarmingListener: a listener whose route configuration has not arrived
+// holds its port but does not serve; once RDS delivers it, it serves; an
+// RDS update that drops it leaves the listener serving its last table.
+func TestWarmingListener(t *testing.T) {
+	a := fakeproc.StartUpstream(t, nil)
+	n, err := NewNode(NodeConfig{
+		XDS: xdsclient.Config{Server: "127.0.0.1:1", NodeID: "n"}, FreePorts: true,
+		Timeouts: Timeouts{Shutdown: time.Second}, Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }() // no server: Run only owns the listeners' lifetime
+	defer func() { cancel(); <-done }()
+	apply := func(typ string, ms ...proto.Message) {
+		t.Helper()
+		var rs []*anypb.Any
+		for _, m := range ms {
+			rs = append(rs, xdstest.Any(m))
+		}
+		if err := n.Apply(context.Background(), typ, "v", rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	apply(xdsclient.ClusterType, xdstest.StaticCluster("up", a.Addr))
+	apply(xdsclient.ListenerType, xdstest.Listener("l", 80, "r"))
+	if _, ok := n.ListenerAddr("l"); ok {
+		t.Fatal("a listener without its routes serves")
+	}
+	if n.warming["l"] == nil {
+		t.Fatal("the warming listener holds no socket")
+	}
+	apply(xdsclient.RouteType, routes)
+	base := listenerURL(t, n, "l")
+	if _, body := get(t, base+"/"); body != "hello from "+a.Addr {
+		t.Fatalf("after RDS: %q", body)
+	}
+	apply(xdsclient.RouteType)
+	if _, body := get(t, base+"/"); body != "hello from "+a.Addr {
+		t.Fatalf("after its RDS went away the listener should keep its table: %q", body)
 	}
 }
