@@ -41,15 +41,16 @@
 //	  e2e TestXDSUnsupportedFieldIsNACKed
 //
 //	Updates apply live: a request keeps the table it started with; a
-//	listener that leaves LDS drains; a listener waiting for its RDS keeps
-//	serving its previous table (warming).
-//	  e2e TestXDSLiveUpdate, TestListenersFollowUpdates
+//	listener that leaves LDS drains; a listener waiting for its RDS holds
+//	its socket without serving, or keeps serving its previous table.
+//	  e2e TestXDSLiveUpdate, TestListenersFollowUpdates, TestWarmingListener
 //
 //	Listener: one plaintext filter chain holding the HTTP connection
-//	manager; bound on 127.0.0.1 (NodeConfig.Address) at the listener's port
-//	or, with FreePorts, a free one. tls_inspector and http_inspector are
+//	manager; bound when it first appears, on 127.0.0.1 (NodeConfig.Address)
+//	at the listener's port or, with FreePorts, a free one; a port that
+//	cannot be bound NACKs the update. tls_inspector and http_inspector are
 //	accepted (they only feed filter chain matching).
-//	  Listener.{address,filter_chains,listener_filters}
+//	  Listener.{address,filter_chains,listener_filters}; TestListenerThatCannotBindIsNACKed
 //
 //	HTTP filters in order, the router last; ext_proc filters run, others
 //	only if listed as pass-through (grpc_stats; cors, whose per-route
