@@ -212,21 +212,28 @@ type exchange struct {
 // request is the state of one request as it crosses the filter chain.
 type request struct {
 	exs []exchange
-	// md is the stream's dynamic metadata: what the filters' servers set,
-	// merged by namespace in filter order, plus what the router writes
-	// (override_host's selected_host_key).
-	md map[string]*structpb.Struct
+	// router is the metadata the router writes (override_host's
+	// selected_host_key).
+	router map[string]*structpb.Struct
+	// md caches the stream's dynamic metadata: what the filters' servers
+	// set, merged by namespace in filter order, then the router's. stale
+	// marks it out of date after an exchange could have added to it.
+	md    map[string]*structpb.Struct
+	stale bool
 }
 
-// refreshMetadata rebuilds the stream's metadata from the exchanges (a
-// server may add to it at any time) and keeps what the router wrote.
-func (rq *request) refreshMetadata() {
-	md := make(map[string]*structpb.Struct, len(rq.md))
-	for _, ex := range rq.exs {
-		mergeMetadata(md, ex.DynamicMetadata())
+// metadata returns the stream's dynamic metadata, rebuilt only when an
+// exchange may have changed it since.
+func (rq *request) metadata() map[string]*structpb.Struct {
+	if rq.md == nil || rq.stale {
+		md := make(map[string]*structpb.Struct, len(rq.exs)+len(rq.router))
+		for _, ex := range rq.exs {
+			mergeMetadata(md, ex.DynamicMetadata())
+		}
+		mergeMetadata(md, rq.router)
+		rq.md, rq.stale = md, false
 	}
-	mergeMetadata(md, rq.md)
-	rq.md = md
+	return rq.md
 }
 
 func mergeMetadata(dst, src map[string]*structpb.Struct) {
@@ -246,7 +253,7 @@ func mergeMetadata(dst, src map[string]*structpb.Struct) {
 func (rq *request) forwarded(names []string) map[string]*structpb.Struct {
 	out := make(map[string]*structpb.Struct, len(names))
 	for _, ns := range names {
-		if s := rq.md[ns]; s != nil {
+		if s := rq.metadata()[ns]; s != nil {
 			out[ns] = proto.Clone(s).(*structpb.Struct)
 		}
 	}
@@ -263,7 +270,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// a client that leaves or a route timeout still cancels them at once.
 	exCtx, exCancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, exCancel)
-	rq := &request{md: map[string]*structpb.Struct{}}
+	rq := &request{router: map[string]*structpb.Struct{}}
 	defer func() {
 		stop()
 		p.closers.Add(1)
@@ -305,7 +312,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.requestFailed(ctx, w, rq, err)
 			return
 		}
-		rq.refreshMetadata()
+		rq.stale = true
 		if f.alwaysRematch || (f.rematch && ex.ClearRouteCache()) {
 			rt = t.match(hdrs)
 		}
@@ -339,8 +346,7 @@ func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *
 		p.localReply(ctx, w, rq, http.StatusServiceUnavailable, "")
 		return
 	}
-	rq.refreshMetadata()
-	targets, err := cl.targets(hdrs, rq.md)
+	targets, err := cl.targets(hdrs, rq.metadata())
 	if err != nil {
 		closeBody(body)
 		p.log.Info("no upstream", "path", hdrs.Get(":path"), "cluster", cl.name, "reason", err.Error())
@@ -374,7 +380,8 @@ func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *
 	}
 	defer resp.Body.Close()
 	if cl.override != nil && cl.override.selected != nil {
-		cl.override.selected.set(rq.md, served)
+		cl.override.selected.set(rq.router, served)
+		rq.stale = true
 	}
 	var rb extproctest.Body
 	if resp.Body != http.NoBody {
@@ -482,6 +489,7 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, rq *request,
 		} else {
 			h, b, err = ex.Response(h, b, served)
 		}
+		rq.stale = true
 		if err != nil {
 			var lr *extproctest.LocalReply
 			switch {
@@ -507,8 +515,7 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, rq *request,
 		out.Set(UpstreamHeader, served)
 	}
 	if p.debug {
-		rq.refreshMetadata()
-		if lb := rq.md[wire.LBNamespace]; lb != nil {
+		if lb := rq.metadata()[wire.LBNamespace]; lb != nil {
 			if js, err := protojson.Marshal(lb); err == nil {
 				out.Set(DebugMetadataHeader, string(js))
 			}
