@@ -52,7 +52,7 @@ bench-payload:
 
 ## bench-devproxy: requests per second through the Envoy stand-in configured by flags and over xDS (same picker and simulators).
 bench-devproxy:
-	$(GO) test -run '^$$' -bench StandIn -benchtime 3s -count 5 ./test/e2e/
+	$(GO) test -run '^$$' -bench StandIn -benchtime 1x -v ./test/e2e/
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
