@@ -628,7 +628,8 @@ func buildHeaderMatch(where string, h *routev3.HeaderMatcher) (headerMatch, erro
 	if err := checkFields(where, h); err != nil {
 		return out, err
 	}
-	sm := &stringMatch{}
+	// The deprecated specifiers are StringMatchers by another name.
+	var sm *matcherv3.StringMatcher
 	switch s := h.GetHeaderMatchSpecifier().(type) {
 	case nil:
 		// No specifier: the header must be present.
@@ -639,46 +640,51 @@ func buildHeaderMatch(where string, h *routev3.HeaderMatcher) (headerMatch, erro
 		out.present = &s.PresentMatch
 		return out, nil
 	case *routev3.HeaderMatcher_ExactMatch:
-		sm.exact = &s.ExactMatch
+		sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s.ExactMatch}}
 	case *routev3.HeaderMatcher_PrefixMatch:
-		sm.prefix = &s.PrefixMatch
+		sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: s.PrefixMatch}}
 	case *routev3.HeaderMatcher_SuffixMatch:
-		sm.suffix = &s.SuffixMatch
+		sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s.SuffixMatch}}
 	case *routev3.HeaderMatcher_ContainsMatch:
-		sm.contains = &s.ContainsMatch
+		sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Contains{Contains: s.ContainsMatch}}
 	case *routev3.HeaderMatcher_SafeRegexMatch:
-		re, err := compileRegex(where+".safe_regex_match", s.SafeRegexMatch, true)
-		if err != nil {
-			return out, err
-		}
-		sm.regex = re
+		sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: s.SafeRegexMatch}}
+		where += ".safe_regex_match"
 	case *routev3.HeaderMatcher_StringMatch:
-		if err := checkFields(where+".string_match", s.StringMatch); err != nil {
-			return out, err
-		}
-		sm.ignoreCase = s.StringMatch.GetIgnoreCase()
-		switch p := s.StringMatch.GetMatchPattern().(type) {
-		case *matcherv3.StringMatcher_Exact:
-			sm.exact = &p.Exact
-		case *matcherv3.StringMatcher_Prefix:
-			sm.prefix = &p.Prefix
-		case *matcherv3.StringMatcher_Suffix:
-			sm.suffix = &p.Suffix
-		case *matcherv3.StringMatcher_Contains:
-			sm.contains = &p.Contains
-		case *matcherv3.StringMatcher_SafeRegex:
-			re, err := compileRegex(where+".string_match.safe_regex", p.SafeRegex, true)
-			if err != nil {
-				return out, err
-			}
-			sm.regex = re
-		default:
-			return out, fmt.Errorf("%s.string_match: %T is not implemented by the stand-in", where, p)
-		}
+		sm = s.StringMatch
+		where += ".string_match"
 	default:
 		return out, fmt.Errorf("%s: %T is not implemented by the stand-in", where, s)
 	}
-	out.str = sm
+	str, err := buildStringMatch(where, sm)
+	out.str = str
+	return out, err
+}
+
+// buildStringMatch reads a StringMatcher; safe_regex matches the whole value.
+func buildStringMatch(where string, m *matcherv3.StringMatcher) (*stringMatch, error) {
+	if err := checkFields(where, m); err != nil {
+		return nil, err
+	}
+	out := &stringMatch{ignoreCase: m.GetIgnoreCase()}
+	switch p := m.GetMatchPattern().(type) {
+	case *matcherv3.StringMatcher_Exact:
+		out.exact = &p.Exact
+	case *matcherv3.StringMatcher_Prefix:
+		out.prefix = &p.Prefix
+	case *matcherv3.StringMatcher_Suffix:
+		out.suffix = &p.Suffix
+	case *matcherv3.StringMatcher_Contains:
+		out.contains = &p.Contains
+	case *matcherv3.StringMatcher_SafeRegex:
+		re, err := compileRegex(where+".safe_regex", p.SafeRegex, true)
+		if err != nil {
+			return nil, err
+		}
+		out.regex = re
+	default:
+		return nil, fmt.Errorf("%s: %T is not implemented by the stand-in", where, p)
+	}
 	return out, nil
 }
 
