@@ -23,6 +23,12 @@ import (
 // returns the base URL of listener once it serves.
 func startNode(t testing.TB, srv *xdstest.Server, listener string) (*devproxy.Node, string) {
 	t.Helper()
+	return startNodeResolving(t, srv, listener, map[string]string{xdstest.EGEPPHost: "127.0.0.1"})
+}
+
+// startNodeResolving is startNode with the stand-in's table of host names.
+func startNodeResolving(t testing.TB, srv *xdstest.Server, listener string, resolve map[string]string) (*devproxy.Node, string) {
+	t.Helper()
 	log := logr.Discard()
 	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
 		log = testr.New(tt)
@@ -30,7 +36,7 @@ func startNode(t testing.TB, srv *xdstest.Server, listener string) (*devproxy.No
 	n, err := devproxy.NewNode(devproxy.NodeConfig{
 		XDS:           xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
 		FreePorts:     true,
-		Resolve:       map[string]string{xdstest.EGEPPHost: "127.0.0.1"},
+		Resolve:       resolve,
 		Timeouts:      devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
 		Logger:        log,

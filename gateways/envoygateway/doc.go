@@ -1,0 +1,45 @@
+// Package envoygateway is infergate's Envoy Gateway extension server
+// (`infergate egext`): Envoy Gateway v1.9 calls it through an
+// extensionManager that lists InferencePool as a backendResource, so that an
+// HTTPRoute whose backendRef is an InferencePool resolves (plain Envoy
+// Gateway answers InvalidKind) and every request to the pool goes through
+// the pool's endpoint picker.
+//
+// For each pool a route serves, the hooks render:
+//
+//   - Route (PostRouteModify): the route enables the pool's ext_proc filter
+//     (typed_per_filter_config) and carries the pool in its metadata; a pool
+//     that cannot be used (no endpointPickerRef, an unknown failureMode, ...)
+//     makes the route a 500 naming the problem, nothing else changes;
+//   - Cluster (PostClusterModify): the rule's cluster holds the pool's
+//     endpoints (ready pods × targetPorts) behind Envoy's override_host load
+//     balancing policy, which takes the host the picker wrote in envoy.lb
+//     metadata. Not ORIGINAL_DST by header: a header can come from the client,
+//     an ORIGINAL_DST cluster has no host when the picker fails open (503),
+//     and it would send traffic to any address the picker names. With
+//     override_host, hosts outside the pool are skipped, a FailOpen pool whose
+//     picker is down is balanced round robin over its endpoints, and the
+//     host that served is reported to the picker (selected_host_key);
+//   - Translation (PostTranslateModify): the picker's cluster (STRICT_DNS
+//     <service>.<namespace>.svc.cluster.local, HTTP/2, TLS accepting its
+//     self-signed certificate) and one ext_proc filter per pool on each HTTP
+//     listener that serves the pool, disabled except on the pool's routes,
+//     inserted just before the router so Envoy Gateway's own filters (the
+//     payload processor's EnvoyExtensionPolicy included) run first. It sends
+//     request headers and a FULL_DUPLEX_STREAMED request body, and response
+//     headers; response bodies only with the pool annotation
+//     infergate.io/epp-response-body: streamed. failure_mode_allow is the
+//     pool's failureMode.
+//
+// Envoy Gateway configuration (EnvoyGateway resource, under extensionManager):
+//
+//	backendResources:
+//	- {group: inference.networking.k8s.io, version: v1, kind: InferencePool}
+//	hooks:
+//	  xdsTranslator:
+//	    post: [Route, Cluster, Translation]
+//	    translation: {listener: {includeAll: true}, route: {includeAll: true}, cluster: {includeAll: true}}
+//	service:
+//	  fqdn: {hostname: infergate-egext.infergate-system.svc.cluster.local, port: 5005}
+//	failOpen: false
+package envoygateway

@@ -1,0 +1,374 @@
+package envoygateway
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/inference/wire"
+)
+
+// Names the extension gives what it adds, so a later translation (and a
+// person reading a config dump) can tell them apart from Envoy Gateway's.
+const (
+	// FilterPrefix starts the name of each pool's ext_proc filter:
+	// FilterPrefix + namespace/name.
+	FilterPrefix = "envoy.filters.http.ext_proc/infergate/"
+	// EPPClusterPrefix starts the name of each pool's picker cluster.
+	EPPClusterPrefix = "infergate/epp/"
+	// MetadataNamespace keys the pool a route serves in the route's
+	// metadata, for PostTranslateModify to find.
+	MetadataNamespace = "infergate.io/inferencepool"
+	// ClusterDomain is the Kubernetes cluster domain of the pickers' Service names.
+	ClusterDomain = "cluster.local"
+)
+
+// Timeouts of what the extension renders.
+const (
+	// messageTimeout bounds the picker's answer to the response headers
+	// (the request path is FULL_DUPLEX_STREAMED, where Envoy applies none).
+	messageTimeout    = 10 * time.Second
+	eppConnectTimeout = 5 * time.Second
+)
+
+// FilterName is the name of pool's ext_proc filter.
+func FilterName(p *Pool) string { return FilterPrefix + p.Key() }
+
+// EPPClusterName is the name of pool's picker cluster.
+func EPPClusterName(p *Pool) string { return EPPClusterPrefix + p.Key() }
+
+// ModifyRoute enables pool's picker on a route Envoy Gateway rendered for
+// an HTTPRoute rule whose backend is the pool, and records the pool in the
+// route's metadata. An invalid pool makes the route a 500 that names the
+// problem; the rest of the configuration is unaffected.
+func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, error) {
+	out := proto.Clone(route).(*routev3.Route)
+	if perr != nil {
+		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: 500,
+			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: perr.Error() + "\n"}},
+		}}
+		return out, nil
+	}
+	enable, err := anypb.New(&routev3.FilterConfig{Config: mustAny(&extprocv3.ExtProcPerRoute{
+		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{}},
+	})})
+	if err != nil {
+		return nil, err
+	}
+	if out.TypedPerFilterConfig == nil {
+		out.TypedPerFilterConfig = map[string]*anypb.Any{}
+	}
+	out.TypedPerFilterConfig[FilterName(p)] = enable
+	md, err := poolMetadata(p)
+	if err != nil {
+		return nil, err
+	}
+	if out.Metadata == nil {
+		out.Metadata = &corev3.Metadata{}
+	}
+	if out.Metadata.FilterMetadata == nil {
+		out.Metadata.FilterMetadata = map[string]*structpb.Struct{}
+	}
+	out.Metadata.FilterMetadata[MetadataNamespace] = md
+	return out, nil
+}
+
+// poolMetadata carries the pool into the route, so that PostTranslateModify
+// renders the picker's filter and cluster from the same pool the route saw.
+func poolMetadata(p *Pool) (*structpb.Struct, error) {
+	ports := make([]any, len(p.TargetPorts))
+	for i, tp := range p.TargetPorts {
+		ports[i] = float64(tp)
+	}
+	return structpb.NewStruct(map[string]any{
+		"namespace": p.Namespace, "name": p.Name, "targetPorts": ports,
+		"eppService": p.EPPService, "eppPort": float64(p.EPPPort),
+		"failOpen": p.FailOpen, "responseBody": p.ResponseBody, "plaintext": p.Plaintext,
+	})
+}
+
+func poolFromMetadata(s *structpb.Struct) *Pool {
+	f := s.GetFields()
+	p := &Pool{
+		Namespace: f["namespace"].GetStringValue(), Name: f["name"].GetStringValue(),
+		EPPService: f["eppService"].GetStringValue(), EPPPort: uint32(f["eppPort"].GetNumberValue()),
+		FailOpen: f["failOpen"].GetBoolValue(), ResponseBody: f["responseBody"].GetBoolValue(), Plaintext: f["plaintext"].GetBoolValue(),
+	}
+	for _, v := range f["targetPorts"].GetListValue().GetValues() {
+		p.TargetPorts = append(p.TargetPorts, int32(v.GetNumberValue()))
+	}
+	return p
+}
+
+// ModifyCluster turns the cluster Envoy Gateway rendered for the pool
+// backend into the pool's endpoints behind the override_host policy: the
+// host is the one the picker wrote in envoy.lb metadata (a client cannot
+// write it, unlike a header), hosts outside the pool are never used, the
+// host that served is reported back to the picker in envoy.lb, and without
+// a pick (the picker failed open) Envoy balances over the pool round robin.
+// endpoints are the pool's ready pods × targetPorts (ip:port).
+func ModifyCluster(c *clusterv3.Cluster, endpoints []string) (*clusterv3.Cluster, error) {
+	out := proto.Clone(c).(*clusterv3.Cluster)
+	out.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
+	out.EdsClusterConfig = nil
+	out.LbConfig = nil
+	out.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
+	var lbs []*endpointv3.LbEndpoint
+	for _, ep := range endpoints {
+		host, port, err := net.SplitHostPort(ep)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+		}
+		lbs = append(lbs, &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: socketAddress(host, uint32(n)),
+		}}})
+	}
+	out.LoadAssignment = &endpointv3.ClusterLoadAssignment{ClusterName: c.GetName(), Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}}
+	out.LoadBalancingPolicy = &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+		TypedExtensionConfig: &corev3.TypedExtensionConfig{
+			Name: "envoy.load_balancing_policies.override_host",
+			TypedConfig: mustAny(&overridehostv3.OverrideHost{
+				OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{Metadata: lbKey(wire.DestinationEndpointKey)}},
+				SelectedHostKey:     lbKey(wire.ServedEndpointKey),
+				FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
+					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.round_robin", TypedConfig: mustAny(&roundrobinv3.RoundRobin{})},
+				}}},
+			}),
+		},
+	}}}
+	return out, nil
+}
+
+// ModifyTranslation adds, for every pool some route serves, the picker's
+// cluster and its ext_proc filter: disabled on the listener and enabled
+// only by the pool's routes (ModifyRoute), inserted just before the router
+// so that every other filter, the payload processor's included, runs first.
+func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+	// Pools by route configuration.
+	byRC := map[string][]*Pool{}
+	pools := map[string]*Pool{}
+	for _, rc := range routes {
+		seen := map[string]bool{}
+		for _, vh := range rc.GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				md := r.GetMetadata().GetFilterMetadata()[MetadataNamespace]
+				if md == nil {
+					continue
+				}
+				p := poolFromMetadata(md)
+				if seen[p.Key()] {
+					continue
+				}
+				seen[p.Key()] = true
+				if prev, ok := pools[p.Key()]; ok && !proto.Equal(mustStruct(prev), md) {
+					return nil, nil, fmt.Errorf("pool %s rendered twice with different settings in one translation", p.Key())
+				}
+				pools[p.Key()] = p
+				byRC[rc.GetName()] = append(byRC[rc.GetName()], p)
+			}
+		}
+	}
+	if len(pools) == 0 {
+		return clusters, listeners, nil
+	}
+	keys := make([]string, 0, len(pools))
+	for k := range pools {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	outClusters := slices.Clone(clusters)
+	for _, k := range keys {
+		outClusters = append(outClusters, eppCluster(pools[k]))
+	}
+	outListeners := make([]*listenerv3.Listener, len(listeners))
+	for i, l := range listeners {
+		nl, err := addFilters(l, byRC)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
+		}
+		outListeners[i] = nl
+	}
+	return outClusters, outListeners, nil
+}
+
+func mustStruct(p *Pool) *structpb.Struct {
+	s, err := poolMetadata(p)
+	if err != nil {
+		panic(err) // unreachable: only strings, numbers and bools
+	}
+	return s
+}
+
+// addFilters inserts the pools' filters into every HTTP connection manager
+// of l whose routes (RDS or inline) serve a pool.
+func addFilters(l *listenerv3.Listener, byRC map[string][]*Pool) (*listenerv3.Listener, error) {
+	out := proto.Clone(l).(*listenerv3.Listener)
+	chains := slices.Clone(out.GetFilterChains())
+	if out.GetDefaultFilterChain() != nil {
+		chains = append(chains, out.GetDefaultFilterChain())
+	}
+	for _, fc := range chains {
+		for _, f := range fc.GetFilters() {
+			if f.GetTypedConfig().GetTypeUrl() != "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" {
+				continue
+			}
+			hcm := &hcmv3.HttpConnectionManager{}
+			if err := f.GetTypedConfig().UnmarshalTo(hcm); err != nil {
+				return nil, err
+			}
+			rc := hcm.GetRds().GetRouteConfigName()
+			if hcm.GetRouteConfig() != nil {
+				rc = hcm.GetRouteConfig().GetName()
+			}
+			pools := byRC[rc]
+			if len(pools) == 0 {
+				continue
+			}
+			hcm.HttpFilters = insertBeforeRouter(hcm.GetHttpFilters(), pools)
+			a, err := anypb.New(hcm)
+			if err != nil {
+				return nil, err
+			}
+			f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+		}
+	}
+	return out, nil
+}
+
+func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool) []*hcmv3.HttpFilter {
+	at := len(filters)
+	for i, f := range filters {
+		if f.GetName() == "envoy.filters.http.router" {
+			at = i
+			break
+		}
+	}
+	var add []*hcmv3.HttpFilter
+	for _, p := range pools {
+		if slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == FilterName(p) }) {
+			continue
+		}
+		add = append(add, &hcmv3.HttpFilter{
+			Name:       FilterName(p),
+			Disabled:   true,
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(extProcFilter(p))},
+		})
+	}
+	return slices.Insert(slices.Clone(filters), at, add...)
+}
+
+// extProcFilter is the picker's filter: request headers and a streamed
+// request body (FULL_DUPLEX_STREAMED, which needs trailers SEND), response
+// headers for the served endpoint, response bodies only on request;
+// envoy.lb forwarded (the served host, the subset hint) and received (the
+// pick); failure_mode_allow from the pool's failureMode.
+func extProcFilter(p *Pool) *extprocv3.ExternalProcessor {
+	mode := &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+	}
+	if p.ResponseBody {
+		mode.ResponseBodyMode = extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		mode.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
+	}
+	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
+			ClusterName: EPPClusterName(p),
+			Authority:   eppHost(p) + ":" + strconv.Itoa(int(p.EPPPort)),
+		}}},
+		FailureModeAllow: p.FailOpen,
+		ProcessingMode:   mode,
+		MessageTimeout:   durationpb.New(messageTimeout),
+		MetadataOptions:  &extprocv3.MetadataOptions{ForwardingNamespaces: ns, ReceivingNamespaces: ns},
+	}
+}
+
+func eppHost(p *Pool) string {
+	return strings.Join([]string{p.EPPService, p.Namespace, "svc", ClusterDomain}, ".")
+}
+
+// eppCluster reaches the picker Service by its DNS name over HTTP/2, with
+// TLS that accepts its self-signed certificate unless the pool says
+// plaintext.
+func eppCluster(p *Pool) *clusterv3.Cluster {
+	name := EPPClusterName(p)
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		ConnectTimeout:       durationpb.New(eppConnectTimeout),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: socketAddress(eppHost(p), p.EPPPort),
+			}}}},
+		}}},
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpv3.HttpProtocolOptions{
+				UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+				}},
+			}),
+		},
+	}
+	if !p.Plaintext {
+		c.TransportSocket = &corev3.TransportSocket{
+			Name: "envoy.transport_sockets.tls",
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
+				Sni:              eppHost(p),
+				CommonTlsContext: &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}},
+			})},
+		}
+	}
+	return c
+}
+
+func lbKey(key string) *metadatav3.MetadataKey {
+	return &metadatav3.MetadataKey{Key: wire.LBNamespace, Path: []*metadatav3.MetadataKey_PathSegment{
+		{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: key}},
+	}}
+}
+
+func socketAddress(host string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+// mustAny packs m; only a nil message can fail.
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic("envoygateway: " + err.Error())
+	}
+	return a
+}

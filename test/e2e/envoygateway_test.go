@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"testing"
+	"time"
+
+	pb "github.com/envoyproxy/gateway/proto/extension"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/test/loopback"
+)
+
+// staticEndpoints is the extension's endpoint source for a test without
+// Kubernetes: the pool's simulators.
+type staticEndpoints []string
+
+func (s staticEndpoints) Endpoints(context.Context, *envoygateway.Pool) ([]string, error) {
+	return s, nil
+}
+
+// egRendered runs the Envoy Gateway extension's hooks over gRPC, as Envoy
+// Gateway calls them, on what Envoy Gateway renders for an HTTPRoute rule
+// whose backendRef is the pool: a listener taking routes over RDS, the
+// rule's route and its cluster.
+func egRendered(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byte) []proto.Message {
+	t.Helper()
+	const rcName, clusterName = "default/eg/http", "httproute/default/llm-route/rule/0"
+	ctx := context.Background()
+	res := []*pb.ExtensionResource{{UnstructuredBytes: poolJSON}}
+	route := &routev3.Route{
+		Name:   "httproute/default/llm-route/rule/0/match/0/*",
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName}}},
+	}
+	rr, err := ext.PostRouteModify(ctx, &pb.PostRouteModifyRequest{Route: route, PostRouteContext: &pb.PostRouteExtensionContext{ExtensionResources: res}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := &clusterv3.Cluster{
+		Name:                 clusterName,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		ConnectTimeout:       durationpb.New(10 * time.Second),
+	}
+	cr, err := ext.PostClusterModify(ctx, &pb.PostClusterModifyRequest{Cluster: cluster, PostClusterContext: &pb.PostClusterExtensionContext{BackendExtensionResources: res}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &routev3.RouteConfiguration{Name: rcName, VirtualHosts: []*routev3.VirtualHost{{
+		Name: "default/eg/http/*", Domains: []string{"*"}, Routes: []*routev3.Route{rr.GetRoute()},
+	}}}
+	tr, err := ext.PostTranslateModify(ctx, &pb.PostTranslateModifyRequest{
+		Clusters: []*clusterv3.Cluster{cr.GetCluster()}, Routes: []*routev3.RouteConfiguration{rc},
+		Listeners: []*listenerv3.Listener{xdstest.Listener(rcName, 10080, rcName)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []proto.Message
+	for _, c := range tr.GetClusters() {
+		out = append(out, c)
+	}
+	for _, l := range tr.GetListeners() {
+		out = append(out, l)
+	}
+	for _, r := range tr.GetRoutes() {
+		out = append(out, r)
+	}
+	return out
+}
+
+func startExtension(t *testing.T, endpoints envoygateway.Endpoints) pb.EnvoyGatewayExtensionClient {
+	t.Helper()
+	g := grpc.NewServer()
+	envoygateway.NewServer(endpoints, logr.Discard()).Register(g)
+	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
+		go func() { <-ctx.Done(); g.Stop() }()
+		return g.Serve(ln)
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return pb.NewEnvoyGatewayExtensionClient(conn)
+}
+
+// TestEnvoyGatewayExtensionConfigRoutes feeds what the extension renders to
+// the Envoy stand-in: every request reaches the simulator the picker chose;
+// with the picker stopped, FailOpen still answers from a pool endpoint
+// (override_host falls back to round robin over the pool) and FailClose
+// answers 500.
+func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
+	for _, failureMode := range []string{"FailOpen", "FailClose"} {
+		t.Run(failureMode, func(t *testing.T) {
+			sims, pool := newPool(t, 3)
+			e := startEPP(t, pool)
+			var eps staticEndpoints
+			byAddr := map[string]string{}
+			for _, s := range sims {
+				eps = append(eps, s.addr)
+				byAddr[s.addr] = s.name
+			}
+			_, eppPort, _ := net.SplitHostPort(e.GRPCAddr())
+			poolJSON, err := json.Marshal(map[string]any{
+				"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+				"metadata": map[string]any{"name": "llama", "namespace": "default"},
+				"spec": map[string]any{
+					"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
+					"targetPorts":       []any{map[string]any{"number": 8000}},
+					"endpointPickerRef": map[string]any{"name": "llama-epp", "port": map[string]any{"number": json.Number(eppPort)}, "failureMode": failureMode},
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := egRendered(t, startExtension(t, eps), poolJSON)
+			srv := xdstest.Start(t)
+			srv.Set(t, "1", rs...)
+			n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
+			for range 20 {
+				r, err := post(t, base, completion)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var lb struct {
+					Dest string `json:"x-gateway-destination-endpoint"`
+				}
+				_ = json.Unmarshal([]byte(r.debug), &lb)
+				if r.status != 200 || lb.Dest != r.upstream || byAddr[r.upstream] != r.pod {
+					t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, lb.Dest, r.upstream, r.pod)
+				}
+			}
+			requireNoNACK(t, n)
+			e.stop()
+			want := map[string]int{"FailOpen": 200, "FailClose": 500}[failureMode]
+			for range 6 {
+				r, err := post(t, base, completion)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.status != want || (want == 200 && byAddr[r.upstream] == "") {
+					t.Fatalf("picker stopped, %s: %d via %q (%q), want %d from a pool endpoint", failureMode, r.status, r.upstream, r.body, want)
+				}
+			}
+		})
+	}
+}
