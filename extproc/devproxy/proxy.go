@@ -296,6 +296,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !t.inChain(first, i) {
 			continue
 		}
+		if f.healthCheck != nil {
+			if matchesAll(f.healthCheck, hdrs) {
+				closeBody(body)
+				p.localReply(ctx, w, rq, http.StatusOK, "")
+				return
+			}
+			continue
+		}
 		c := t.clientFor(rt, i)
 		if c == nil {
 			continue
@@ -318,6 +326,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.route(ctx, w, t, rt, rq, hdrs, body)
+}
+
+func matchesAll(ms []headerMatch, h extproctest.Headers) bool {
+	for _, m := range ms {
+		if !m.matches(h) {
+			return false
+		}
+	}
+	return true
 }
 
 // route is the router filter: the route's action, the cluster's host

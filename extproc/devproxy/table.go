@@ -37,6 +37,9 @@ type httpFilter struct {
 	// alwaysRematch is route_cache_action CLEAR: re-match after every
 	// request-headers answer, whatever it says.
 	alwaysRematch bool
+	// healthCheck, when set, makes this entry envoy.filters.http.health_check
+	// (non-pass-through): a request matching every header is answered 200.
+	healthCheck []headerMatch
 }
 
 // routeConfig is a RouteConfiguration.

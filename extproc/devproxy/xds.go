@@ -15,6 +15,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	healthcheckv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
@@ -37,6 +38,7 @@ const (
 	extProcPerRouteType       = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 	routerType                = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 	filterConfigType          = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+	healthCheckType           = "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck"
 	upstreamTLSType           = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 )
 
@@ -140,21 +142,26 @@ func buildListener(l *listenerv3.Listener, res *resources, clusters map[string]*
 			return nil, fmt.Errorf("listener_filters[%d] %q (%s) is not implemented by the stand-in", i, lf.GetName(), lf.GetTypedConfig().GetTypeUrl())
 		}
 	}
-	if n := len(l.GetFilterChains()); n != 1 {
-		return nil, fmt.Errorf("filter_chains: the stand-in serves one plaintext HTTP filter chain, got %d", n)
+	// One plaintext HTTP chain: filter_chains[0], or default_filter_chain
+	// alone (what Envoy Gateway renders), which then takes every connection.
+	fc, where := l.GetDefaultFilterChain(), "default_filter_chain"
+	switch n := len(l.GetFilterChains()); {
+	case n == 1 && fc == nil:
+		fc, where = l.GetFilterChains()[0], "filter_chains[0]"
+	case n != 0 || fc == nil:
+		return nil, fmt.Errorf("filter_chains: the stand-in serves one plaintext HTTP filter chain (filter_chains[0] or default_filter_chain), got %d and a default: %t", n, fc != nil)
 	}
-	fc := l.GetFilterChains()[0]
-	if err := checkAll("filter_chains[0]", fc, fc.GetFilterChainMatch()); err != nil {
+	if err := checkAll(where, fc, fc.GetFilterChainMatch()); err != nil {
 		return nil, err
 	}
 	if tp := fc.GetFilterChainMatch().GetTransportProtocol(); tp != "" && tp != "raw_buffer" {
-		return nil, fmt.Errorf("filter_chains[0].filter_chain_match.transport_protocol %q: the stand-in serves plaintext only", tp)
+		return nil, fmt.Errorf("%s.filter_chain_match.transport_protocol %q: the stand-in serves plaintext only", where, tp)
 	}
 	if len(fc.GetFilters()) != 1 || fc.GetFilters()[0].GetTypedConfig().GetTypeUrl() != httpConnectionManagerType {
-		return nil, errors.New("filter_chains[0].filters: want exactly one envoy.filters.network.http_connection_manager")
+		return nil, fmt.Errorf("%s.filters: want exactly one envoy.filters.network.http_connection_manager", where)
 	}
 	nf := fc.GetFilters()[0]
-	if err := checkFields("filter_chains[0].filters[0]", nf); err != nil {
+	if err := checkFields(where+".filters[0]", nf); err != nil {
 		return nil, err
 	}
 	hcm := &hcmv3.HttpConnectionManager{}
@@ -184,11 +191,41 @@ func checkAll(where string, ms ...proto.Message) error {
 	return nil
 }
 
-// extProcFilter is one ext_proc filter's listener-level config.
+// extProcFilter is one ext_proc filter's listener-level config, or a
+// health check filter (healthCheck set, proto nil).
 type extProcFilter struct {
-	name     string
-	disabled bool // HttpFilter.disabled
-	proto    *extprocfilterv3.ExternalProcessor
+	name        string
+	disabled    bool // HttpFilter.disabled
+	proto       *extprocfilterv3.ExternalProcessor
+	healthCheck []headerMatch
+}
+
+// healthCheckFilter reads envoy.filters.http.health_check in
+// non-pass-through mode: a request matching every header is answered 200 by
+// the filter itself (Envoy Gateway's readiness listener uses it).
+func healthCheckFilter(where string, hf *hcmv3.HttpFilter) (extProcFilter, error) {
+	hc := &healthcheckv3.HealthCheck{}
+	if err := hf.GetTypedConfig().UnmarshalTo(hc); err != nil {
+		return extProcFilter{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if err := checkFields(where, hc); err != nil {
+		return extProcFilter{}, err
+	}
+	if hc.GetPassThroughMode().GetValue() {
+		return extProcFilter{}, fmt.Errorf("%s: pass_through_mode is not implemented by the stand-in", where)
+	}
+	if len(hc.GetHeaders()) == 0 {
+		return extProcFilter{}, fmt.Errorf("%s: a health check without headers would answer every request", where)
+	}
+	out := extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled()}
+	for i, h := range hc.GetHeaders() {
+		hm, err := buildHeaderMatch(fmt.Sprintf("%s.headers[%d]", where, i), h)
+		if err != nil {
+			return extProcFilter{}, err
+		}
+		out.healthCheck = append(out.healthCheck, hm)
+	}
+	return out, nil
 }
 
 func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv) (*table, string, bool, error) {
@@ -231,6 +268,12 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 				return nil, "", false, err
 			}
 			procs = append(procs, extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled(), proto: ep})
+		case url == healthCheckType:
+			hc, err := healthCheckFilter(where, hf)
+			if err != nil {
+				return nil, "", false, err
+			}
+			procs = append(procs, hc)
 		case passThroughHTTPFilters[url] != "":
 			passThrough[hf.GetName()] = true
 		default:
@@ -242,6 +285,10 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	}
 	t := &table{clusters: clusters}
 	for _, p := range procs {
+		if p.healthCheck != nil {
+			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, disabled: p.disabled})
+			continue
+		}
 		f := &httpFilter{name: p.name, rematch: true}
 		switch {
 		case p.proto.GetDisableClearRouteCache():
@@ -491,6 +538,11 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 		}
 	}
 	for i, p := range hb.procs {
+		if p.healthCheck != nil {
+			out.chain = append(out.chain, chainDefault)
+			out.filters = append(out.filters, nil)
+			continue
+		}
 		state, c, err := routeFilter(where, p, hb.table.filters[i].client, levels, hb.targets, hb.env)
 		if err != nil {
 			return nil, err

@@ -24,20 +24,22 @@ type fieldRules struct {
 // never written after package initialisation.
 var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.config.listener.v3.Listener": {
-		reads: []string{"name", "address", "filter_chains", "listener_filters"},
+		reads: []string{"name", "address", "filter_chains", "default_filter_chain", "listener_filters"},
 		ignores: map[string]string{
-			"stat_prefix":                          "statistics",
-			"per_connection_buffer_limit_bytes":    "buffer sizing",
-			"drain_type":                           "drain behaviour on shutdown",
-			"access_log":                           "logging",
-			"traffic_direction":                    "statistics and tracing",
-			"listener_filters_timeout":             "only bounds listener filters, which the stand-in does not run",
-			"continue_on_listener_filters_timeout": "only bounds listener filters, which the stand-in does not run",
-			"enable_reuse_port":                    "socket option",
-			"socket_options":                       "socket option",
-			"metadata":                             "opaque to routing",
-			"connection_balance_config":            "spreads connections over worker threads",
-			"freebind":                             "socket option",
+			"stat_prefix":                                "statistics",
+			"per_connection_buffer_limit_bytes":          "buffer sizing",
+			"drain_type":                                 "drain behaviour on shutdown",
+			"access_log":                                 "logging",
+			"traffic_direction":                          "statistics and tracing",
+			"listener_filters_timeout":                   "only bounds listener filters, which the stand-in does not run",
+			"continue_on_listener_filters_timeout":       "only bounds listener filters, which the stand-in does not run",
+			"enable_reuse_port":                          "socket option",
+			"socket_options":                             "socket option",
+			"metadata":                                   "opaque to routing",
+			"connection_balance_config":                  "spreads connections over worker threads",
+			"freebind":                                   "socket option",
+			"bypass_overload_manager":                    "overload manager, which the stand-in does not have",
+			"max_connections_to_accept_per_socket_event": "connection accept batching",
 		},
 	},
 	"envoy.config.listener.v3.ListenerFilter": {
@@ -109,6 +111,10 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter": {
 		reads:   []string{"name", "typed_config", "disabled"},
 		ignores: map[string]string{"is_optional": "only matters for filter types the proxy does not know, which are NACKed"},
+	},
+	"envoy.extensions.filters.http.health_check.v3.HealthCheck": {
+		// Only non-pass-through mode (checked where read).
+		reads: []string{"pass_through_mode", "headers"},
 	},
 	"envoy.extensions.filters.http.router.v3.Router": {
 		ignores: map[string]string{

@@ -1,0 +1,211 @@
+package envoygateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/extproc/epp"
+	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/loopback"
+)
+
+// egXDS is Envoy Gateway's xDS server inside the test's namespace.
+const egXDS = "127.0.0.1:18000"
+
+// envoyTLS is what Envoy Gateway's Envoy presents to its xDS server: the
+// "envoy" certificate certgen issued, and its CA.
+func (c *cluster) envoyTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	var s corev1.Secret
+	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(s.Data["ca.crt"]) {
+		t.Fatal("no CA in the envoy secret")
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "envoy-gateway", MinVersion: tls.VersionTLS12}
+}
+
+// modelServers runs simulators as the pool's pods: app=<pool> pods whose
+// IPs (127.0.1.x, inside the namespace) the simulators listen on.
+func (c *cluster) modelServers(t *testing.T, ns, pool string, n int) map[string]string {
+	t.Helper()
+	byAddr := map[string]string{}
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", pool, i)
+		ip := fmt.Sprintf("127.0.1.%d", i+1)
+		s, err := sim.New(sim.Config{Name: name, TimeScale: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := loopback.ServeAt(t, ip+":8000", s.Serve)
+		if _, err := controlplane.CreatePod(testCtx(t), c.client, ns, name, map[string]string{"app": pool}, ip, true); err != nil {
+			t.Fatal(err)
+		}
+		byAddr[addr] = name
+	}
+	return byAddr
+}
+
+// startPicker runs the endpoint picker on 127.0.0.1:9002 (the pool's
+// endpointPickerRef port) over TLS, fed a pool file of the servers.
+func startPicker(t *testing.T, servers map[string]string) (stop func()) {
+	t.Helper()
+	var sb strings.Builder
+	sb.WriteString("name: pool\nendpoints:\n")
+	for addr, name := range servers {
+		fmt.Fprintf(&sb, "- address: %s\n  name: %s\n", addr, name)
+	}
+	pool := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(pool, []byte(sb.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := epp.NewService(epp.Config{
+		Server: server.Options{GRPCAddr: "127.0.0.1:9002", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
+		PoolFile: pool, MetricsStaleness: 2 * time.Second, Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// standIn runs the Envoy stand-in as the Gateway's Envoy: an xDS node of
+// Envoy Gateway, with the certificate Envoy Gateway issued, whose node
+// cluster names the Gateway.
+func (c *cluster) standIn(t *testing.T, ns, gateway string) *devproxy.Node {
+	t.Helper()
+	log := logr.Discard()
+	if testing.Verbose() {
+		log = testr.New(t)
+	}
+	n, err := devproxy.NewNode(devproxy.NodeConfig{
+		XDS: xdsclient.Config{
+			Server: egXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t),
+		},
+		FreePorts:     true,
+		Resolve:       map[string]string{fmt.Sprintf("llama-epp.%s.svc.cluster.local", ns): "127.0.0.1"},
+		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		DebugMetadata: true,
+		Logger:        log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return n
+}
+
+type reply struct {
+	status        int
+	upstream, pod string
+	picked, body  string
+}
+
+func post(t *testing.T, base string) reply {
+	t.Helper()
+	c := &http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var lb struct {
+		Dest string `json:"x-gateway-destination-endpoint"`
+	}
+	_ = json.Unmarshal([]byte(resp.Header.Get(devproxy.DebugMetadataHeader)), &lb)
+	return reply{status: resp.StatusCode, upstream: resp.Header.Get(devproxy.UpstreamHeader),
+		pod: resp.Header.Get("x-inference-pod"), picked: lb.Dest, body: string(b)}
+}
+
+// TestTrafficThroughEnvoyGatewayXDS: the stand-in takes its configuration
+// from Envoy Gateway's xDS server, as the Gateway's Envoy would; requests
+// reach the simulator the picker chose; with the picker stopped the
+// FailOpen pool still answers from its endpoints; flipping the live pool
+// to FailClose reaches the xDS and the same outage answers 500.
+func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
+	c := startCluster(t)
+	c.startEG(t, c.startExtension(t))
+	ns := "traffic"
+	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	servers := c.modelServers(t, ns, "llama", 3)
+	stopPicker := startPicker(t, servers)
+	c.create(t, gatewayObjects(ns)...)
+	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
+	if cond := c.routeCondition(t, ns, "llm-route", "ResolvedRefs"); cond.Status != metav1.ConditionTrue {
+		t.Fatalf("ResolvedRefs = %s %s (%s)", cond.Status, cond.Reason, cond.Message)
+	}
+	n := c.standIn(t, ns, "inference-gateway")
+	listener := ns + "/inference-gateway/http"
+	var base string
+	waitFor(t, "the stand-in serves Envoy Gateway's listener "+listener, 60*time.Second, func() bool {
+		for typ, st := range n.XDS().Status() {
+			if st.NACKs > 0 {
+				t.Fatalf("stand-in NACKed Envoy Gateway's %s: %s", typ, st.LastError)
+			}
+		}
+		addr, ok := n.ListenerAddr(listener)
+		base = "http://" + addr
+		return ok
+	})
+	for range 20 {
+		r := post(t, base)
+		if r.status != 200 || r.picked == "" || r.picked != r.upstream || servers[r.upstream] != r.pod {
+			t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, r.picked, r.upstream, r.pod)
+		}
+	}
+	stopPicker()
+	for range 6 {
+		if r := post(t, base); r.status != 200 || servers[r.upstream] == "" {
+			t.Fatalf("FailOpen, picker stopped: %d via %q: %s", r.status, r.upstream, r.body)
+		}
+	}
+	var pool inferencev1.InferencePool
+	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
+	if err := c.client.Update(testCtx(t), &pool); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+}
