@@ -35,6 +35,7 @@ func newRootCommand() *cobra.Command {
 		newPayloadCommand(),
 		newSimCommand(),
 		newDevproxyCommand(),
+		newEGExtCommand(),
 	)
 	return root
 }

@@ -10,10 +10,12 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	healthcheckv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -237,5 +239,36 @@ func TestConfigsEnvoyRejects(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestHealthCheckFilter: Envoy Gateway's readiness listener answers /ready
+// with 200 from its health_check filter and sends everything else on to its
+// route (a direct 500). The listener uses default_filter_chain only.
+func TestHealthCheckFilter(t *testing.T) {
+	hc := &healthcheckv3.HealthCheck{
+		PassThroughMode: wrapperspb.Bool(false),
+		Headers: []*routev3.HeaderMatcher{{Name: ":path", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+			StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "/ready"}},
+		}}},
+	}
+	l := xdstest.Listener("ready", 19003, "ready-routes", xdstest.HTTPFilter("envoy.filters.http.health_check", hc, false))
+	l.DefaultFilterChain, l.FilterChains = l.FilterChains[0], nil
+	rc := &routev3.RouteConfiguration{Name: "ready-routes", VirtualHosts: []*routev3.VirtualHost{{Name: "r", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}}}}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", l, rc)
+	n := testNode(t, srv)
+	base := listenerURL(t, n, "ready")
+	for path, want := range map[string]int{"/ready": 200, "/other": 500} {
+		if resp, _ := get(t, base+path); resp.StatusCode != want {
+			t.Errorf("%s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	hc.PassThroughMode = wrapperspb.Bool(true)
+	r := xbResources(t, xdstest.Listener("ready", 19003, "ready-routes", xdstest.HTTPFilter("envoy.filters.http.health_check", hc, false)), rc)
+	if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "pass_through_mode") {
+		t.Fatalf("pass-through health check: %v", err)
 	}
 }

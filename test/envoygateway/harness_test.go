@@ -91,9 +91,13 @@ func (c *cluster) create(t *testing.T, objs ...client.Object) {
 	}
 }
 
-// egBinary builds Envoy Gateway once (hack/envoygateway.sh) and returns it.
+// egBinary is $INFERGATE_ENVOY_GATEWAY (make test sets it), or the binary
+// hack/envoygateway.sh builds once and caches.
 func egBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("INFERGATE_ENVOY_GATEWAY"); bin != "" {
+		return bin
+	}
 	ctx := testCtx(t)
 	root, err := goModuleRoot(ctx)
 	if err != nil {

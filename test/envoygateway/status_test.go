@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -15,15 +14,13 @@ import (
 	"github.com/infergate/infergate/test/loopback"
 )
 
-// startExtension serves infergate's extension on the namespace's loopback
-// and returns its address.
+// startExtension runs infergate's extension server (as infergate egext
+// does, with its own Pod cache) on the namespace's loopback and returns its
+// address.
 func (c *cluster) startExtension(t *testing.T) string {
 	t.Helper()
-	g := grpc.NewServer()
-	envoygateway.NewServer(envoygateway.KubeEndpoints{Reader: c.client}, logr.Discard()).Register(g)
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
-		go func() { <-ctx.Done(); g.Stop() }()
-		return g.Serve(ln)
+		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, Kube: c.env.Config, Logger: logr.Discard()})
 	})
 }
 

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/internal/kubeconfig"
+)
+
+func newEGExtCommand() *cobra.Command {
+	var (
+		bind, certFile, keyFile, kube, namespace string
+		port                                     int
+		logs                                     logFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "egext",
+		Short: "Envoy Gateway extension server: HTTPRoute → InferencePool through the pool's endpoint picker",
+		Long: `egext is the extension server Envoy Gateway (v1.9) calls through its extensionManager, with
+InferencePool (inference.networking.k8s.io/v1) listed in backendResources and the post hooks
+Route, Cluster and Translation. For each HTTPRoute rule whose backendRef is an InferencePool it
+renders the pool's endpoints behind Envoy's override_host policy (the picker's envoy.lb answer,
+round robin over the pool when a FailOpen picker is down), the picker's cluster and one ext_proc
+filter per pool with failure_mode_allow from the pool's failureMode. It reads Pods, with
+credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if port < 1 || port > 65535 {
+				return fmt.Errorf("--port %d: want 1-65535", port)
+			}
+			if (certFile == "") != (keyFile == "") {
+				return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
+			}
+			cfg, err := kubeconfig.Load(kube)
+			if err != nil {
+				return fmt.Errorf("egext: kubernetes credentials: %w", err)
+			}
+			log, err := logs.logger()
+			if err != nil {
+				return fmt.Errorf("egext logger: %w", err)
+			}
+			return envoygateway.Run(cmd.Context(), envoygateway.Options{
+				Addr: net.JoinHostPort(bind, strconv.Itoa(port)), CertFile: certFile, KeyFile: keyFile,
+				Kube: cfg, Namespace: namespace, Logger: log,
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&bind, "bind-address", "", "address the gRPC listener binds (empty: all interfaces)")
+	f.IntVar(&port, "port", 5005, "gRPC port Envoy Gateway's extensionManager.service points at")
+	f.StringVar(&certFile, "tls-cert-file", "", "PEM certificate to serve TLS (extensionManager.service.tls); plaintext without")
+	f.StringVar(&keyFile, "tls-key-file", "", "PEM key of --tls-cert-file")
+	f.StringVar(&kube, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+	f.StringVar(&namespace, "namespace", "", "watch pods of this namespace only (default: all namespaces)")
+	logs.register(f)
+	return cmd
+}

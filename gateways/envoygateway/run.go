@@ -1,0 +1,98 @@
+package envoygateway
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// Options configure the extension server.
+type Options struct {
+	// Addr is the gRPC listen address Envoy Gateway's extensionManager
+	// service points at; Listener, when set, is used instead.
+	Addr     string
+	Listener net.Listener
+	// CertFile and KeyFile, when set, serve TLS (extensionManager.service.tls).
+	CertFile, KeyFile string
+	// Kube is the API server the pods are read from.
+	Kube *rest.Config
+	// Namespace limits the pods watched; empty watches every namespace.
+	Namespace string
+	Logger    logr.Logger
+}
+
+// Run serves the extension until ctx ends: a Pod cache (the pools'
+// endpoints), the EnvoyGatewayExtension service and gRPC health.
+func Run(ctx context.Context, o Options) error {
+	if o.Kube == nil {
+		return errors.New("envoygateway: Kubernetes credentials are required")
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	copts := cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {}}}
+	if o.Namespace != "" {
+		copts.DefaultNamespaces = map[string]cache.Config{o.Namespace: {}}
+	}
+	mgr, err := ctrl.NewManager(o.Kube, ctrl.Options{Scheme: scheme, Cache: copts, Metrics: metricsserver.Options{BindAddress: "0"}, Logger: o.Logger})
+	if err != nil {
+		return fmt.Errorf("envoygateway: %w", err)
+	}
+	var opts []grpc.ServerOption
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return fmt.Errorf("envoygateway: TLS certificate: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	g := grpc.NewServer(opts...)
+	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, o.Logger).Register(g)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	ln := o.Listener
+	if ln == nil {
+		if ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", o.Addr); err != nil {
+			return fmt.Errorf("envoygateway: listen %s: %w", o.Addr, err)
+		}
+	}
+	defer ln.Close() // Serve never ran if the cache never synced
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- mgr.Start(ctx) }()
+	go func() {
+		// Answer only once the pod cache is filled: before, every pool
+		// would look empty.
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return
+		}
+		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		o.Logger.Info("extension server ready", "address", ln.Addr().String())
+		errc <- g.Serve(ln)
+	}()
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	g.GracefulStop()
+	cancel()
+	return err
+}
