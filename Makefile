@@ -7,7 +7,7 @@ WASM     := build/infergate-payload.wasm
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-routing clean
+.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing clean
 
 all: build
 
@@ -43,7 +43,7 @@ demo: build
 	$(GO) run ./test/demo --binary $(BIN)
 
 ## bench: scheduling micro-benchmarks, the ext_proc load driver, the stand-in's two modes and the routing benchmark.
-bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-routing
+bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing
 
 bench-scheduling:
 	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/ ./inference/pii/ ./inference/policy/
@@ -55,6 +55,10 @@ bench-payload:
 ## bench-devproxy: requests per second through the Envoy stand-in configured by flags and over xDS (same picker and simulators).
 bench-devproxy:
 	$(GO) test -run '^$$' -bench StandIn -benchtime 1x -v ./test/e2e/
+
+## bench-egext: the Envoy Gateway extension's translation hook (100 routes, 20 pools) in-process and over gRPC; memory of 1,000 pools.
+bench-egext:
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./gateways/envoygateway/
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
