@@ -12,14 +12,14 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
 // Options configure the extension server.
@@ -32,9 +32,13 @@ type Options struct {
 	CertFile, KeyFile string
 	// Kube is the API server the pods are read from.
 	Kube *rest.Config
-	// Namespace limits the pods watched; empty watches every namespace.
+	// Namespace limits what is watched (pods, pools, routes); empty
+	// watches every namespace.
 	Namespace string
-	Logger    logr.Logger
+	// ControllerName is Envoy Gateway's GatewayClass controller
+	// (default DefaultControllerName): pool status is written for its Gateways.
+	ControllerName string
+	Logger         logr.Logger
 }
 
 // Run serves the extension until ctx ends: a Pod cache (the pools'
@@ -43,17 +47,26 @@ func Run(ctx context.Context, o Options) error {
 	if o.Kube == nil {
 		return errors.New("envoygateway: Kubernetes credentials are required")
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+	if o.ControllerName == "" {
+		o.ControllerName = DefaultControllerName
 	}
-	copts := cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {}}}
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gatewayv1.Install, inferencev1.Install} {
+		if err := add(scheme); err != nil {
+			return err
+		}
+	}
+	copts := cache.Options{Scheme: scheme}
 	if o.Namespace != "" {
 		copts.DefaultNamespaces = map[string]cache.Config{o.Namespace: {}}
 	}
-	mgr, err := ctrl.NewManager(o.Kube, ctrl.Options{Scheme: scheme, Cache: copts, Metrics: metricsserver.Options{BindAddress: "0"}, Logger: o.Logger})
+	mgr, err := ctrl.NewManager(o.Kube, ctrl.Options{Scheme: scheme, Cache: copts, Metrics: metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0", Logger: o.Logger})
 	if err != nil {
 		return fmt.Errorf("envoygateway: %w", err)
+	}
+	if err := setUpStatus(mgr, o.ControllerName, o.Logger.WithName("status")); err != nil {
+		return fmt.Errorf("envoygateway: pool status controller: %w", err)
 	}
 	var opts []grpc.ServerOption
 	if o.CertFile != "" {

@@ -1,0 +1,216 @@
+package envoygateway
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// DefaultControllerName is Envoy Gateway's GatewayClass controller: the
+// pool's status entries are written for the Gateways it manages, under its
+// name, since they report how those Gateways treat the pool.
+const DefaultControllerName = "gateway.envoyproxy.io/gatewayclass-controller"
+
+// statusReconciler writes InferencePool status.parents: one entry per
+// Gateway (of Envoy Gateway's controller) an HTTPRoute attaches the pool to,
+// with Accepted (the route's own acceptance by that Gateway) and
+// ResolvedRefs (the pool's endpointPickerRef resolves to a Service). Entries
+// of other controllers are left alone; entries for Gateways no route
+// attaches any more are removed.
+type statusReconciler struct {
+	client     client.Client
+	controller string
+	log        logr.Logger
+}
+
+func setUpStatus(mgr ctrl.Manager, controllerName string, log logr.Logger) error {
+	r := &statusReconciler{client: mgr.GetClient(), controller: controllerName, log: log}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("inferencepool-status").
+		For(&inferencev1.InferencePool{}).
+		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(poolsOfRoute)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfService)).
+		Complete(r)
+}
+
+// poolsOfRoute enqueues the pools a route's rules name.
+func poolsOfRoute(_ context.Context, o client.Object) []reconcile.Request {
+	route, ok := o.(*gatewayv1.HTTPRoute)
+	if !ok {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, key := range routePools(route) {
+		out = append(out, reconcile.Request{NamespacedName: key})
+	}
+	return out
+}
+
+// poolsOfService enqueues the pools of the Service's namespace whose picker
+// it may be.
+func (r *statusReconciler) poolsOfService(ctx context.Context, o client.Object) []reconcile.Request {
+	var pools inferencev1.InferencePoolList
+	if err := r.client.List(ctx, &pools, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, p := range pools.Items {
+		if ref := p.Spec.EndpointPickerRef; ref != nil && string(ref.Name) == o.GetName() {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+		}
+	}
+	return out
+}
+
+// routePools lists the pools a route's rules name as backends.
+func routePools(route *gatewayv1.HTTPRoute) []types.NamespacedName {
+	var out []types.NamespacedName
+	for _, rule := range route.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			if b.Group == nil || string(*b.Group) != inferencev1.GroupVersion.Group || b.Kind == nil || *b.Kind != "InferencePool" {
+				continue
+			}
+			ns := route.Namespace
+			if b.Namespace != nil {
+				ns = string(*b.Namespace)
+			}
+			key := types.NamespacedName{Namespace: ns, Name: string(b.Name)}
+			if !slices.Contains(out, key) {
+				out = append(out, key)
+			}
+		}
+	}
+	return out
+}
+
+func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var pool inferencev1.InferencePool
+	if err := r.client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	var routes gatewayv1.HTTPRouteList
+	if err := r.client.List(ctx, &routes); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list HTTPRoutes: %w", err)
+	}
+	resolved := r.resolvedRefs(ctx, &pool)
+	var ours []inferencev1.ParentStatus
+	for i := range routes.Items {
+		route := &routes.Items[i]
+		if !slices.Contains(routePools(route), req.NamespacedName) {
+			continue
+		}
+		for _, ps := range route.Status.Parents {
+			if string(ps.ControllerName) != r.controller {
+				continue
+			}
+			ref := parentRef(route.Namespace, ps.ParentRef)
+			if slices.ContainsFunc(ours, func(s inferencev1.ParentStatus) bool { return equality.Semantic.DeepEqual(s.ParentRef, ref) }) {
+				continue
+			}
+			accepted := metav1.Condition{Type: string(inferencev1.InferencePoolConditionAccepted), Status: metav1.ConditionTrue,
+				Reason: string(inferencev1.InferencePoolReasonAccepted), Message: "referenced by an HTTPRoute accepted by the Gateway"}
+			if c := meta.FindStatusCondition(ps.Conditions, string(gatewayv1.RouteConditionAccepted)); c == nil || c.Status != metav1.ConditionTrue {
+				accepted.Status, accepted.Reason = metav1.ConditionFalse, string(inferencev1.InferencePoolReasonHTTPRouteNotAccepted)
+				accepted.Message = fmt.Sprintf("HTTPRoute %s/%s is not accepted by the Gateway; see its status", route.Namespace, route.Name)
+			}
+			if pool.Spec.EndpointPickerRef == nil {
+				accepted.Status, accepted.Reason = metav1.ConditionFalse, string(inferencev1.InferencePoolReasonEndpointPickerRefMissing)
+				accepted.Message = "spec.endpointPickerRef is required: infergate routes every request through the pool's endpoint picker"
+			}
+			st := inferencev1.ParentStatus{ParentRef: ref, ControllerName: inferencev1.ControllerName(r.controller)}
+			for _, c := range []metav1.Condition{accepted, resolved} {
+				c.ObservedGeneration = pool.Generation
+				meta.SetStatusCondition(&st.Conditions, c)
+			}
+			ours = append(ours, st)
+		}
+	}
+	next := slices.DeleteFunc(slices.Clone(pool.Status.Parents), func(s inferencev1.ParentStatus) bool {
+		return string(s.ControllerName) == r.controller
+	})
+	for _, st := range ours {
+		// Keep condition transition times when nothing changed.
+		if prev := findParent(pool.Status.Parents, st.ParentRef); prev != nil {
+			conds := slices.Clone(prev.Conditions)
+			for _, c := range st.Conditions {
+				meta.SetStatusCondition(&conds, c)
+			}
+			st.Conditions = conds
+		}
+		next = append(next, st)
+	}
+	if equality.Semantic.DeepEqual(next, pool.Status.Parents) {
+		return reconcile.Result{}, nil
+	}
+	pool.Status.Parents = next
+	if err := r.client.Status().Update(ctx, &pool); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{Requeue: true}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("update status of %s: %w", req.NamespacedName, err)
+	}
+	r.log.V(1).Info("pool status", "pool", req.NamespacedName, "parents", len(ours))
+	return reconcile.Result{}, nil
+}
+
+// resolvedRefs checks the pool's endpointPickerRef: a valid reference to a
+// Service that exists in the pool's namespace.
+func (r *statusReconciler) resolvedRefs(ctx context.Context, pool *inferencev1.InferencePool) metav1.Condition {
+	ok := metav1.Condition{Type: string(inferencev1.InferencePoolConditionResolvedRefs), Status: metav1.ConditionTrue,
+		Reason: string(inferencev1.InferencePoolReasonResolvedRefs), Message: "the endpoint picker Service exists"}
+	bad := func(format string, args ...any) metav1.Condition {
+		return metav1.Condition{Type: ok.Type, Status: metav1.ConditionFalse,
+			Reason: string(inferencev1.InferencePoolReasonInvalidExtensionRef), Message: fmt.Sprintf(format, args...)}
+	}
+	if _, err := poolOf(pool); err != nil {
+		return bad("%v", err)
+	}
+	var svc corev1.Service
+	name := string(pool.Spec.EndpointPickerRef.Name)
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: name}, &svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return bad("endpoint picker Service %s/%s not found", pool.Namespace, name)
+		}
+		return bad("endpoint picker Service %s/%s: %v", pool.Namespace, name, err)
+	}
+	return ok
+}
+
+func parentRef(routeNS string, p gatewayv1.ParentReference) inferencev1.ParentReference {
+	group := inferencev1.Group(gatewayv1.GroupName)
+	if p.Group != nil {
+		group = inferencev1.Group(*p.Group)
+	}
+	kind := inferencev1.Kind("Gateway")
+	if p.Kind != nil {
+		kind = inferencev1.Kind(*p.Kind)
+	}
+	ns := routeNS
+	if p.Namespace != nil {
+		ns = string(*p.Namespace)
+	}
+	return inferencev1.ParentReference{Group: &group, Kind: kind, Name: inferencev1.ObjectName(p.Name), Namespace: inferencev1.Namespace(ns)}
+}
+
+func findParent(ps []inferencev1.ParentStatus, ref inferencev1.ParentReference) *inferencev1.ParentStatus {
+	for i := range ps {
+		if equality.Semantic.DeepEqual(ps[i].ParentRef, ref) {
+			return &ps[i]
+		}
+	}
+	return nil
+}
