@@ -7,13 +7,15 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -41,6 +43,9 @@ func setUpStatus(mgr ctrl.Manager, controllerName string, log logr.Logger) error
 	r := &statusReconciler{client: mgr.GetClient(), controller: controllerName, log: log}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("inferencepool-status").
+		// controller-runtime keeps controller names process-wide; tests run
+		// several extensions in one process.
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		For(&inferencev1.InferencePool{}).
 		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(poolsOfRoute)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfService)).
