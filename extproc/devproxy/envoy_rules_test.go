@@ -62,7 +62,7 @@ func TestPerRouteConfigsMerge(t *testing.T) {
 // whose config is an empty Any enables the filter with its listener config.
 func TestFilterConfigWrapper(t *testing.T) {
 	env := xbEnv(t, xbResolve)
-	if _, _, _, err := build(prResources(t, true, false, nil, nil, &routev3.FilterConfig{}), env); err == nil ||
+	if _, err := build(prResources(t, true, false, nil, nil, &routev3.FilterConfig{}), env); err == nil ||
 		!strings.Contains(err.Error(), "empty FilterConfig") {
 		t.Fatalf("empty FilterConfig: %v", err)
 	}
@@ -74,7 +74,7 @@ func TestFilterConfigWrapper(t *testing.T) {
 	if tb.inChain(xbRoute(t, tb, "plain"), 0) {
 		t.Fatal("a route without per-route config enabled a disabled filter")
 	}
-	if _, _, _, err := build(prResources(t, false, false, nil, nil, &extprocfilterv3.ExtProcPerRoute{}), env); err == nil ||
+	if _, err := build(prResources(t, false, false, nil, nil, &extprocfilterv3.ExtProcPerRoute{}), env); err == nil ||
 		!strings.Contains(err.Error(), "disabled: true or overrides") {
 		t.Fatalf("ExtProcPerRoute{}: %v", err)
 	}
@@ -88,7 +88,7 @@ func TestPerRouteConfigOfPassThroughFilter(t *testing.T) {
 		h.HttpFilters = append([]*hcmv3.HttpFilter{xdstest.HTTPFilter("envoy.filters.http.cors", &corsv3.Cors{}, false)}, h.HttpFilters...)
 	})
 	xbEGPoolRoute(r).TypedPerFilterConfig["envoy.filters.http.cors"] = xdstest.Any(&corsv3.CorsPolicy{})
-	if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), `typed_per_filter_config["envoy.filters.http.cors"]`) {
+	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), `typed_per_filter_config["envoy.filters.http.cors"]`) {
 		t.Fatalf("per-route CORS policy: %v", err)
 	}
 }
@@ -101,7 +101,7 @@ func TestLoadBalancingPolicyFirstWins(t *testing.T) {
 		{TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "ring_hash", TypedConfig: xdstest.Any(&ringhashv3.RingHash{})}},
 		{TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "round_robin", TypedConfig: xdstest.Any(&roundrobinv3.RoundRobin{})}},
 	}}
-	if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "RingHash") {
+	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "RingHash") {
 		t.Fatalf("ring_hash before round_robin: %v", err)
 	}
 }
@@ -111,7 +111,7 @@ func TestLoadBalancingPolicyFirstWins(t *testing.T) {
 func TestZeroWrapperIsNotDefault(t *testing.T) {
 	r := xbResources(t, xdstest.EnvoyGateway(xbPool, xbOther)...)
 	r.listeners[xdstest.EGListener].BindToPort = wrapperspb.Bool(false)
-	if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "bind_to_port") {
+	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "bind_to_port") {
 		t.Fatalf("bind_to_port false: %v", err)
 	}
 }
@@ -235,7 +235,7 @@ func TestConfigsEnvoyRejects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := xbResources(t, xdstest.EnvoyGateway(xbPool, xbOther)...)
 			tc.mutate(r)
-			if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
@@ -268,7 +268,7 @@ func TestHealthCheckFilter(t *testing.T) {
 	}
 	hc.PassThroughMode = wrapperspb.Bool(true)
 	r := xbResources(t, xdstest.Listener("ready", 19003, "ready-routes", xdstest.HTTPFilter("envoy.filters.http.health_check", hc, false)), rc)
-	if _, _, _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "pass_through_mode") {
+	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "pass_through_mode") {
 		t.Fatalf("pass-through health check: %v", err)
 	}
 }

@@ -2,8 +2,10 @@ package devproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -62,6 +64,9 @@ type Node struct {
 	res       *resources
 	listeners map[string]*liveListener
 	warming   map[string]*warmingListener
+	side      map[string]*sideStream // by the cluster that reaches the EDS server
+	runCtx    context.Context        // Run's, for the side streams
+	sideRuns  sync.WaitGroup
 }
 
 // liveListener is a bound listener and its server.
@@ -93,9 +98,12 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		res: &resources{
 			listeners: map[string]*listenerv3.Listener{}, routes: map[string]*routev3.RouteConfiguration{},
 			clusters: map[string]*clusterv3.Cluster{}, endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
+			side: map[string]map[string]*endpointv3.ClusterLoadAssignment{},
 		},
 		listeners: map[string]*liveListener{},
 		warming:   map[string]*warmingListener{},
+		side:      map[string]*sideStream{},
+		runCtx:    context.Background(),
 	}
 	c, err := xdsclient.New(cfg.XDS, n)
 	if err != nil {
@@ -115,7 +123,11 @@ func (n *Node) XDS() *xdsclient.Client { return n.client }
 // Run keeps the ADS stream up and serves the listeners until ctx ends, then
 // drains every listener for up to Timeouts.Shutdown.
 func (n *Node) Run(ctx context.Context) error {
+	n.mu.Lock()
+	n.runCtx = ctx
+	n.mu.Unlock()
 	err := n.client.Run(ctx)
+	n.sideRuns.Wait() // they end with ctx
 	n.mu.Lock()
 	lls := n.listeners
 	n.listeners = map[string]*liveListener{}
@@ -168,21 +180,99 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 	if err != nil {
 		return err
 	}
-	built, rdsNames, edsNames, err := build(&next, buildEnv{resolve: n.resolve, clientFor: n.conns.client})
+	b, err := n.rebuild(&next, typeURL, version)
+	if err != nil {
+		return err
+	}
+	// Subscribing to a name set that did not change sends nothing.
+	n.client.Subscribe(xdsclient.RouteType, b.rds)
+	n.client.Subscribe(xdsclient.EndpointType, b.eds)
+	n.syncSide(b.side)
+	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
+	return nil
+}
+
+// rebuild translates next and, if it is accepted, makes it the node's
+// state. Callers hold n.mu.
+func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client})
 	if err == nil {
-		err = n.activate(built)
+		err = n.activate(b.listeners)
 	}
 	n.conns.endBuild(err == nil)
 	if err != nil {
 		n.log.Error(err, "xDS update rejected", "type", typeURL, "version", version)
+		return nil, err
+	}
+	n.res = next
+	return b, nil
+}
+
+// sideStream is an EDS stream to a server other than ADS (a cluster's
+// eds_config api_config_source), as Envoy opens one per such server.
+type sideStream struct {
+	target grpcTarget
+	client *xdsclient.Client
+	cancel context.CancelFunc
+}
+
+// syncSide opens, updates and closes the EDS streams the clusters need.
+// Callers hold n.mu.
+func (n *Node) syncSide(want map[string]*sideSource) {
+	for src, ss := range n.side {
+		if w, ok := want[src]; !ok || w.target != ss.target {
+			ss.cancel()
+			delete(n.side, src)
+		}
+	}
+	for src, w := range want {
+		ss := n.side[src]
+		if ss == nil {
+			cfg := n.cfg.XDS
+			cfg.Service, cfg.Server, cfg.TLS = xdsclient.EndpointService, w.target.addr, nil
+			if w.target.tls {
+				// As for ext_proc clusters: TLS that accepts the server's certificate.
+				cfg.TLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see above
+			}
+			c, err := xdsclient.New(cfg, xdsclient.HandlerFunc(func(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
+				return n.applySide(src, typeURL, version, rs)
+			}))
+			if err != nil {
+				n.log.Error(err, "EDS stream not opened", "cluster", src)
+				continue
+			}
+			ctx, cancel := context.WithCancel(n.runCtx)
+			ss = &sideStream{target: w.target, client: c, cancel: cancel}
+			n.side[src] = ss
+			n.sideRuns.Add(1)
+			go func() {
+				defer n.sideRuns.Done()
+				_ = c.Run(ctx)
+			}()
+		}
+		ss.client.Subscribe(xdsclient.EndpointType, w.names)
+	}
+}
+
+// applySide takes an update from a side EDS stream.
+func (n *Node) applySide(src, typeURL, version string, rs []*anypb.Any) error {
+	if typeURL != xdsclient.EndpointType {
+		return fmt.Errorf("resource type %s on an EDS stream", typeURL)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.side[src] == nil {
+		return nil // the stream was closed while this update was on its way
+	}
+	cla, err := decodeAll(rs, func() *endpointv3.ClusterLoadAssignment { return &endpointv3.ClusterLoadAssignment{} }, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	if err != nil {
 		return err
 	}
-	n.res = &next
-	// Subscribing to a name set that did not change sends nothing.
-	n.client.Subscribe(xdsclient.RouteType, rdsNames)
-	n.client.Subscribe(xdsclient.EndpointType, edsNames)
-	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
-	return nil
+	next := *n.res
+	next.side = maps.Clone(next.side)
+	next.side[src] = cla
+	_, err = n.rebuild(&next, typeURL, version)
+	return err
 }
 
 func decodeAll[T proto.Message](rs []*anypb.Any, newT func() T, name func(T) string) (map[string]T, error) {

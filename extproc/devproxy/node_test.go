@@ -11,6 +11,7 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -440,4 +441,46 @@ func TestWarmingListener(t *testing.T) {
 	if _, body := get(t, base+"/"); body != "hello from "+a.Addr {
 		t.Fatalf("after its RDS went away the listener should keep its table: %q", body)
 	}
+}
+
+// TestEndpointsFromAnotherEDSServer: a cluster whose eds_config is an
+// api_config_source gets its endpoints from that server over its own EDS
+// stream, and follows its updates.
+func TestEndpointsFromAnotherEDSServer(t *testing.T) {
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	side := xdstest.Start(t)
+	side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
+	pool := xdstest.EDSCluster("pool-cluster")
+	pool.EdsClusterConfig.ServiceName = "pool"
+	pool.EdsClusterConfig.EdsConfig = &corev3.ConfigSource{
+		ResourceApiVersion: corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "eds-server"}}}},
+		}},
+	}
+	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "pool-cluster"}}}}}}}}
+	srv := xdstest.Start(t)
+	srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), routes, pool, xdstest.StaticCluster("eds-server", side.Addr))
+	n := testNode(t, srv)
+	base := listenerURL(t, n, "l")
+	waitBody := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, body := get(t, base+"/")
+			if body == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("got %q, want %q; xDS %+v", body, want, n.XDS().Status())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitBody("hello from " + a.Addr)
+	side.SetEndpoints(t, "2", xdstest.Assignment("pool", b.Addr))
+	waitBody("hello from " + b.Addr)
 }

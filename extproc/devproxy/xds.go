@@ -65,6 +65,9 @@ type resources struct {
 	routes    map[string]*routev3.RouteConfiguration
 	clusters  map[string]*clusterv3.Cluster
 	endpoints map[string]*endpointv3.ClusterLoadAssignment
+	// side holds load assignments from EDS servers other than ADS, by the
+	// cluster that reaches the server, then by name.
+	side map[string]map[string]*endpointv3.ClusterLoadAssignment
 }
 
 // builtListener is a listener ready to serve, or waiting for its route
@@ -86,35 +89,68 @@ type buildEnv struct {
 	clientFor func(cfg extproctest.FilterConfig) (*extproctest.Client, error)
 }
 
+// built is a translated state: the listeners, and the names the node must
+// subscribe to next.
+type built struct {
+	listeners []*builtListener
+	// rds and eds are the route configurations and (ADS) load assignments
+	// the listeners and clusters name.
+	rds, eds []string
+	// side are the load assignments to fetch from other EDS servers, by
+	// the cluster that reaches the server (EdsClusterConfig.eds_config
+	// api_config_source).
+	side map[string]*sideSource
+}
+
+// sideSource is one EDS server besides ADS and the names asked of it.
+type sideSource struct {
+	target grpcTarget
+	names  []string
+}
+
 // build translates the whole state. Any error is a NACK of the update that
 // produced this state.
-func build(res *resources, env buildEnv) ([]*builtListener, []string, []string, error) {
+func build(res *resources, env buildEnv) (*built, error) {
 	clusters := make(map[string]*cluster, len(res.clusters))
 	grpcTargets := make(map[string]grpcTarget, len(res.clusters))
-	var edsNames []string
+	out := &built{side: map[string]*sideSource{}}
 	for name, c := range res.clusters {
-		cl, tgt, eds, err := buildCluster(c, res.endpoints, env)
+		cl, tgt, eds, err := buildCluster(c, res, env)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("cluster %q: %w", name, err)
+			return nil, fmt.Errorf("cluster %q: %w", name, err)
 		}
 		clusters[name], grpcTargets[name] = cl, tgt
-		if eds != "" {
-			edsNames = append(edsNames, eds)
+		switch {
+		case eds.name == "":
+		case eds.source == "":
+			out.eds = append(out.eds, eds.name)
+		default:
+			s := out.side[eds.source]
+			if s == nil {
+				s = &sideSource{}
+				out.side[eds.source] = s
+			}
+			s.names = append(s.names, eds.name)
 		}
 	}
-	var out []*builtListener
-	var rdsNames []string
+	for src, s := range out.side {
+		tgt, ok := grpcTargets[src]
+		if !ok || tgt.addr == "" {
+			return nil, fmt.Errorf("eds_config names cluster %q, which has no endpoint", src)
+		}
+		s.target = tgt
+	}
 	for name, l := range res.listeners {
 		bl, err := buildListener(l, res, clusters, grpcTargets, env)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("listener %q: %w", name, err)
+			return nil, fmt.Errorf("listener %q: %w", name, err)
 		}
 		if bl.rds != "" {
-			rdsNames = append(rdsNames, bl.rds)
+			out.rds = append(out.rds, bl.rds)
 		}
-		out = append(out, bl)
+		out.listeners = append(out.listeners, bl)
 	}
-	return out, rdsNames, edsNames, nil
+	return out, nil
 }
 
 // grpcTarget is where an ext_proc filter naming a cluster connects.
@@ -313,6 +349,9 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	case hcm.GetRds() != nil:
 		if err := checkFields("rds", hcm.GetRds()); err != nil {
 			return nil, "", false, err
+		}
+		if src, err := configSource("rds.config_source", hcm.GetRds().GetConfigSource()); err != nil || src != "" {
+			return nil, "", false, fmt.Errorf("rds.config_source: only ADS is implemented by the stand-in for routes (%v)", err)
 		}
 		rds = hcm.GetRds().GetRouteConfigName()
 		rc = res.routes[rds]
@@ -784,13 +823,19 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 	return nil
 }
 
+// edsRef is the load assignment an EDS cluster needs: its name, and the
+// cluster that reaches its EDS server ("" for ADS).
+type edsRef struct {
+	name, source string
+}
+
 // buildCluster translates a Cluster. It returns the cluster, where an
-// ext_proc filter naming it connects, and the EDS name it needs ("" when
-// it is not an EDS cluster).
-func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAssignment, env buildEnv) (*cluster, grpcTarget, string, error) {
+// ext_proc filter naming it connects, and the load assignment it needs
+// (empty when it is not an EDS cluster).
+func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster, grpcTarget, edsRef, error) {
 	var tgt grpcTarget
 	if err := checkFields("cluster", c); err != nil {
-		return nil, tgt, "", err
+		return nil, tgt, edsRef{}, err
 	}
 	out := &cluster{name: c.GetName(), connectTimeout: 5 * time.Second}
 	if d := c.GetConnectTimeout(); d != nil {
@@ -798,10 +843,10 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 	}
 	tls, err := clusterTLS(c.GetTransportSocket())
 	if err != nil {
-		return nil, tgt, "", err
+		return nil, tgt, edsRef{}, err
 	}
 	out.tls = tls
-	edsName := ""
+	var eds edsRef
 	var cla *endpointv3.ClusterLoadAssignment
 	switch c.GetType() {
 	case clusterv3.Cluster_STATIC, clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
@@ -809,27 +854,35 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 	case clusterv3.Cluster_EDS:
 		ec := c.GetEdsClusterConfig()
 		if err := checkFields("eds_cluster_config", ec); err != nil {
-			return nil, tgt, "", err
+			return nil, tgt, edsRef{}, err
 		}
-		edsName = ec.GetServiceName()
-		if edsName == "" {
-			edsName = c.GetName()
+		src, err := configSource("eds_cluster_config.eds_config", ec.GetEdsConfig())
+		if err != nil {
+			return nil, tgt, edsRef{}, err
 		}
-		cla = eds[edsName]
+		eds = edsRef{name: ec.GetServiceName(), source: src}
+		if eds.name == "" {
+			eds.name = c.GetName()
+		}
+		if src == "" {
+			cla = res.endpoints[eds.name]
+		} else {
+			cla = res.side[src][eds.name]
+		}
 	case clusterv3.Cluster_ORIGINAL_DST:
 		if c.GetLoadAssignment() != nil {
-			return nil, tgt, "", errors.New("ORIGINAL_DST clusters take no load_assignment")
+			return nil, tgt, edsRef{}, errors.New("ORIGINAL_DST clusters take no load_assignment")
 		}
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
-			return nil, tgt, "", errors.New("ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED")
+			return nil, tgt, edsRef{}, errors.New("ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED")
 		}
 		od, err := originalDstSource(c.GetOriginalDstLbConfig())
 		if err != nil {
-			return nil, tgt, "", err
+			return nil, tgt, edsRef{}, err
 		}
 		out.originalDst = od
 	default:
-		return nil, tgt, "", fmt.Errorf("type %s is not implemented by the stand-in", c.GetType())
+		return nil, tgt, edsRef{}, fmt.Errorf("type %s is not implemented by the stand-in", c.GetType())
 	}
 	// With load_balancing_policy set, Envoy ignores lb_policy (Istio sets
 	// CLUSTER_PROVIDED beside override_host).
@@ -837,22 +890,22 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 		switch c.GetLbPolicy() {
 		case clusterv3.Cluster_ROUND_ROBIN, clusterv3.Cluster_LEAST_REQUEST, clusterv3.Cluster_RANDOM:
 		default:
-			return nil, tgt, "", fmt.Errorf("lb_policy %s is not implemented by the stand-in", c.GetLbPolicy())
+			return nil, tgt, edsRef{}, fmt.Errorf("lb_policy %s is not implemented by the stand-in", c.GetLbPolicy())
 		}
 	}
 	if lbp := c.GetLoadBalancingPolicy(); lbp != nil {
 		if out.originalDst != nil {
-			return nil, tgt, "", errors.New("load_balancing_policy on an ORIGINAL_DST cluster")
+			return nil, tgt, edsRef{}, errors.New("load_balancing_policy on an ORIGINAL_DST cluster")
 		}
 		oh, err := loadBalancingPolicy("load_balancing_policy", lbp, true)
 		if err != nil {
-			return nil, tgt, "", err
+			return nil, tgt, edsRef{}, err
 		}
 		out.override = oh
 	}
 	eps, members, err := clusterEndpoints(cla, env)
 	if err != nil {
-		return nil, tgt, "", err
+		return nil, tgt, edsRef{}, err
 	}
 	out.endpoints, out.members = eps, members
 	if len(eps) > 0 {
@@ -860,7 +913,39 @@ func buildCluster(c *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAs
 		// endpoint picker Service per cluster, as the integrations render.
 		tgt = grpcTarget{addr: eps[0], tls: tls}
 	}
-	return out, tgt, edsName, nil
+	return out, tgt, eds, nil
+}
+
+// edsSource reads an EDS ConfigSource: ADS (""), or an api_config_source
+// streaming EDS over gRPC from a cluster (that cluster's name).
+func configSource(where string, cs *corev3.ConfigSource) (string, error) {
+	if cs == nil {
+		return "", fmt.Errorf("%s is required", where)
+	}
+	if err := checkFields(where, cs); err != nil {
+		return "", err
+	}
+	if cs.GetAds() != nil {
+		return "", nil
+	}
+	api := cs.GetApiConfigSource()
+	if api == nil {
+		return "", fmt.Errorf("%s: only ads and api_config_source are implemented by the stand-in", where)
+	}
+	if err := checkFields(where+".api_config_source", api); err != nil {
+		return "", err
+	}
+	if api.GetApiType() != corev3.ApiConfigSource_GRPC {
+		return "", fmt.Errorf("%s.api_config_source.api_type %s: only GRPC (state of the world) is implemented by the stand-in", where, api.GetApiType())
+	}
+	if len(api.GetGrpcServices()) != 1 || api.GetGrpcServices()[0].GetEnvoyGrpc() == nil {
+		return "", fmt.Errorf("%s.api_config_source: want one grpc_services entry with envoy_grpc", where)
+	}
+	gs := api.GetGrpcServices()[0]
+	if err := checkAll(where+".api_config_source.grpc_services[0]", gs, gs.GetEnvoyGrpc()); err != nil {
+		return "", err
+	}
+	return gs.GetEnvoyGrpc().GetClusterName(), nil
 }
 
 func originalDstSource(oc *clusterv3.Cluster_OriginalDstLbConfig) (*originalDst, error) {

@@ -188,10 +188,11 @@ func xbRoute(t *testing.T, tb *table, name string) *route {
 // xbBuildOne builds r, which must hold one listener, and returns its table.
 func xbBuildOne(t *testing.T, r *resources, env buildEnv) *table {
 	t.Helper()
-	bls, _, _, err := build(r, env)
+	b, err := build(r, env)
 	if err != nil {
 		t.Fatalf("build: %v", err)
 	}
+	bls := b.listeners
 	if len(bls) != 1 || !bls[0].ready {
 		t.Fatalf("built %d listeners (%+v), want one ready", len(bls), bls)
 	}
@@ -217,10 +218,11 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 
 	// Both shapes, untouched, build.
 	t.Run("good Istio shape", func(t *testing.T) {
-		bls, rds, eds, err := build(xbResources(t, istio...), env)
+		b, err := build(xbResources(t, istio...), env)
 		if err != nil {
 			t.Fatalf("build: %v", err)
 		}
+		bls, rds, eds := b.listeners, b.rds, b.eds
 		wantEDS := []string{xdstest.IstioEPPCluster, xdstest.IstioPoolSvc}
 		slices.Sort(eds)
 		slices.Sort(wantEDS)
@@ -247,10 +249,11 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 		}
 	})
 	t.Run("good Envoy Gateway shape", func(t *testing.T) {
-		bls, rds, eds, err := build(xbResources(t, eg...), env)
+		b, err := build(xbResources(t, eg...), env)
 		if err != nil {
 			t.Fatalf("build: %v", err)
 		}
+		bls, rds, eds := b.listeners, b.rds, b.eds
 		if len(bls) != 1 || !bls[0].ready || bls[0].name != xdstest.EGListener ||
 			!slices.Equal(rds, []string{xdstest.EGRoutes}) || len(eds) != 0 {
 			t.Fatalf("listeners %+v, rds %q, eds %q", bls, rds, eds)
@@ -647,7 +650,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := xbResources(t, tc.shape...)
 			tc.mutate(t, r)
-			_, _, _, err := build(r, env)
+			_, err := build(r, env)
 			if err == nil {
 				t.Fatalf("build accepted it; want an error containing %q", tc.want)
 			}
@@ -1159,23 +1162,23 @@ func TestClusterEndpoints(t *testing.T) {
 
 	// buildCluster uses them for STATIC and EDS clusters alike.
 	t.Run("STATIC and EDS clusters", func(t *testing.T) {
-		eds := map[string]*endpointv3.ClusterLoadAssignment{
+		eds := &resources{endpoints: map[string]*endpointv3.ClusterLoadAssignment{
 			"svc": cla(level(1, ep("10.0.0.2", 80, healthy)), level(0, ep("10.0.0.1", 80, draining))),
-		}
+		}}
 		edsCluster := xdstest.EDSCluster("eds")
 		edsCluster.EdsClusterConfig.ServiceName = "svc"
-		cl, tgt, name, err := buildCluster(edsCluster, eds, env)
-		if err != nil || name != "svc" || !slices.Equal(cl.endpoints, []string{"10.0.0.2:80"}) || tgt.addr != "10.0.0.2:80" {
-			t.Errorf("EDS cluster: %+v %+v %q %v", cl, tgt, name, err)
+		cl, tgt, ref, err := buildCluster(edsCluster, eds, env)
+		if err != nil || ref.name != "svc" || !slices.Equal(cl.endpoints, []string{"10.0.0.2:80"}) || tgt.addr != "10.0.0.2:80" {
+			t.Errorf("EDS cluster: %+v %+v %+v %v", cl, tgt, ref, err)
 		}
 		missing := xdstest.EDSCluster("missing")
-		cl, tgt, name, err = buildCluster(missing, eds, env)
-		if err != nil || name != "missing" || len(cl.endpoints) != 0 || tgt.addr != "" {
-			t.Errorf("EDS cluster without an assignment: %+v %+v %q %v", cl, tgt, name, err)
+		cl, tgt, ref, err = buildCluster(missing, eds, env)
+		if err != nil || ref.name != "missing" || len(cl.endpoints) != 0 || tgt.addr != "" {
+			t.Errorf("EDS cluster without an assignment: %+v %+v %+v %v", cl, tgt, ref, err)
 		}
-		cl, tgt, name, err = buildCluster(xdstest.StaticCluster("s", "10.0.0.3:80", "10.0.0.4:80"), eds, env)
-		if err != nil || name != "" || !slices.Equal(cl.endpoints, []string{"10.0.0.3:80", "10.0.0.4:80"}) || tgt.addr != "10.0.0.3:80" || tgt.tls {
-			t.Errorf("STATIC cluster: %+v %+v %q %v", cl, tgt, name, err)
+		cl, tgt, ref, err = buildCluster(xdstest.StaticCluster("s", "10.0.0.3:80", "10.0.0.4:80"), eds, env)
+		if err != nil || ref.name != "" || !slices.Equal(cl.endpoints, []string{"10.0.0.3:80", "10.0.0.4:80"}) || tgt.addr != "10.0.0.3:80" || tgt.tls {
+			t.Errorf("STATIC cluster: %+v %+v %+v %v", cl, tgt, ref, err)
 		}
 		if cl.connectTimeout != 5*time.Second {
 			t.Errorf("connect timeout %v, want Envoy's default 5s", cl.connectTimeout)
@@ -1473,7 +1476,7 @@ func TestHostChoice(t *testing.T) {
 	)
 	mkCluster := func(t *testing.T, cl *clusterv3.Cluster, eds map[string]*endpointv3.ClusterLoadAssignment) *cluster {
 		t.Helper()
-		out, _, _, err := buildCluster(cl, eds, env)
+		out, _, _, err := buildCluster(cl, &resources{endpoints: eds}, env)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -264,6 +264,20 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.config.cluster.v3.Cluster.EdsClusterConfig": {
 		reads: []string{"eds_config", "service_name"},
 	},
+	"envoy.config.core.v3.ConfigSource": {
+		reads: []string{"ads", "api_config_source", "resource_api_version"},
+		ignores: map[string]string{
+			"initial_fetch_timeout": "how long a resource may take to arrive before Envoy goes on without it",
+		},
+	},
+	"envoy.config.core.v3.ApiConfigSource": {
+		reads: []string{"api_type", "transport_api_version", "grpc_services"},
+		ignores: map[string]string{
+			"set_node_on_first_message_only": "the stand-in sends the node on the first message of a stream",
+			"request_timeout":                "REST only",
+			"refresh_delay":                  "REST only",
+		},
+	},
 	"envoy.config.cluster.v3.Cluster.OriginalDstLbConfig": {
 		reads: []string{"use_http_header", "http_header_name", "metadata_key"},
 	},

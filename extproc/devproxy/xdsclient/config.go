@@ -40,8 +40,21 @@ const (
 	maxResponseBytes = 128 << 20
 )
 
+// Service is the discovery service a Client streams from.
+type Service string
+
+const (
+	// AggregatedService is ADS (envoy.service.discovery.v3.AggregatedDiscoveryService), every type on one stream.
+	AggregatedService Service = "ADS"
+	// EndpointService is EDS alone (envoy.service.endpoint.v3.EndpointDiscoveryService),
+	// as Envoy streams it for a cluster whose eds_config is an api_config_source.
+	EndpointService Service = "EDS"
+)
+
 // Config configures a Client.
 type Config struct {
+	// Service is AggregatedService (the default) or EndpointService.
+	Service Service
 	// Server is the host:port of the ADS server. It is dialled as given
 	// (grpc's passthrough resolver); a target with a scheme ("dns:///...")
 	// is used unchanged.
@@ -71,6 +84,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.NodeID == "" {
 		return c, errors.New("xdsclient: Config.NodeID is required (control planes key node state on it)")
+	}
+	switch c.Service {
+	case "":
+		c.Service = AggregatedService
+	case AggregatedService, EndpointService:
+	default:
+		return c, fmt.Errorf("xdsclient: Config.Service %q: want %s or %s", c.Service, AggregatedService, EndpointService)
 	}
 	if c.BackoffInitial < 0 || c.BackoffMax < 0 {
 		return c, fmt.Errorf("xdsclient: negative backoff (initial %v, max %v)", c.BackoffInitial, c.BackoffMax)

@@ -14,7 +14,7 @@ import (
 // type's latest names, version and nonce (as Envoy's GrpcMux does) and a
 // burst of Subscribe calls collapses into one request.
 type adsStream struct {
-	grpc discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	grpc discoveryStream
 	wake chan struct{} // capacity 1: "the queue may have work"
 
 	// Guarded by Client.mu.
@@ -30,7 +30,7 @@ type adsStream struct {
 	holding bool
 }
 
-func newADSStream(g discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) *adsStream {
+func newADSStream(g discoveryStream) *adsStream {
 	return &adsStream{
 		grpc:      g,
 		wake:      make(chan struct{}, 1),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
@@ -30,11 +31,11 @@ func (c *Client) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close() //nolint:errcheck // nothing to do about a close error on the way out
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	open := c.opener(conn)
 
 	delay := c.cfg.BackoffInitial
 	for {
-		received, err := c.runStream(ctx, ads)
+		received, err := c.runStream(ctx, open)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -98,14 +99,31 @@ func (c *Client) dial() (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
+// discoveryStream is the client side of a state-of-the-world stream, ADS
+// or single-type: the same messages either way.
+type discoveryStream interface {
+	Send(*discoveryv3.DiscoveryRequest) error
+	Recv() (*discoveryv3.DiscoveryResponse, error)
+}
+
+// opener opens streams of the configured service on conn.
+func (c *Client) opener(conn *grpc.ClientConn) func(context.Context) (discoveryStream, error) {
+	if c.cfg.Service == EndpointService {
+		eds := endpointv3.NewEndpointDiscoveryServiceClient(conn)
+		return func(ctx context.Context) (discoveryStream, error) { return eds.StreamEndpoints(ctx) }
+	}
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	return func(ctx context.Context) (discoveryStream, error) { return ads.StreamAggregatedResources(ctx) }
+}
+
 // runStream runs one ADS stream until it fails or ctx ends. received
 // reports whether any response arrived.
-func (c *Client) runStream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) (received bool, err error) {
+func (c *Client) runStream(ctx context.Context, open func(context.Context) (discoveryStream, error)) (received bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	g, err := ads.StreamAggregatedResources(sctx)
+	g, err := open(sctx)
 	if err != nil {
-		return false, fmt.Errorf("open ADS stream: %w", err)
+		return false, fmt.Errorf("open %s stream: %w", c.cfg.Service, err)
 	}
 	s := newADSStream(g)
 	c.attach(s)

@@ -22,6 +22,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -52,7 +53,9 @@ func Start(t testing.TB) *Server {
 	// would wait on open streams forever.
 	ctx, cancel := context.WithCancel(context.Background())
 	g := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, s.cache, nil))
+	xds := serverv3.NewServer(ctx, s.cache, nil)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, xds)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(ln) }()
 	var once sync.Once
@@ -65,6 +68,19 @@ func Start(t testing.TB) *Server {
 // consistent (every RDS and EDS name referenced, none extra): the ADS cache
 // leaves a type unanswered otherwise.
 func (s *Server) Set(t testing.TB, version string, rs ...proto.Message) {
+	t.Helper()
+	s.set(t, version, true, rs)
+}
+
+// SetExternalEDS is Set for a snapshot whose clusters take their endpoints
+// from another EDS server: go-control-plane's consistency check, which
+// expects every EDS name here, is skipped.
+func (s *Server) SetExternalEDS(t testing.TB, version string, rs ...proto.Message) {
+	t.Helper()
+	s.set(t, version, false, rs)
+}
+
+func (s *Server) set(t testing.TB, version string, check bool, rs []proto.Message) {
 	t.Helper()
 	byType := map[resourcev3.Type][]types.Resource{}
 	for _, r := range rs {
@@ -87,8 +103,25 @@ func (s *Server) Set(t testing.TB, version string, rs ...proto.Message) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := snap.Consistent(); err != nil {
+	if err := snap.Consistent(); check && err != nil {
 		t.Fatalf("xdstest: snapshot %s: %v", version, err)
+	}
+	if err := s.cache.SetSnapshot(context.Background(), NodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SetEndpoints publishes load assignments alone, for a server that is only
+// an EDS source (a cluster's eds_config api_config_source).
+func (s *Server) SetEndpoints(t testing.TB, version string, clas ...*endpointv3.ClusterLoadAssignment) {
+	t.Helper()
+	rs := make([]types.Resource, len(clas))
+	for i, c := range clas {
+		rs[i] = c
+	}
+	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.EndpointType: rs})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := s.cache.SetSnapshot(context.Background(), NodeID, snap); err != nil {
 		t.Fatal(err)
