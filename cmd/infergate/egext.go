@@ -13,9 +13,9 @@ import (
 
 func newEGExtCommand() *cobra.Command {
 	var (
-		bind, certFile, keyFile, kube, namespace string
-		port                                     int
-		logs                                     logFlags
+		bind, certFile, keyFile, kube, namespace, edsAddr string
+		port                                              int
+		logs                                              logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "egext",
@@ -45,7 +45,7 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			return envoygateway.Run(cmd.Context(), envoygateway.Options{
 				Addr: net.JoinHostPort(bind, strconv.Itoa(port)), CertFile: certFile, KeyFile: keyFile,
-				Kube: cfg, Namespace: namespace, Logger: log,
+				EDSAddress: edsAddr, Kube: cfg, Namespace: namespace, Logger: log,
 			})
 		},
 	}
@@ -56,6 +56,8 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	f.StringVar(&keyFile, "tls-key-file", "", "PEM key of --tls-cert-file")
 	f.StringVar(&kube, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
 	f.StringVar(&namespace, "namespace", "", "watch pods of this namespace only (default: all namespaces)")
+	f.StringVar(&edsAddr, "eds-address", "", "host:port Envoy reaches this server at (its Service, e.g. infergate-egext.infergate-system.svc.cluster.local:5005): "+
+		"the pools' endpoints are then served over EDS and follow pods without Envoy Gateway translating; without it they are read at each translation")
 	logs.register(f)
 	return cmd
 }

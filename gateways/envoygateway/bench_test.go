@@ -46,7 +46,7 @@ func translation(b *testing.B, routes, pools, listeners int) ([]*clusterv3.Clust
 		}
 		vh := rcs[i%listeners].VirtualHosts[0]
 		vh.Routes = append(vh.Routes, r)
-		c, err := ModifyCluster(&clusterv3.Cluster{Name: cluster}, []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"})
+		c, err := ModifyCluster(&clusterv3.Cluster{Name: cluster}, p, []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -61,7 +61,7 @@ func BenchmarkPostTranslateModify(b *testing.B) {
 	cs, ls, rcs := translation(b, 100, 20, 2)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := ModifyTranslation(cs, ls, rcs); err != nil {
+		if _, _, err := ModifyTranslation(cs, ls, rcs, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -72,7 +72,7 @@ func BenchmarkPostTranslateModify(b *testing.B) {
 func BenchmarkPostTranslateModifyGRPC(b *testing.B) {
 	cs, ls, rcs := translation(b, 100, 20, 2)
 	g := grpc.NewServer()
-	NewServer(nil, logr.Discard()).Register(g)
+	NewServer(nil, nil, logr.Discard()).Register(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +103,7 @@ func BenchmarkMemory1000Pools(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
 		cs, ls, rcs := translation(b, 1000, 1000, 4)
-		outC, outL, err := ModifyTranslation(cs, ls, rcs)
+		outC, outL, err := ModifyTranslation(cs, ls, rcs, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

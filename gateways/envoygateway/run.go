@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -35,6 +37,11 @@ type Options struct {
 	// Namespace limits what is watched (pods, pools, routes); empty
 	// watches every namespace.
 	Namespace string
+	// EDSAddress, when set, is where Envoy reaches this server (host:port,
+	// e.g. the extension's Service): the pools' endpoints are then served
+	// over EDS from a Pod watch, so pods coming and going reach Envoy without
+	// Envoy Gateway translating. Without it they are read at translation.
+	EDSAddress string
 	// ControllerName is Envoy Gateway's GatewayClass controller
 	// (default DefaultControllerName): pool status is written for its Gateways.
 	ControllerName string
@@ -77,7 +84,16 @@ func Run(ctx context.Context, o Options) error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	}
 	g := grpc.NewServer(opts...)
-	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, o.Logger).Register(g)
+	var eds *EDSServer
+	if o.EDSAddress != "" {
+		eds = &EDSServer{Address: o.EDSAddress, TLS: o.CertFile != ""}
+		cache := newEndpointCache()
+		if err := setUpEndpoints(mgr, cache, o.Logger.WithName("eds")); err != nil {
+			return fmt.Errorf("envoygateway: endpoints controller: %w", err)
+		}
+		endpointservice.RegisterEndpointDiscoveryServiceServer(g, serverv3.NewServer(ctx, cache, nil))
+	}
+	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, eds, o.Logger).Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	ln := o.Listener

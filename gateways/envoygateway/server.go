@@ -26,12 +26,16 @@ type Endpoints interface {
 type Server struct {
 	pb.UnimplementedEnvoyGatewayExtensionServer
 	endpoints Endpoints
+	eds       *EDSServer
 	log       logr.Logger
 }
 
-// NewServer returns the service over an endpoint source.
-func NewServer(endpoints Endpoints, log logr.Logger) *Server {
-	return &Server{endpoints: endpoints, log: log}
+// NewServer returns the service over an endpoint source. With eds set, the
+// pools' clusters take their endpoints from the extension's EDS service at
+// that address (and endpoints is not read); without, they are written into
+// each cluster at translation time.
+func NewServer(endpoints Endpoints, eds *EDSServer, log logr.Logger) *Server {
+	return &Server{endpoints: endpoints, eds: eds, log: log}
 }
 
 // Register adds the service to a gRPC server.
@@ -82,12 +86,15 @@ func (s *Server) PostClusterModify(ctx context.Context, req *pb.PostClusterModif
 		// Not a pool, or one whose route answers 500: leave the cluster alone.
 		return &pb.PostClusterModifyResponse{Cluster: req.GetCluster()}, nil
 	}
-	eps, err := s.endpoints.Endpoints(ctx, p)
-	if err != nil {
-		// Envoy Gateway keeps its previous configuration when a hook fails.
-		return nil, status.Errorf(codes.Unavailable, "endpoints of pool %s: %v", p.Key(), err)
+	var eps []string
+	if s.eds == nil {
+		var err error
+		if eps, err = s.endpoints.Endpoints(ctx, p); err != nil {
+			// Envoy Gateway keeps its previous configuration when a hook fails.
+			return nil, status.Errorf(codes.Unavailable, "endpoints of pool %s: %v", p.Key(), err)
+		}
 	}
-	c, err := ModifyCluster(req.GetCluster(), eps)
+	c, err := ModifyCluster(req.GetCluster(), p, eps, s.eds)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "cluster %q: %v", req.GetCluster().GetName(), err)
 	}
@@ -97,7 +104,7 @@ func (s *Server) PostClusterModify(ctx context.Context, req *pb.PostClusterModif
 
 // PostTranslateModify adds each pool's picker cluster and filter.
 func (s *Server) PostTranslateModify(_ context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
-	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes())
+	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes(), s.eds)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "translation: %v", err)
 	}

@@ -127,28 +127,37 @@ func poolFromMetadata(s *structpb.Struct) *Pool {
 // write it, unlike a header), hosts outside the pool are never used, the
 // host that served is reported back to the picker in envoy.lb, and without
 // a pick (the picker failed open) Envoy balances over the pool round robin.
-// endpoints are the pool's ready pods × targetPorts (ip:port).
-func ModifyCluster(c *clusterv3.Cluster, endpoints []string) (*clusterv3.Cluster, error) {
+// With eds set, the endpoints come from the extension's EDS service
+// (EDSName), so that pods coming and going reach Envoy without a
+// translation; otherwise endpoints (ready pods × targetPorts, ip:port) are
+// written into the cluster.
+func ModifyCluster(c *clusterv3.Cluster, p *Pool, endpoints []string, eds *EDSServer) (*clusterv3.Cluster, error) {
 	out := proto.Clone(c).(*clusterv3.Cluster)
-	out.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
-	out.EdsClusterConfig = nil
 	out.LbConfig = nil
 	out.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
-	var lbs []*endpointv3.LbEndpoint
-	for _, ep := range endpoints {
-		host, port, err := net.SplitHostPort(ep)
-		if err != nil {
-			return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+	out.LoadAssignment, out.EdsClusterConfig = nil, nil
+	if eds != nil {
+		out.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		out.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{
+			ServiceName: EDSName(p),
+			EdsConfig: &corev3.ConfigSource{
+				ResourceApiVersion: corev3.ApiVersion_V3,
+				ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+					ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
+					GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+						EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: EDSClusterName},
+					}}},
+				}},
+			},
 		}
-		n, err := strconv.ParseUint(port, 10, 16)
+	} else {
+		cla, err := loadAssignment(c.GetName(), endpoints)
 		if err != nil {
-			return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+			return nil, err
 		}
-		lbs = append(lbs, &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-			Address: socketAddress(host, uint32(n)),
-		}}})
+		out.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
+		out.LoadAssignment = cla
 	}
-	out.LoadAssignment = &endpointv3.ClusterLoadAssignment{ClusterName: c.GetName(), Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}}
 	out.LoadBalancingPolicy = &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 		TypedExtensionConfig: &corev3.TypedExtensionConfig{
 			Name: "envoy.load_balancing_policies.override_host",
@@ -164,11 +173,24 @@ func ModifyCluster(c *clusterv3.Cluster, endpoints []string) (*clusterv3.Cluster
 	return out, nil
 }
 
+// hostPort is an ip:port as an Envoy socket address.
+func hostPort(ep string) (*corev3.Address, error) {
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w", ep, err)
+	}
+	return socketAddress(host, uint32(n)), nil
+}
+
 // ModifyTranslation adds, for every pool some route serves, the picker's
 // cluster and its ext_proc filter: disabled on the listener and enabled
 // only by the pool's routes (ModifyRoute), inserted just before the router
 // so that every other filter, the payload processor's included, runs first.
-func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, eds *EDSServer) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
 	// Pools by route configuration.
 	byRC := map[string][]*Pool{}
 	pools := map[string]*Pool{}
@@ -204,6 +226,13 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 	outClusters := slices.Clone(clusters)
 	for _, k := range keys {
 		outClusters = append(outClusters, eppCluster(pools[k]))
+	}
+	if eds != nil {
+		c, err := edsCluster(eds)
+		if err != nil {
+			return nil, nil, err
+		}
+		outClusters = append(outClusters, c)
 	}
 	outListeners := make([]*listenerv3.Listener, len(listeners))
 	for i, l := range listeners {
@@ -317,11 +346,29 @@ func eppHost(p *Pool) string {
 	return strings.Join([]string{p.EPPService, p.Namespace, "svc", ClusterDomain}, ".")
 }
 
+// edsCluster reaches the extension's EDS service over HTTP/2 (gRPC).
+func edsCluster(eds *EDSServer) (*clusterv3.Cluster, error) {
+	host, port, err := net.SplitHostPort(eds.Address)
+	if err != nil {
+		return nil, fmt.Errorf("EDS address %q: %w", eds.Address, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("EDS address %q: %w", eds.Address, err)
+	}
+	return grpcCluster(EDSClusterName, host, uint32(n), eds.TLS, host), nil
+}
+
 // eppCluster reaches the picker Service by its DNS name over HTTP/2, with
 // TLS that accepts its self-signed certificate unless the pool says
 // plaintext.
 func eppCluster(p *Pool) *clusterv3.Cluster {
-	name := EPPClusterName(p)
+	return grpcCluster(EPPClusterName(p), eppHost(p), p.EPPPort, !p.Plaintext, eppHost(p))
+}
+
+// grpcCluster is a STRICT_DNS cluster of one gRPC server over HTTP/2, with
+// TLS that accepts the server's certificate when useTLS.
+func grpcCluster(name, host string, port uint32, useTLS bool, sni string) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
@@ -329,7 +376,7 @@ func eppCluster(p *Pool) *clusterv3.Cluster {
 		ConnectTimeout:       durationpb.New(eppConnectTimeout),
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: socketAddress(eppHost(p), p.EPPPort),
+				Address: socketAddress(host, port),
 			}}}},
 		}}},
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{
@@ -340,11 +387,11 @@ func eppCluster(p *Pool) *clusterv3.Cluster {
 			}),
 		},
 	}
-	if !p.Plaintext {
+	if useTLS {
 		c.TransportSocket = &corev3.TransportSocket{
 			Name: "envoy.transport_sockets.tls",
 			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
-				Sni:              eppHost(p),
+				Sni:              sni,
 				CommonTlsContext: &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}},
 			})},
 		}

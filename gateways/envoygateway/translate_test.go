@@ -121,11 +121,11 @@ func TestTranslationShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.VirtualHosts[0].Routes[0] = r
-	nc, err := ModifyCluster(c, []string{"10.0.0.1:8000", "10.0.0.2:8000"})
+	nc, err := ModifyCluster(c, p, []string{"10.0.0.1:8000", "10.0.0.2:8000"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc})
+	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestTranslationShape(t *testing.T) {
 	}
 	// Translating again (Envoy Gateway calls the hook on every
 	// translation, with its own fresh resources) adds nothing twice.
-	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc})
+	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, nil)
 	if err != nil || !proto.Equal(again[0], listeners[0]) {
 		t.Fatalf("second translation changed the listener: %v", err)
 	}

@@ -83,7 +83,7 @@ func egRendered(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byt
 func startExtension(t *testing.T, endpoints envoygateway.Endpoints) pb.EnvoyGatewayExtensionClient {
 	t.Helper()
 	g := grpc.NewServer()
-	envoygateway.NewServer(endpoints, logr.Discard()).Register(g)
+	envoygateway.NewServer(endpoints, nil, logr.Discard()).Register(g)
 	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)

@@ -18,12 +18,12 @@ import (
 )
 
 // startExtension runs infergate's extension server (as infergate egext
-// does, with its own Pod cache) on the namespace's loopback and returns its
-// address.
+// does, with its own Pod cache, serving the pools' endpoints over EDS) on
+// the namespace's loopback and returns its address.
 func (c *cluster) startExtension(t *testing.T) string {
 	t.Helper()
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
-		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, Kube: c.env.Config, Logger: logr.Discard()})
+		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: ln.Addr().String(), Kube: c.env.Config, Logger: logr.Discard()})
 	})
 }
 

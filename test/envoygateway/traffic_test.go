@@ -57,8 +57,14 @@ func (c *cluster) envoyTLS(t *testing.T) *tls.Config {
 // IPs (127.0.1.x, inside the namespace) the simulators listen on.
 func (c *cluster) modelServers(t *testing.T, ns, pool string, n int) map[string]string {
 	t.Helper()
+	return c.modelServersFrom(t, ns, pool, 0, n)
+}
+
+// modelServersFrom is modelServers for pods first … first+n-1.
+func (c *cluster) modelServersFrom(t *testing.T, ns, pool string, first, n int) map[string]string {
+	t.Helper()
 	byAddr := map[string]string{}
-	for i := range n {
+	for i := first; i < first+n; i++ {
 		name := fmt.Sprintf("%s-%d", pool, i)
 		ip := fmt.Sprintf("127.0.1.%d", i+1)
 		s, err := sim.New(sim.Config{Name: name, TimeScale: 50})
@@ -198,6 +204,19 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 		if r := post(t, base); r.status != 200 || servers[r.upstream] == "" {
 			t.Fatalf("FailOpen, picker stopped: %d via %q: %s", r.status, r.upstream, r.body)
 		}
+	}
+	// Scale out while the picker is down: Envoy Gateway translates nothing
+	// (it does not watch the pool's pods), yet the new pod takes its share
+	// of the FailOpen round robin, through the extension's EDS.
+	for addr, name := range c.modelServersFrom(t, ns, "llama", 3, 1) {
+		servers[addr] = name
+		waitFor(t, "the scaled-out pod "+name+" serves", 30*time.Second, func() bool {
+			r := post(t, base)
+			if r.status != 200 {
+				t.Fatalf("during the scale-out: %d %s", r.status, r.body)
+			}
+			return r.upstream == addr
+		})
 	}
 	var pool inferencev1.InferencePool
 	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {

@@ -45,7 +45,7 @@ func (c *Client) Run(ctx context.Context) error {
 			delay = c.cfg.BackoffInitial
 		}
 		wait := jitter(delay)
-		c.log.Info("ADS stream ended, reconnecting", "error", err.Error(), "after", wait)
+		c.log.Info(string(c.cfg.Service)+" stream ended, reconnecting", "error", err.Error(), "after", wait)
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -128,7 +128,7 @@ func (c *Client) runStream(ctx context.Context, open func(context.Context) (disc
 	s := newADSStream(g)
 	c.attach(s)
 	defer c.detach(s)
-	c.log.Info("ADS stream open")
+	c.log.Info(string(c.cfg.Service) + " stream open")
 
 	sendDone := make(chan error, 1)
 	go func() {
