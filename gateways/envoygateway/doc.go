@@ -12,9 +12,10 @@
 //     that cannot be used (no endpointPickerRef, an unknown failureMode, ...)
 //     makes the route a 500 naming the problem, nothing else changes;
 //   - Cluster (PostClusterModify): the rule's cluster holds the pool's
-//     endpoints (ready pods × targetPorts) behind Envoy's override_host load
-//     balancing policy, which takes the host the picker wrote in envoy.lb
-//     metadata. Not ORIGINAL_DST by header: a header can come from the client,
+//     endpoints (ready pods × targetPorts; served over EDS by the extension
+//     from a Pod watch when Options.EDSAddress is set, so they follow pods
+//     without a translation) behind Envoy's override_host load balancing
+//     policy, which takes the host the picker wrote in envoy.lb metadata. Not ORIGINAL_DST by header: a header can come from the client,
 //     an ORIGINAL_DST cluster has no host when the picker fails open (503),
 //     and it would send traffic to any address the picker names. With
 //     override_host, hosts outside the pool are skipped, a FailOpen pool whose
