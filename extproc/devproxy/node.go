@@ -38,9 +38,11 @@ type NodeConfig struct {
 	FreePorts bool
 	// Resolve maps host names of STRICT_DNS and LOGICAL_DNS clusters to IP
 	// addresses (a test's own namespace of names, e.g. the endpoint
-	// picker's Service name); names not in it go to the system resolver.
-	Resolve  map[string]string
-	Timeouts Timeouts
+	// picker's Service name); names not in it go to the system resolver,
+	// unless ResolveOnly.
+	Resolve     map[string]string
+	ResolveOnly bool
+	Timeouts    Timeouts
 	// DebugMetadata adds DebugMetadataHeader to responses.
 	DebugMetadata bool
 	Logger        logr.Logger
@@ -195,7 +197,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client})
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log})
 	if err == nil {
 		err = n.activate(b.listeners)
 	}
@@ -299,6 +301,9 @@ func (n *Node) resolve(host string) (string, error) {
 	}
 	if ip, ok := n.cfg.Resolve[host]; ok {
 		return ip, nil
+	}
+	if n.cfg.ResolveOnly {
+		return "", fmt.Errorf("%q is not in the stand-in's resolve table", host)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

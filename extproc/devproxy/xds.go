@@ -25,6 +25,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -84,6 +85,7 @@ type builtListener struct {
 // buildEnv is what translation needs beyond the resources.
 type buildEnv struct {
 	resolve func(host string) (string, error)
+	log     logr.Logger
 	// clientFor makes a client over a shared channel for cfg, whose Target
 	// is the cluster's address and TLS its transport socket.
 	clientFor func(cfg extproctest.FilterConfig) (*extproctest.Client, error)
@@ -1122,7 +1124,10 @@ func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]st
 			}
 			ip, err := env.resolve(sa.GetAddress())
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", ew, err)
+				// As Envoy: a name that does not resolve gives the cluster
+				// no host (and requests to it "no healthy upstream").
+				env.log.Error(err, "cluster host not resolved", "where", ew)
+				continue
 			}
 			hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
 			members[hostPort] = true

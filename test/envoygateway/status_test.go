@@ -3,6 +3,7 @@ package envoygateway
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/test/loopback"
@@ -115,4 +117,82 @@ func TestExtensionWritesPoolStatus(t *testing.T) {
 	c.poolParent(t, ns, "llama", "inference-gateway", "no entry once the route is gone", func(a, r *metav1.Condition) bool {
 		return a == nil && r == nil
 	})
+}
+
+// TestPoolsAndBadInputOnEnvoyGateway: two pools on one Gateway each get
+// their own picker filter and status; a pool without endpointPickerRef
+// makes its route answer 500 naming the problem and its status says so; a
+// pool in another namespace without a ReferenceGrant is refused by Envoy
+// Gateway itself.
+func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
+	c := startCluster(t)
+	c.startEG(t, c.startExtension(t))
+	ns, other := "pools", "pools-other"
+	for _, n := range []string{ns, other} {
+		c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	c.create(t, gatewayObjects(ns)...)
+	noEPP := inferencePool(ns, "broken", inferencev1.EndpointPickerFailClose)
+	noEPP.Spec.EndpointPickerRef = nil
+	llama, qwen := poolRoute(ns, "llama-route", "llama"), poolRoute(ns, "qwen-route", "qwen")
+	llama.Spec.Rules[0].Matches = pathMatch("/llama")
+	qwen.Spec.Rules[0].Matches = pathMatch("/qwen")
+	broken := poolRoute(ns, "broken-route", "broken")
+	broken.Spec.Rules[0].Matches = pathMatch("/broken")
+	cross := poolRoute(ns, "cross-route", "remote")
+	cross.Spec.Rules[0].Matches = pathMatch("/cross")
+	remoteNS := gatewayv1.Namespace(other)
+	cross.Spec.Rules[0].BackendRefs[0].Namespace = &remoteNS
+	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), inferencePool(ns, "qwen", inferencev1.EndpointPickerFailClose),
+		noEPP, inferencePool(other, "remote", inferencev1.EndpointPickerFailOpen), llama, qwen, broken, cross)
+
+	for _, name := range []string{"llama-route", "qwen-route"} {
+		if cond := c.routeCondition(t, ns, name, "ResolvedRefs"); cond.Status != metav1.ConditionTrue {
+			t.Fatalf("%s: ResolvedRefs %s %s", name, cond.Status, cond.Reason)
+		}
+	}
+	if cond := c.routeCondition(t, ns, "cross-route", "ResolvedRefs"); cond.Status != metav1.ConditionFalse || cond.Reason != "RefNotPermitted" {
+		t.Fatalf("cross-namespace pool without a ReferenceGrant: ResolvedRefs %s %s (%s)", cond.Status, cond.Reason, cond.Message)
+	}
+	for _, pool := range []string{"llama", "qwen"} {
+		c.poolParent(t, ns, pool, "inference-gateway", "an entry per pool", func(a, r *metav1.Condition) bool {
+			return a != nil && a.Status == metav1.ConditionTrue
+		})
+	}
+	c.poolParent(t, ns, "broken", "inference-gateway", "EndpointPickerRefMissing", func(a, r *metav1.Condition) bool {
+		return a != nil && a.Status == metav1.ConditionFalse && a.Reason == "EndpointPickerRefMissing"
+	})
+
+	// What the Gateway's Envoy gets: one filter per pool, each enabled only
+	// on its pool's route with its own failure mode; the broken pool's
+	// route answers 500 with the reason.
+	n := c.standIn(t, ns, "inference-gateway", "qwen")
+	var base string
+	waitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
+		addr, ok := n.ListenerAddr(ns + "/inference-gateway/http")
+		base = "http://" + addr
+		return ok
+	})
+	r := postPath(t, base, "/broken")
+	if r.status != 500 || !strings.Contains(r.body, "spec.endpointPickerRef is required") {
+		t.Fatalf("broken pool's route: %d %q", r.status, r.body)
+	}
+	// No picker runs here: FailOpen llama falls back to its (empty) pool,
+	// FailClose qwen answers 500 — each route its own filter and mode.
+	if r := postPath(t, base, "/qwen"); r.status != 500 {
+		t.Fatalf("FailClose pool without its picker: %d %q", r.status, r.body)
+	}
+	if r := postPath(t, base, "/llama"); r.status != 503 || !strings.Contains(r.body, "no healthy upstream") {
+		t.Fatalf("FailOpen pool without picker or pods: %d %q", r.status, r.body)
+	}
+	for typ, st := range n.XDS().Status() {
+		if st.NACKs > 0 {
+			t.Fatalf("the stand-in NACKed Envoy Gateway's %s: %s", typ, st.LastError)
+		}
+	}
+}
+
+func pathMatch(prefix string) []gatewayv1.HTTPRouteMatch {
+	t := gatewayv1.PathMatchPathPrefix
+	return []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: &t, Value: &prefix}}}
 }

@@ -113,8 +113,14 @@ func startPicker(t *testing.T, servers map[string]string) (stop func()) {
 // standIn runs the Envoy stand-in as the Gateway's Envoy: an xDS node of
 // Envoy Gateway, with the certificate Envoy Gateway issued, whose node
 // cluster names the Gateway.
-func (c *cluster) standIn(t *testing.T, ns, gateway string) *devproxy.Node {
+func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *devproxy.Node {
 	t.Helper()
+	// The pickers' Service names resolve to the namespace's loopback; no
+	// other name resolves (there is no DNS server in the namespace).
+	resolve := map[string]string{}
+	for _, p := range append([]string{"llama"}, pools...) {
+		resolve[fmt.Sprintf("%s-epp.%s.svc.cluster.local", p, ns)] = "127.0.0.1"
+	}
 	log := logr.Discard()
 	if testing.Verbose() {
 		log = testr.New(t)
@@ -124,7 +130,8 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string) *devproxy.Node {
 			Server: egXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t),
 		},
 		FreePorts:     true,
-		Resolve:       map[string]string{fmt.Sprintf("llama-epp.%s.svc.cluster.local", ns): "127.0.0.1"},
+		Resolve:       resolve,
+		ResolveOnly:   true,
 		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
 		Logger:        log,
@@ -147,8 +154,13 @@ type reply struct {
 
 func post(t *testing.T, base string) reply {
 	t.Helper()
+	return postPath(t, base, "/v1/completions")
+}
+
+func postPath(t *testing.T, base, path string) reply {
+	t.Helper()
 	c := &http.Client{Timeout: 20 * time.Second}
-	resp, err := c.Post(base+"/v1/completions", "application/json",
+	resp, err := c.Post(base+path, "application/json",
 		strings.NewReader(`{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`))
 	if err != nil {
 		t.Fatal(err)
