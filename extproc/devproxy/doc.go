@@ -45,19 +45,22 @@
 //	its socket without serving, or keeps serving its previous table.
 //	  e2e TestXDSLiveUpdate, TestListenersFollowUpdates, TestWarmingListener
 //
-//	Listener: one plaintext filter chain holding the HTTP connection
-//	manager; bound when it first appears, on 127.0.0.1 (NodeConfig.Address)
+//	Listener: one plaintext filter chain (filter_chains[0], or
+//	default_filter_chain alone, as Envoy Gateway renders it) holding the
+//	HTTP connection manager; bound when it first appears, on 127.0.0.1 (NodeConfig.Address)
 //	at the listener's port or, with FreePorts, a free one; a port that
 //	cannot be bound NACKs the update. tls_inspector and http_inspector are
 //	accepted (they only feed filter chain matching).
 //	  Listener.{address,filter_chains,listener_filters}; TestListenerThatCannotBindIsNACKed
 //
-//	HTTP filters in order, the router last; ext_proc filters run, others
-//	only if listed as pass-through (grpc_stats; cors, whose per-route
-//	policies are NACKed); HttpFilter.disabled leaves a filter off except
-//	on routes whose per-filter config enables it.
+//	HTTP filters in order, the router last; ext_proc filters run, and so
+//	do health_check (non-pass-through: a request matching its headers is
+//	answered 200) and header_mutation (request header removals only);
+//	others only if listed as pass-through (grpc_stats; cors, whose
+//	per-route policies are NACKed); HttpFilter.disabled leaves a filter off
+//	except on routes whose per-filter config enables it.
 //	  HttpConnectionManager.http_filters, HttpFilter.disabled
-//	  TestRouterLocalReplies, TestPerRouteFilterConfig
+//	  TestRouterLocalReplies, TestPerRouteFilterConfig, TestHealthCheckFilter, TestHeaderMutationFilter
 //
 //	ext_proc: grpc_service.envoy_grpc.cluster_name (the cluster's first
 //	host, TLS from its transport socket), failure_mode_allow,
@@ -108,12 +111,19 @@
 //	  TestRouterLocalReplies, e2e TestXDSRequestsReachThePickersChoice
 //
 //	Clusters: STATIC, STRICT_DNS and LOGICAL_DNS (host names resolved when
-//	the cluster arrives, from NodeConfig.Resolve, then the system resolver),
+//	the cluster arrives, from NodeConfig.Resolve, then the system resolver;
+//	a name that does not resolve is no host, as in Envoy),
 //	EDS (the lowest priority level with hosts; UNHEALTHY, DRAINING and
 //	TIMEOUT hosts left out); connect_timeout; lb_policy ROUND_ROBIN,
 //	LEAST_REQUEST and RANDOM all pick round robin.
 //	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
 //	  TestClusterEndpoints
+//
+//	EDS from ADS, or, for a cluster whose eds_config is an api_config_source
+//	(GRPC, one envoy_grpc cluster), over an EDS stream of its own to that
+//	cluster's server; routes only over ADS.
+//	  ConfigSource, ApiConfigSource; TestEndpointsFromAnotherEDSServer,
+//	  test/envoygateway TestTrafficThroughEnvoyGatewayXDS (scale-out)
 //
 //	ORIGINAL_DST with original_dst_lb_config: metadata_key (a string, or
 //	the first element of a list), then the first instance of

@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	healthcheckv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
@@ -270,5 +272,31 @@ func TestHealthCheckFilter(t *testing.T) {
 	r := xbResources(t, xdstest.Listener("ready", 19003, "ready-routes", xdstest.HTTPFilter("envoy.filters.http.health_check", hc, false)), rc)
 	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "pass_through_mode") {
 		t.Fatalf("pass-through health check: %v", err)
+	}
+}
+
+// TestHeaderMutationFilter: request header removals take effect before the
+// filters after it (the picker) and the router see the request.
+func TestHeaderMutationFilter(t *testing.T) {
+	up := fakeproc.StartUpstream(t, nil)
+	hm := &headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
+		RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: "X-Gateway-Destination-Endpoint"}}},
+	}}
+	rc := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("strip", hm, false)), rc, xdstest.StaticCluster("up", up.Addr))
+	n := testNode(t, srv)
+	if resp, _ := get(t, listenerURL(t, n, "l")+"/", wire.DestinationEndpointKey, "10.9.9.9:1"); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if h, _ := up.Last(); h.Get(wire.DestinationEndpointKey) != "" {
+		t.Fatalf("the client's %s reached the upstream", wire.DestinationEndpointKey)
+	}
+	hm.Mutations.RequestMutations[0].Action = &mutationrulesv3.HeaderMutation_Append{}
+	r := xbResources(t, xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("strip", hm, false)), rc, xdstest.StaticCluster("up", up.Addr))
+	if _, err := build(r, xbEnv(t, xbResolve)); err == nil || !strings.Contains(err.Error(), "append") {
+		t.Fatalf("an append mutation: %v", err)
 	}
 }

@@ -296,6 +296,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !t.inChain(first, i) {
 			continue
 		}
+		if f.removeRequestHeaders != nil {
+			hdrs = hdrs.Clone()
+			for _, name := range f.removeRequestHeaders {
+				hdrs.Del(name)
+			}
+			continue
+		}
 		if f.healthCheck != nil {
 			if matchesAll(f.healthCheck, hdrs) {
 				closeBody(body)

@@ -40,6 +40,9 @@ type httpFilter struct {
 	// healthCheck, when set, makes this entry envoy.filters.http.health_check
 	// (non-pass-through): a request matching every header is answered 200.
 	healthCheck []headerMatch
+	// removeRequestHeaders, when set, makes this entry
+	// envoy.filters.http.header_mutation removing those request headers.
+	removeRequestHeaders []string
 }
 
 // routeConfig is a RouteConfiguration.

@@ -15,6 +15,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	healthcheckv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -40,6 +41,7 @@ const (
 	routerType                = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 	filterConfigType          = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 	healthCheckType           = "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck"
+	headerMutationType        = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 	upstreamTLSType           = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 )
 
@@ -229,13 +231,35 @@ func checkAll(where string, ms ...proto.Message) error {
 	return nil
 }
 
-// extProcFilter is one ext_proc filter's listener-level config, or a
-// health check filter (healthCheck set, proto nil).
+// extProcFilter is one ext_proc filter's listener-level config, or (proto
+// nil) a health check or header mutation filter.
 type extProcFilter struct {
-	name        string
-	disabled    bool // HttpFilter.disabled
-	proto       *extprocfilterv3.ExternalProcessor
-	healthCheck []headerMatch
+	name                 string
+	disabled             bool // HttpFilter.disabled
+	proto                *extprocfilterv3.ExternalProcessor
+	healthCheck          []headerMatch
+	removeRequestHeaders []string
+}
+
+// headerMutationFilter reads envoy.filters.http.header_mutation when all
+// it does is remove request headers (what the Envoy Gateway extension uses
+// to drop a client's x-gateway-destination-endpoint before the picker).
+func headerMutationFilter(where string, hf *hcmv3.HttpFilter) (extProcFilter, error) {
+	hm := &headermutationv3.HeaderMutation{}
+	if err := hf.GetTypedConfig().UnmarshalTo(hm); err != nil {
+		return extProcFilter{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if err := checkAll(where, hm, hm.GetMutations()); err != nil {
+		return extProcFilter{}, err
+	}
+	out := extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled()}
+	for i, m := range hm.GetMutations().GetRequestMutations() {
+		if err := checkFields(fmt.Sprintf("%s.mutations.request_mutations[%d]", where, i), m); err != nil {
+			return extProcFilter{}, err
+		}
+		out.removeRequestHeaders = append(out.removeRequestHeaders, strings.ToLower(m.GetRemove()))
+	}
+	return out, nil
 }
 
 // healthCheckFilter reads envoy.filters.http.health_check in
@@ -306,6 +330,12 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 				return nil, "", false, err
 			}
 			procs = append(procs, extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled(), proto: ep})
+		case url == headerMutationType:
+			hm, err := headerMutationFilter(where, hf)
+			if err != nil {
+				return nil, "", false, err
+			}
+			procs = append(procs, hm)
 		case url == healthCheckType:
 			hc, err := healthCheckFilter(where, hf)
 			if err != nil {
@@ -323,8 +353,8 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	}
 	t := &table{clusters: clusters}
 	for _, p := range procs {
-		if p.healthCheck != nil {
-			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, disabled: p.disabled})
+		if p.proto == nil {
+			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, removeRequestHeaders: p.removeRequestHeaders, disabled: p.disabled})
 			continue
 		}
 		f := &httpFilter{name: p.name, rematch: true}
@@ -579,7 +609,12 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 		}
 	}
 	for i, p := range hb.procs {
-		if p.healthCheck != nil {
+		if p.proto == nil {
+			for _, level := range levels {
+				if _, ok := level[p.name]; ok {
+					return nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of this filter is not implemented by the stand-in", where, p.name)
+				}
+			}
 			out.chain = append(out.chain, chainDefault)
 			out.filters = append(out.filters, nil)
 			continue

@@ -112,6 +112,16 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		reads:   []string{"name", "typed_config", "disabled"},
 		ignores: map[string]string{"is_optional": "only matters for filter types the proxy does not know, which are NACKed"},
 	},
+	"envoy.extensions.filters.http.header_mutation.v3.HeaderMutation": {
+		reads: []string{"mutations"},
+	},
+	"envoy.extensions.filters.http.header_mutation.v3.Mutations": {
+		// Only removals of request headers (checked where read).
+		reads: []string{"request_mutations"},
+	},
+	"envoy.config.common.mutation_rules.v3.HeaderMutation": {
+		reads: []string{"remove"},
+	},
 	"envoy.extensions.filters.http.health_check.v3.HealthCheck": {
 		// Only non-pass-through mode (checked where read).
 		reads: []string{"pass_through_mode", "headers"},

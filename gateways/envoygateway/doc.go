@@ -30,7 +30,8 @@
 //     request headers and a FULL_DUPLEX_STREAMED request body, and response
 //     headers; response bodies only with the pool annotation
 //     infergate.io/epp-response-body: streamed. failure_mode_allow is the
-//     pool's failureMode.
+//     pool's failureMode. A header_mutation filter before them removes a
+//     client's own x-gateway-destination-endpoint.
 //
 // Envoy Gateway configuration (EnvoyGateway resource, under extensionManager):
 //

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
@@ -34,6 +36,9 @@ const (
 	// FilterPrefix starts the name of each pool's ext_proc filter:
 	// FilterPrefix + namespace/name.
 	FilterPrefix = "envoy.filters.http.ext_proc/infergate/"
+	// StripFilterName is the header_mutation filter that removes a client's
+	// x-gateway-destination-endpoint before the pools' filters.
+	StripFilterName = "envoy.filters.http.header_mutation/infergate"
 	// EPPClusterPrefix starts the name of each pool's picker cluster.
 	EPPClusterPrefix = "infergate/epp/"
 	// MetadataNamespace keys the pool a route serves in the route's
@@ -298,6 +303,17 @@ func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool) []*hcmv3.Htt
 		}
 	}
 	var add []*hcmv3.HttpFilter
+	if !slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == StripFilterName }) {
+		// A client's own x-gateway-destination-endpoint never reaches the
+		// picker or a model server (override_host does not read the header,
+		// but an ORIGINAL_DST setup beside it would).
+		add = append(add, &hcmv3.HttpFilter{
+			Name: StripFilterName,
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
+				RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: wire.DestinationEndpointKey}}},
+			}})},
+		})
+	}
 	for _, p := range pools {
 		if slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == FilterName(p) }) {
 			continue

@@ -142,11 +142,12 @@ func TestTranslationShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := hcm.GetHttpFilters()
-	if len(fs) != 2 || fs[0].GetName() != FilterName(p) || !fs[0].GetDisabled() || fs[1].GetName() != "envoy.filters.http.router" {
+	if len(fs) != 3 || fs[0].GetName() != StripFilterName || fs[0].GetDisabled() || fs[1].GetName() != FilterName(p) || !fs[1].GetDisabled() ||
+		fs[2].GetName() != "envoy.filters.http.router" {
 		t.Fatalf("filters %v", fs)
 	}
 	ep := &extprocv3.ExternalProcessor{}
-	if err := fs[0].GetTypedConfig().UnmarshalTo(ep); err != nil {
+	if err := fs[1].GetTypedConfig().UnmarshalTo(ep); err != nil {
 		t.Fatal(err)
 	}
 	m := ep.GetProcessingMode()
