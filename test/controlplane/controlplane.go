@@ -40,11 +40,11 @@ func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	gaie, err := moduleDir(ctx, "sigs.k8s.io/gateway-api-inference-extension")
+	gaie, err := ModuleDir(ctx, "sigs.k8s.io/gateway-api-inference-extension")
 	if err != nil {
 		return nil, err
 	}
-	gwapi, err := moduleDir(ctx, "sigs.k8s.io/gateway-api")
+	gwapi, err := ModuleDir(ctx, "sigs.k8s.io/gateway-api")
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func assets(ctx context.Context) (string, error) {
 	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
 		return dir, nil
 	}
-	root, err := moduleRoot(ctx)
+	root, err := ModuleRoot(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -104,7 +104,8 @@ func assets(ctx context.Context) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-func moduleRoot(ctx context.Context) (string, error) {
+// ModuleRoot is the folder of this repository's go.mod.
+func ModuleRoot(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
@@ -112,8 +113,8 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
-// moduleDir finds a required module in the module cache.
-func moduleDir(ctx context.Context, module string) (string, error) {
+// ModuleDir finds a required module in the module cache.
+func ModuleDir(ctx context.Context, module string) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", module).Output()
 	if err != nil {
 		return "", fmt.Errorf("go list -m %s: %w", module, err)

@@ -42,7 +42,7 @@ type cluster struct {
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	ctx := testCtx(t)
-	egDir, err := goModuleDir(ctx, "github.com/envoyproxy/gateway")
+	egDir, err := controlplane.ModuleDir(ctx, "github.com/envoyproxy/gateway")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func egBinary(t *testing.T) string {
 		return bin
 	}
 	ctx := testCtx(t)
-	root, err := goModuleRoot(ctx)
+	root, err := controlplane.ModuleRoot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,20 +296,4 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func goModuleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
-}
-
-func goModuleDir(ctx context.Context, module string) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", module).Output()
-	if err != nil {
-		return "", fmt.Errorf("go list -m %s: %w", module, err)
-	}
-	return strings.TrimSpace(string(out)), nil
 }
