@@ -42,6 +42,9 @@ type Options struct {
 	// over EDS from a Pod watch, so pods coming and going reach Envoy without
 	// Envoy Gateway translating. Without it they are read at translation.
 	EDSAddress string
+	// Payload, when set, is the payload processor to run before the pools'
+	// pickers on every listener that serves a pool.
+	Payload *Payload
 	// ControllerName is Envoy Gateway's GatewayClass controller
 	// (default DefaultControllerName): pool status is written for its Gateways.
 	ControllerName string
@@ -93,7 +96,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		endpointservice.RegisterEndpointDiscoveryServiceServer(g, serverv3.NewServer(ctx, cache, nil))
 	}
-	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, eds, o.Logger).Register(g)
+	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, eds, o.Payload, o.Logger).Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	ln := o.Listener

@@ -27,15 +27,17 @@ type Server struct {
 	pb.UnimplementedEnvoyGatewayExtensionServer
 	endpoints Endpoints
 	eds       *EDSServer
+	payload   *Payload
 	log       logr.Logger
 }
 
 // NewServer returns the service over an endpoint source. With eds set, the
 // pools' clusters take their endpoints from the extension's EDS service at
 // that address (and endpoints is not read); without, they are written into
-// each cluster at translation time.
-func NewServer(endpoints Endpoints, eds *EDSServer, log logr.Logger) *Server {
-	return &Server{endpoints: endpoints, eds: eds, log: log}
+// each cluster at translation time. With payload set, the payload
+// processor runs before the pools' pickers.
+func NewServer(endpoints Endpoints, eds *EDSServer, payload *Payload, log logr.Logger) *Server {
+	return &Server{endpoints: endpoints, eds: eds, payload: payload, log: log}
 }
 
 // Register adds the service to a gRPC server.
@@ -104,7 +106,7 @@ func (s *Server) PostClusterModify(ctx context.Context, req *pb.PostClusterModif
 
 // PostTranslateModify adds each pool's picker cluster and filter.
 func (s *Server) PostTranslateModify(_ context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
-	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes(), s.eds)
+	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes(), s.eds, s.payload)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "translation: %v", err)
 	}

@@ -39,6 +39,13 @@ const (
 	// StripFilterName is the header_mutation filter that removes a client's
 	// x-gateway-destination-endpoint before the pools' filters.
 	StripFilterName = "envoy.filters.http.header_mutation/infergate"
+	// PayloadFilterName and PayloadClusterName are the payload processor's
+	// filter and cluster, when the extension adds it.
+	PayloadFilterName  = "envoy.filters.http.ext_proc/infergate/payload"
+	PayloadClusterName = "infergate/payload"
+	// PayloadMetadataNamespace is where the payload processor reports token
+	// usage (extproc/payload.MetadataNamespace).
+	PayloadMetadataNamespace = "io.infergate.payload"
 	// EPPClusterPrefix starts the name of each pool's picker cluster.
 	EPPClusterPrefix = "infergate/epp/"
 	// MetadataNamespace keys the pool a route serves in the route's
@@ -75,9 +82,9 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 		}}
 		return out, nil
 	}
-	enable, err := anypb.New(&routev3.FilterConfig{Config: mustAny(&extprocv3.ExtProcPerRoute{
-		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{}},
-	})})
+	enable, err := anypb.New(&extprocv3.ExtProcPerRoute{
+		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{ProcessingMode: pickerMode(p)}},
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +104,26 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 	}
 	out.Metadata.FilterMetadata[MetadataNamespace] = md
 	return out, nil
+}
+
+// pickerMode is what the picker gets on the pool's routes: request headers
+// and a streamed request body (FULL_DUPLEX_STREAMED, which needs trailers
+// SEND), response headers for the served endpoint, response bodies only if
+// the pool asks.
+func pickerMode(p *Pool) *extprocv3.ProcessingMode {
+	mode := &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+	}
+	if p.ResponseBody {
+		mode.ResponseBodyMode = extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		mode.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
+	}
+	return mode
 }
 
 // poolMetadata carries the pool into the route, so that PostTranslateModify
@@ -195,7 +222,7 @@ func hostPort(ep string) (*corev3.Address, error) {
 // cluster and its ext_proc filter: disabled on the listener and enabled
 // only by the pool's routes (ModifyRoute), inserted just before the router
 // so that every other filter, the payload processor's included, runs first.
-func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, eds *EDSServer) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, eds *EDSServer, payload *Payload) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
 	// Pools by route configuration.
 	byRC := map[string][]*Pool{}
 	pools := map[string]*Pool{}
@@ -232,8 +259,19 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 	for _, k := range keys {
 		outClusters = append(outClusters, eppCluster(pools[k]))
 	}
-	if eds != nil {
-		c, err := edsCluster(eds)
+	for _, srv := range []struct {
+		name string
+		addr string
+		tls  bool
+		on   bool
+	}{
+		{EDSClusterName, eds.address(), eds != nil && eds.TLS, eds != nil},
+		{PayloadClusterName, payload.address(), payload != nil && payload.TLS, payload != nil},
+	} {
+		if !srv.on {
+			continue
+		}
+		c, err := serverCluster(srv.name, srv.addr, srv.tls)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -241,7 +279,7 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 	}
 	outListeners := make([]*listenerv3.Listener, len(listeners))
 	for i, l := range listeners {
-		nl, err := addFilters(l, byRC)
+		nl, err := addFilters(l, byRC, payload)
 		if err != nil {
 			return nil, nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
 		}
@@ -260,7 +298,7 @@ func mustStruct(p *Pool) *structpb.Struct {
 
 // addFilters inserts the pools' filters into every HTTP connection manager
 // of l whose routes (RDS or inline) serve a pool.
-func addFilters(l *listenerv3.Listener, byRC map[string][]*Pool) (*listenerv3.Listener, error) {
+func addFilters(l *listenerv3.Listener, byRC map[string][]*Pool, payload *Payload) (*listenerv3.Listener, error) {
 	out := proto.Clone(l).(*listenerv3.Listener)
 	chains := slices.Clone(out.GetFilterChains())
 	if out.GetDefaultFilterChain() != nil {
@@ -283,7 +321,7 @@ func addFilters(l *listenerv3.Listener, byRC map[string][]*Pool) (*listenerv3.Li
 			if len(pools) == 0 {
 				continue
 			}
-			hcm.HttpFilters = insertBeforeRouter(hcm.GetHttpFilters(), pools)
+			hcm.HttpFilters = insertBeforeRouter(hcm.GetHttpFilters(), pools, payload)
 			a, err := anypb.New(hcm)
 			if err != nil {
 				return nil, err
@@ -294,7 +332,7 @@ func addFilters(l *listenerv3.Listener, byRC map[string][]*Pool) (*listenerv3.Li
 	return out, nil
 }
 
-func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool) []*hcmv3.HttpFilter {
+func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool, payload *Payload) []*hcmv3.HttpFilter {
 	at := len(filters)
 	for i, f := range filters {
 		if f.GetName() == "envoy.filters.http.router" {
@@ -303,7 +341,19 @@ func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool) []*hcmv3.Htt
 		}
 	}
 	var add []*hcmv3.HttpFilter
-	if !slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == StripFilterName }) {
+	has := func(name string) bool {
+		return slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == name })
+	}
+	if payload != nil && !has(PayloadFilterName) {
+		// On every route of the listener, not only the pools': the route
+		// is chosen again once the processor has set the model headers, so
+		// the first match may well be another route.
+		add = append(add, &hcmv3.HttpFilter{
+			Name:       PayloadFilterName,
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(payloadFilter(payload))},
+		})
+	}
+	if !has(StripFilterName) {
 		// A client's own x-gateway-destination-endpoint never reaches the
 		// picker or a model server (override_host does not read the header,
 		// but an ORIGINAL_DST setup beside it would).
@@ -315,35 +365,31 @@ func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool) []*hcmv3.Htt
 		})
 	}
 	for _, p := range pools {
-		if slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == FilterName(p) }) {
+		if has(FilterName(p)) {
 			continue
 		}
 		add = append(add, &hcmv3.HttpFilter{
 			Name:       FilterName(p),
-			Disabled:   true,
 			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(extProcFilter(p))},
 		})
 	}
 	return slices.Insert(slices.Clone(filters), at, add...)
 }
 
-// extProcFilter is the picker's filter: request headers and a streamed
-// request body (FULL_DUPLEX_STREAMED, which needs trailers SEND), response
-// headers for the served endpoint, response bodies only on request;
-// envoy.lb forwarded (the served host, the subset hint) and received (the
-// pick); failure_mode_allow from the pool's failureMode.
+// extProcFilter is the picker's filter as the listener holds it: in the
+// chain of every request but sending nothing (headers SKIP, bodies NONE),
+// so that only the pool's routes, through their ExtProcPerRoute
+// processing_mode, make it talk to the picker. It is not disabled: Envoy
+// fixes a request's filter chain from the first route it matches, and a
+// request reaches the pool's route only once the payload processor has set
+// its model header and the route is matched again; per-route overrides, by
+// contrast, are read from the route current when the filter runs.
+// envoy.lb is forwarded (the served host, the subset hint) and received
+// (the pick); failure_mode_allow is the pool's failureMode.
 func extProcFilter(p *Pool) *extprocv3.ExternalProcessor {
 	mode := &extprocv3.ProcessingMode{
-		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
-		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
-		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
-		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
-		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
-	}
-	if p.ResponseBody {
-		mode.ResponseBodyMode = extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
-		mode.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
+		RequestHeaderMode:  extprocv3.ProcessingMode_SKIP,
+		ResponseHeaderMode: extprocv3.ProcessingMode_SKIP,
 	}
 	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
 	return &extprocv3.ExternalProcessor{
@@ -362,17 +408,64 @@ func eppHost(p *Pool) string {
 	return strings.Join([]string{p.EPPService, p.Namespace, "svc", ClusterDomain}, ".")
 }
 
-// edsCluster reaches the extension's EDS service over HTTP/2 (gRPC).
-func edsCluster(eds *EDSServer) (*clusterv3.Cluster, error) {
-	host, port, err := net.SplitHostPort(eds.Address)
+// serverCluster reaches a gRPC server of the extension's setup (its own
+// EDS service, the payload processor) at host:port over HTTP/2.
+func serverCluster(name, addr string, useTLS bool) (*clusterv3.Cluster, error) {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("EDS address %q: %w", eds.Address, err)
+		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
 	}
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return nil, fmt.Errorf("EDS address %q: %w", eds.Address, err)
+		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
 	}
-	return grpcCluster(EDSClusterName, host, uint32(n), eds.TLS, host), nil
+	return grpcCluster(name, host, uint32(n), useTLS, host), nil
+}
+
+// Payload is the payload processor the extension puts in front of the
+// pools' pickers.
+type Payload struct {
+	Address  string // host:port, e.g. its Service
+	TLS      bool   // TLS that accepts its self-signed certificate
+	FailOpen bool
+}
+
+func (p *Payload) address() string {
+	if p == nil {
+		return ""
+	}
+	return p.Address
+}
+
+func (e *EDSServer) address() string {
+	if e == nil {
+		return ""
+	}
+	return e.Address
+}
+
+// payloadFilter is the payload processor's filter, with the settings its
+// README asks for: headers and FULL_DUPLEX_STREAMED bodies both ways (the
+// response body for token usage), its usage metadata received, and the
+// route matched again when it sets the model headers.
+func payloadFilter(p *Payload) *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
+			ClusterName: PayloadClusterName,
+		}}},
+		FailureModeAllow: p.FailOpen,
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+			ResponseBodyMode:    extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
+		},
+		MetadataOptions: &extprocv3.MetadataOptions{
+			ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{PayloadMetadataNamespace}},
+		},
+	}
 }
 
 // eppCluster reaches the picker Service by its DNS name over HTTP/2, with

@@ -125,7 +125,7 @@ func TestTranslationShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, nil)
+	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestTranslationShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := hcm.GetHttpFilters()
-	if len(fs) != 3 || fs[0].GetName() != StripFilterName || fs[0].GetDisabled() || fs[1].GetName() != FilterName(p) || !fs[1].GetDisabled() ||
+	if len(fs) != 3 || fs[0].GetName() != StripFilterName || fs[0].GetDisabled() || fs[1].GetName() != FilterName(p) || fs[1].GetDisabled() ||
 		fs[2].GetName() != "envoy.filters.http.router" {
 		t.Fatalf("filters %v", fs)
 	}
@@ -150,18 +150,24 @@ func TestTranslationShape(t *testing.T) {
 	if err := fs[1].GetTypedConfig().UnmarshalTo(ep); err != nil {
 		t.Fatal(err)
 	}
-	m := ep.GetProcessingMode()
-	if !ep.GetFailureModeAllow() || m.GetRequestBodyMode() != extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
-		m.GetResponseBodyMode() != extprocv3.ProcessingMode_NONE || m.GetRequestTrailerMode() != extprocv3.ProcessingMode_SEND ||
+	// On the listener the filter sends nothing; the pool's route turns it on.
+	if lm := ep.GetProcessingMode(); !ep.GetFailureModeAllow() || lm.GetRequestHeaderMode() != extprocv3.ProcessingMode_SKIP ||
+		lm.GetResponseHeaderMode() != extprocv3.ProcessingMode_SKIP || lm.GetRequestBodyMode() != extprocv3.ProcessingMode_NONE ||
 		ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != EPPClusterName(p) {
 		t.Fatalf("ext_proc %v", ep)
 	}
-	if _, ok := r.GetTypedPerFilterConfig()[FilterName(p)]; !ok {
-		t.Fatal("the pool's route does not enable its filter")
+	pr := &extprocv3.ExtProcPerRoute{}
+	if err := r.GetTypedPerFilterConfig()[FilterName(p)].UnmarshalTo(pr); err != nil {
+		t.Fatalf("the pool's route does not configure its filter: %v", err)
+	}
+	m := pr.GetOverrides().GetProcessingMode()
+	if m.GetRequestHeaderMode() != extprocv3.ProcessingMode_SEND || m.GetRequestBodyMode() != extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
+		m.GetResponseBodyMode() != extprocv3.ProcessingMode_NONE || m.GetRequestTrailerMode() != extprocv3.ProcessingMode_SEND {
+		t.Fatalf("route's processing mode %v", m)
 	}
 	// Translating again (Envoy Gateway calls the hook on every
 	// translation, with its own fresh resources) adds nothing twice.
-	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, nil)
+	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, nil, nil)
 	if err != nil || !proto.Equal(again[0], listeners[0]) {
 		t.Fatalf("second translation changed the listener: %v", err)
 	}

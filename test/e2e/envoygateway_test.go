@@ -9,8 +9,10 @@ import (
 
 	pb "github.com/envoyproxy/gateway/proto/extension"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,6 +20,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/test/loopback"
 )
@@ -36,12 +40,21 @@ func (s staticEndpoints) Endpoints(context.Context, *envoygateway.Pool) ([]strin
 // rule's route and its cluster.
 func egRendered(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byte) []proto.Message {
 	t.Helper()
+	return egRenderedMatching(t, ext, poolJSON, nil)
+}
+
+// egRenderedMatching is egRendered for a rule that matches headers too
+// (e.g. the base-model header the payload processor sets), with a last
+// route answering 404 "no model route" for every other request, as an
+// HTTPRoute's unmatched requests get.
+func egRenderedMatching(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byte, headers []*routev3.HeaderMatcher) []proto.Message {
+	t.Helper()
 	const rcName, clusterName = "default/eg/http", "httproute/default/llm-route/rule/0"
 	ctx := context.Background()
 	res := []*pb.ExtensionResource{{UnstructuredBytes: poolJSON}}
 	route := &routev3.Route{
 		Name:   "httproute/default/llm-route/rule/0/match/0/*",
-		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, Headers: headers},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName}}},
 	}
 	rr, err := ext.PostRouteModify(ctx, &pb.PostRouteModifyRequest{Route: route, PostRouteContext: &pb.PostRouteExtensionContext{ExtensionResources: res}})
@@ -57,8 +70,17 @@ func egRendered(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byt
 	if err != nil {
 		t.Fatal(err)
 	}
+	routes := []*routev3.Route{rr.GetRoute()}
+	if headers != nil {
+		routes = append(routes, &routev3.Route{
+			Name:  "no-model",
+			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404,
+				Body: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "no model route"}}}},
+		})
+	}
 	rc := &routev3.RouteConfiguration{Name: rcName, VirtualHosts: []*routev3.VirtualHost{{
-		Name: "default/eg/http/*", Domains: []string{"*"}, Routes: []*routev3.Route{rr.GetRoute()},
+		Name: "default/eg/http/*", Domains: []string{"*"}, Routes: routes,
 	}}}
 	tr, err := ext.PostTranslateModify(ctx, &pb.PostTranslateModifyRequest{
 		Clusters: []*clusterv3.Cluster{cr.GetCluster()}, Routes: []*routev3.RouteConfiguration{rc},
@@ -80,10 +102,14 @@ func egRendered(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJSON []byt
 	return out
 }
 
-func startExtension(t *testing.T, endpoints envoygateway.Endpoints) pb.EnvoyGatewayExtensionClient {
+func startExtension(t *testing.T, endpoints envoygateway.Endpoints, payload ...*envoygateway.Payload) pb.EnvoyGatewayExtensionClient {
 	t.Helper()
 	g := grpc.NewServer()
-	envoygateway.NewServer(endpoints, nil, logr.Discard()).Register(g)
+	var p *envoygateway.Payload
+	if len(payload) > 0 {
+		p = payload[0]
+	}
+	envoygateway.NewServer(endpoints, nil, p, logr.Discard()).Register(g)
 	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)
@@ -156,4 +182,72 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEnvoyGatewayExtensionWithPayloadProcessor: with the payload processor
+// in front (as egext adds it), a rule that matches the base-model header
+// the processor sets is reached only after the route is matched again;
+// the pool's picker still runs there (its filter is in every request's
+// chain and turned on by the route), and requests reach its choice.
+func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
+	sims, pool := newPool(t, 2)
+	e := startEPP(t, pool)
+	proc, err := payload.New(payload.Config{
+		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
+		Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithCancel(context.Background())
+	pdone := make(chan error, 1)
+	go func() { pdone <- proc.Run(pctx) }()
+	t.Cleanup(func() { pcancel(); <-pdone })
+
+	var eps staticEndpoints
+	byAddr := map[string]string{}
+	for _, s := range sims {
+		eps = append(eps, s.addr)
+		byAddr[s.addr] = s.name
+	}
+	_, eppPort, _ := net.SplitHostPort(e.GRPCAddr())
+	poolJSON, err := json.Marshal(map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": "default"},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
+			"targetPorts":       []any{map[string]any{"number": 8000}},
+			"endpointPickerRef": map[string]any{"name": "llama-epp", "port": map[string]any{"number": json.Number(eppPort)}, "failureMode": "FailClose"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ext := startExtension(t, eps, &envoygateway.Payload{Address: proc.GRPCAddr(), TLS: true})
+	byModel := []*routev3.HeaderMatcher{{Name: "x-gateway-base-model-name", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "meta-llama/Llama-3.1-8B-Instruct"}},
+	}}}
+	rs := egRenderedMatching(t, ext, poolJSON, byModel)
+	srv := xdstest.Start(t)
+	srv.Set(t, "1", rs...)
+	n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
+	for range 10 {
+		r, err := post(t, base, completion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lb struct {
+			Dest string `json:"x-gateway-destination-endpoint"`
+		}
+		_ = json.Unmarshal([]byte(r.debug), &lb)
+		if r.status != 200 || lb.Dest == "" || lb.Dest != r.upstream || byAddr[r.upstream] != r.pod {
+			t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, lb.Dest, r.upstream, r.pod)
+		}
+	}
+	r, err := post(t, base, `{"model":"another-model","prompt":"hi"}`)
+	if err != nil || r.status != 404 || r.body != "no model route" {
+		t.Fatalf("a model no rule serves: %v %d %q", err, r.status, r.body)
+	}
+	requireNoNACK(t, n)
 }
