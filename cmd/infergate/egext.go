@@ -13,9 +13,10 @@ import (
 
 func newEGExtCommand() *cobra.Command {
 	var (
-		bind, certFile, keyFile, kube, namespace, edsAddr string
-		port                                              int
-		logs                                              logFlags
+		bind, certFile, keyFile, kube, namespace, edsAddr, payloadAddr string
+		port                                                           int
+		payloadTLS, payloadFailOpen                                    bool
+		logs                                                           logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "egext",
@@ -35,6 +36,13 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			if (certFile == "") != (keyFile == "") {
 				return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
 			}
+			var pl *envoygateway.Payload
+			if payloadAddr != "" {
+				if _, _, err := net.SplitHostPort(payloadAddr); err != nil {
+					return fmt.Errorf("--payload-address %q: %w", payloadAddr, err)
+				}
+				pl = &envoygateway.Payload{Address: payloadAddr, TLS: payloadTLS, FailOpen: payloadFailOpen}
+			}
 			cfg, err := kubeconfig.Load(kube)
 			if err != nil {
 				return fmt.Errorf("egext: kubernetes credentials: %w", err)
@@ -45,7 +53,7 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			return envoygateway.Run(cmd.Context(), envoygateway.Options{
 				Addr: net.JoinHostPort(bind, strconv.Itoa(port)), CertFile: certFile, KeyFile: keyFile,
-				EDSAddress: edsAddr, Kube: cfg, Namespace: namespace, Logger: log,
+				EDSAddress: edsAddr, Payload: pl, Kube: cfg, Namespace: namespace, Logger: log,
 			})
 		},
 	}
@@ -58,6 +66,9 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	f.StringVar(&namespace, "namespace", "", "watch pods of this namespace only (default: all namespaces)")
 	f.StringVar(&edsAddr, "eds-address", "", "host:port Envoy reaches this server at (its Service, e.g. infergate-egext.infergate-system.svc.cluster.local:5005): "+
 		"the pools' endpoints are then served over EDS and follow pods without Envoy Gateway translating; without it they are read at each translation")
+	f.StringVar(&payloadAddr, "payload-address", "", "host:port of the payload processor (its Service) to run before the pools' pickers on every listener that serves a pool")
+	f.BoolVar(&payloadTLS, "payload-tls", true, "reach the payload processor over TLS, accepting its self-signed certificate")
+	f.BoolVar(&payloadFailOpen, "payload-fail-open", false, "let requests through when the payload processor cannot be reached (failure_mode_allow)")
 	logs.register(f)
 	return cmd
 }

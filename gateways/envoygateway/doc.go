@@ -24,14 +24,19 @@
 //   - Translation (PostTranslateModify): the picker's cluster (STRICT_DNS
 //     <service>.<namespace>.svc.cluster.local, HTTP/2, TLS accepting its
 //     self-signed certificate) and one ext_proc filter per pool on each HTTP
-//     listener that serves the pool, disabled except on the pool's routes,
-//     inserted just before the router so Envoy Gateway's own filters (the
-//     payload processor's EnvoyExtensionPolicy included) run first. It sends
-//     request headers and a FULL_DUPLEX_STREAMED request body, and response
-//     headers; response bodies only with the pool annotation
-//     infergate.io/epp-response-body: streamed. failure_mode_allow is the
-//     pool's failureMode. A header_mutation filter before them removes a
-//     client's own x-gateway-destination-endpoint.
+//     listener that serves the pool, inserted just before the router so
+//     Envoy Gateway's own filters run first. On the listener the filter
+//     sends nothing (headers SKIP, bodies NONE); the pool's routes turn it on
+//     with an ExtProcPerRoute processing mode: request headers and a
+//     FULL_DUPLEX_STREAMED request body, and response headers (response
+//     bodies only with the pool annotation infergate.io/epp-response-body:
+//     streamed). It is not a disabled filter enabled per route: Envoy fixes a
+//     request's filter chain from the first route matched, so a rule reached
+//     only once the payload processor set the model header would never call
+//     the picker. failure_mode_allow is the pool's failureMode. A
+//     header_mutation filter before them removes a client's own
+//     x-gateway-destination-endpoint, and, when configured (Payload), the
+//     payload processor's filter runs first of all, on every route.
 //
 // Envoy Gateway configuration (EnvoyGateway resource, under extensionManager):
 //
