@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -127,4 +128,18 @@ func Run(ctx context.Context, o Options) error {
 	g.GracefulStop()
 	cancel()
 	return err
+}
+
+// ClusterRoleRules is every permission the extension needs, cluster-wide
+// (namespaced to Options.Namespace when that is set): it reads pods (the
+// pools' endpoints), services (the pickers), HTTPRoutes and InferencePools,
+// and writes InferencePool status.
+func ClusterRoleRules() []rbacv1.PolicyRule {
+	read := []string{"get", "list", "watch"}
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: read},
+		{APIGroups: []string{gatewayv1.GroupName}, Resources: []string{"httproutes"}, Verbs: read},
+		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools"}, Verbs: read},
+		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools/status"}, Verbs: []string{"get", "update", "patch"}},
+	}
 }
