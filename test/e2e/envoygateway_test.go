@@ -102,6 +102,33 @@ func egRenderedMatching(t *testing.T, ext pb.EnvoyGatewayExtensionClient, poolJS
 	return out
 }
 
+// poolFixture is the pool llama in default over sims, with its picker at
+// eppAddr's port: the endpoints, their names by address, and the pool as
+// Envoy Gateway hands it to the extension.
+func poolFixture(t *testing.T, sims []simProc, eppAddr, failureMode string) (staticEndpoints, map[string]string, []byte) {
+	t.Helper()
+	var eps staticEndpoints
+	byAddr := map[string]string{}
+	for _, s := range sims {
+		eps = append(eps, s.addr)
+		byAddr[s.addr] = s.name
+	}
+	_, eppPort, _ := net.SplitHostPort(eppAddr)
+	poolJSON, err := json.Marshal(map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": "default"},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
+			"targetPorts":       []any{map[string]any{"number": 8000}},
+			"endpointPickerRef": map[string]any{"name": "llama-epp", "port": map[string]any{"number": json.Number(eppPort)}, "failureMode": failureMode},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eps, byAddr, poolJSON
+}
+
 func startExtension(t *testing.T, endpoints envoygateway.Endpoints, payload ...*envoygateway.Payload) pb.EnvoyGatewayExtensionClient {
 	t.Helper()
 	g := grpc.NewServer()
@@ -132,25 +159,7 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 		t.Run(failureMode, func(t *testing.T) {
 			sims, pool := newPool(t, 3)
 			e := startEPP(t, pool)
-			var eps staticEndpoints
-			byAddr := map[string]string{}
-			for _, s := range sims {
-				eps = append(eps, s.addr)
-				byAddr[s.addr] = s.name
-			}
-			_, eppPort, _ := net.SplitHostPort(e.GRPCAddr())
-			poolJSON, err := json.Marshal(map[string]any{
-				"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-				"metadata": map[string]any{"name": "llama", "namespace": "default"},
-				"spec": map[string]any{
-					"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
-					"targetPorts":       []any{map[string]any{"number": 8000}},
-					"endpointPickerRef": map[string]any{"name": "llama-epp", "port": map[string]any{"number": json.Number(eppPort)}, "failureMode": failureMode},
-				},
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), failureMode)
 			rs := egRendered(t, startExtension(t, eps), poolJSON)
 			srv := xdstest.Start(t)
 			srv.Set(t, "1", rs...)
@@ -205,25 +214,7 @@ func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
 	go func() { pdone <- proc.Run(pctx) }()
 	t.Cleanup(func() { pcancel(); <-pdone })
 
-	var eps staticEndpoints
-	byAddr := map[string]string{}
-	for _, s := range sims {
-		eps = append(eps, s.addr)
-		byAddr[s.addr] = s.name
-	}
-	_, eppPort, _ := net.SplitHostPort(e.GRPCAddr())
-	poolJSON, err := json.Marshal(map[string]any{
-		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-		"metadata": map[string]any{"name": "llama", "namespace": "default"},
-		"spec": map[string]any{
-			"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
-			"targetPorts":       []any{map[string]any{"number": 8000}},
-			"endpointPickerRef": map[string]any{"name": "llama-epp", "port": map[string]any{"number": json.Number(eppPort)}, "failureMode": "FailClose"},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), "FailClose")
 	ext := startExtension(t, eps, &envoygateway.Payload{Address: proc.GRPCAddr(), TLS: true})
 	byModel := []*routev3.HeaderMatcher{{Name: "x-gateway-base-model-name", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
 		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "meta-llama/Llama-3.1-8B-Instruct"}},
