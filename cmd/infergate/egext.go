@@ -13,10 +13,10 @@ import (
 
 func newEGExtCommand() *cobra.Command {
 	var (
-		bind, certFile, keyFile, kube, namespace, edsAddr, payloadAddr string
-		port                                                           int
-		payloadTLS, payloadFailOpen                                    bool
-		logs                                                           logFlags
+		bind, certFile, keyFile, kube, namespace, edsAddr, payloadAddr, controller string
+		port                                                                       int
+		payloadTLS, payloadFailOpen                                                bool
+		logs                                                                       logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "egext",
@@ -53,7 +53,7 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			return envoygateway.Run(cmd.Context(), envoygateway.Options{
 				Addr: net.JoinHostPort(bind, strconv.Itoa(port)), CertFile: certFile, KeyFile: keyFile,
-				EDSAddress: edsAddr, Payload: pl, Kube: cfg, Namespace: namespace, Logger: log,
+				EDSAddress: edsAddr, Payload: pl, Kube: cfg, Namespace: namespace, ControllerName: controller, Logger: log,
 			})
 		},
 	}
@@ -66,6 +66,7 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	f.StringVar(&namespace, "namespace", "", "watch pods of this namespace only (default: all namespaces)")
 	f.StringVar(&edsAddr, "eds-address", "", "host:port Envoy reaches this server at (its Service, e.g. infergate-egext.infergate-system.svc.cluster.local:5005): "+
 		"the pools' endpoints are then served over EDS and follow pods without Envoy Gateway translating; without it they are read at each translation")
+	f.StringVar(&controller, "gateway-controller-name", envoygateway.DefaultControllerName, "Envoy Gateway's GatewayClass controllerName: pool status is written for the Gateways it manages")
 	f.StringVar(&payloadAddr, "payload-address", "", "host:port of the payload processor (its Service) to run before the pools' pickers on every listener that serves a pool")
 	f.BoolVar(&payloadTLS, "payload-tls", true, "reach the payload processor over TLS, accepting its self-signed certificate")
 	f.BoolVar(&payloadFailOpen, "payload-fail-open", false, "let requests through when the payload processor cannot be reached (failure_mode_allow)")
