@@ -127,9 +127,17 @@ type reply struct {
 
 var client = &http.Client{Timeout: 15 * time.Second}
 
-func post(t testing.TB, base, body string) (reply, error) {
+func post(t testing.TB, base, body string, kv ...string) (reply, error) {
 	t.Helper()
-	resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Header.Add(kv[i], kv[i+1])
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return reply{}, err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -180,12 +181,16 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 			requireNoNACK(t, n)
 			e.stop()
 			want := map[string]int{"FailOpen": 200, "FailClose": 500}[failureMode]
+			// A client naming its own upstream gets nothing for it: the
+			// header is stripped and the cluster reads only the picker's
+			// metadata, falling back to the pool's own endpoints.
+			rogue := startSims(t, 1)[0]
 			for range 6 {
-				r, err := post(t, base, completion)
+				r, err := post(t, base, completion, wire.DestinationEndpointKey, rogue.addr)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if r.status != want || (want == 200 && byAddr[r.upstream] == "") {
+				if r.status != want || (want == 200 && byAddr[r.upstream] == "") || r.upstream == rogue.addr {
 					t.Fatalf("picker stopped, %s: %d via %q (%q), want %d from a pool endpoint", failureMode, r.status, r.upstream, r.body, want)
 				}
 			}
