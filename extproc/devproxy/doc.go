@@ -119,6 +119,12 @@
 //	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
 //	  TestClusterEndpoints
 //
+//	EDS clusters warm: an update that names one whose first load assignment
+//	has not arrived is accepted but not put in use (listeners keep their
+//	tables, new ones do not serve) until it arrives, or for at most
+//	initial_fetch_timeout's default, 15s.
+//	  TestEDSClusterWarms
+//
 //	EDS from ADS, or, for a cluster whose eds_config is an api_config_source
 //	(GRPC, one envoy_grpc cluster), over an EDS stream of its own to that
 //	cluster's server; routes only over ADS.

@@ -69,6 +69,7 @@ type Node struct {
 	side      map[string]*sideStream // by the cluster that reaches the EDS server
 	runCtx    context.Context        // Run's, for the side streams
 	sideRuns  sync.WaitGroup
+	warmSince time.Time // when EDS clusters started warming; zero when none are
 }
 
 // liveListener is a bound listener and its server.
@@ -198,6 +199,13 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
 	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log})
+	if err == nil && n.clustersWarming(b.pending) {
+		// Accepted, but its EDS clusters are warming: the tables in use
+		// stay until their endpoints arrive or the fetch times out.
+		n.conns.endBuild(false)
+		n.res = next
+		return b, nil
+	}
 	if err == nil {
 		err = n.activate(b.listeners)
 	}
@@ -208,6 +216,42 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 	}
 	n.res = next
 	return b, nil
+}
+
+// initialFetchTimeout is ConfigSource.initial_fetch_timeout's default: how
+// long Envoy lets a cluster warm waiting for its first EDS answer.
+const initialFetchTimeout = 15 * time.Second
+
+// clustersWarming reports whether activation waits for EDS clusters that have not
+// had their first load assignment, as Envoy warms such clusters before
+// using them (so a listener does not serve with a picker cluster that has
+// no host yet). After initialFetchTimeout it goes on without them. Callers
+// hold n.mu.
+func (n *Node) clustersWarming(pending []string) bool {
+	if len(pending) == 0 {
+		n.warmSince = time.Time{}
+		return false
+	}
+	if n.warmSince.IsZero() {
+		n.warmSince = time.Now()
+		time.AfterFunc(initialFetchTimeout, n.warmTimedOut)
+		n.log.V(1).Info("clusters warming", "waiting for", pending)
+	}
+	return time.Since(n.warmSince) < initialFetchTimeout
+}
+
+// warmTimedOut activates what warming held back once the fetch timeout has
+// passed.
+func (n *Node) warmTimedOut() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.warmSince.IsZero() || time.Since(n.warmSince) < initialFetchTimeout || n.runCtx.Err() != nil {
+		return
+	}
+	n.log.Info("initial fetch timeout: using clusters without their endpoints")
+	if _, err := n.rebuild(n.res, "initial_fetch_timeout", ""); err != nil {
+		n.log.Error(err, "activation after the initial fetch timeout")
+	}
 }
 
 // sideStream is an EDS stream to a server other than ADS (a cluster's

@@ -484,3 +484,44 @@ func TestEndpointsFromAnotherEDSServer(t *testing.T) {
 	side.SetEndpoints(t, "2", xdstest.Assignment("pool", b.Addr))
 	waitBody("hello from " + b.Addr)
 }
+
+// TestEDSClusterWarms: a listener whose route goes to an EDS cluster does
+// not start serving before that cluster's first load assignment arrives
+// (Envoy warms the cluster), and serves once it does.
+func TestEDSClusterWarms(t *testing.T) {
+	a := fakeproc.StartUpstream(t, nil)
+	n, err := NewNode(NodeConfig{
+		XDS: xdsclient.Config{Server: "127.0.0.1:1", NodeID: "n"}, FreePorts: true,
+		Timeouts: Timeouts{Shutdown: time.Second}, Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	apply := func(typ string, ms ...proto.Message) {
+		t.Helper()
+		var rs []*anypb.Any
+		for _, m := range ms {
+			rs = append(rs, xdstest.Any(m))
+		}
+		if err := n.Apply(context.Background(), typ, "v", rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "pool"}}}}}}}}
+	apply(xdsclient.ClusterType, xdstest.EDSCluster("pool"))
+	apply(xdsclient.ListenerType, xdstest.Listener("l", 80, "r"))
+	apply(xdsclient.RouteType, routes)
+	if _, ok := n.ListenerAddr("l"); ok {
+		t.Fatal("the listener serves while its cluster still waits for its endpoints")
+	}
+	apply(xdsclient.EndpointType, xdstest.Assignment("pool", a.Addr))
+	if _, body := get(t, listenerURL(t, n, "l")+"/"); body != "hello from "+a.Addr {
+		t.Fatalf("after EDS: %q", body)
+	}
+}

@@ -104,6 +104,16 @@ type built struct {
 	// the cluster that reaches the server (EdsClusterConfig.eds_config
 	// api_config_source).
 	side map[string]*sideSource
+	// pending are the EDS clusters whose first load assignment has not
+	// arrived (Envoy keeps them warming).
+	pending []string
+}
+
+func hasAssignment(res *resources, eds edsRef) bool {
+	if eds.source == "" {
+		return res.endpoints[eds.name] != nil
+	}
+	return res.side[eds.source][eds.name] != nil
 }
 
 // sideSource is one EDS server besides ADS and the names asked of it.
@@ -124,6 +134,9 @@ func build(res *resources, env buildEnv) (*built, error) {
 			return nil, fmt.Errorf("cluster %q: %w", name, err)
 		}
 		clusters[name], grpcTargets[name] = cl, tgt
+		if eds.name != "" && !hasAssignment(res, eds) {
+			out.pending = append(out.pending, name)
+		}
 		switch {
 		case eds.name == "":
 		case eds.source == "":
