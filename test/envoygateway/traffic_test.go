@@ -5,27 +5,33 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/loopback"
@@ -239,4 +245,94 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+}
+
+// flakyEndpoints is the extension's endpoint source with a switch that
+// makes it fail, as a Kubernetes API outage would.
+type flakyEndpoints struct {
+	inner envoygateway.Endpoints
+	fail  atomic.Bool
+}
+
+func (f *flakyEndpoints) Endpoints(ctx context.Context, p *envoygateway.Pool) ([]string, error) {
+	if f.fail.Load() {
+		return nil, errors.New("pods cannot be listed")
+	}
+	return f.inner.Endpoints(ctx, p)
+}
+
+// TestHookErrorKeepsTheLastConfig: when the extension cannot answer a hook
+// (here: the pool's endpoints cannot be read, without --eds-address),
+// Envoy Gateway keeps serving the configuration it had; once the
+// extension recovers, the next translation goes through.
+func TestHookErrorKeepsTheLastConfig(t *testing.T) {
+	c := startCluster(t)
+	eps := &flakyEndpoints{inner: envoygateway.KubeEndpoints{Reader: c.client}}
+	g := grpc.NewServer()
+	envoygateway.NewServer(eps, nil, nil, logr.Discard()).Register(g)
+	ext := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
+		go func() { <-ctx.Done(); g.Stop() }()
+		return g.Serve(ln)
+	})
+	c.startEG(t, ext)
+	ns := "hookerror"
+	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	servers := c.modelServers(t, ns, "llama", 2)
+	stopPicker := startPicker(t, servers)
+	c.create(t, gatewayObjects(ns)...)
+	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
+	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
+	n := c.standIn(t, ns, "inference-gateway")
+	var base string
+	waitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
+		addr, ok := n.ListenerAddr(ns + "/inference-gateway/http")
+		base = "http://" + addr
+		return ok
+	})
+	if r := post(t, base); r.status != 200 {
+		t.Fatalf("before: %d %s", r.status, r.body)
+	}
+	before := n.XDS().Status()
+
+	eps.fail.Store(true)
+	setFailureMode(t, c, ns, "llama", inferencev1.EndpointPickerFailClose)
+	stopPicker()
+	// Give Envoy Gateway time to translate (and fail); the config in use
+	// must stay the FailOpen one.
+	time.Sleep(3 * time.Second)
+	for range 4 {
+		if r := post(t, base); r.status != 200 {
+			t.Fatalf("while the hook fails the last config must stay (FailOpen): %d %s", r.status, r.body)
+		}
+	}
+	if now := n.XDS().Status(); now[xdsclient.ClusterType].Version != before[xdsclient.ClusterType].Version {
+		t.Errorf("Envoy Gateway published clusters %s → %s while the hook failed", before[xdsclient.ClusterType].Version, now[xdsclient.ClusterType].Version)
+	}
+
+	// Envoy Gateway does not retry a failed translation by itself, and an
+	// annotation does not make it translate again (it watches
+	// generations): a spec change does.
+	eps.fail.Store(false)
+	var route gatewayv1.HTTPRoute
+	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route); err != nil {
+		t.Fatal(err)
+	}
+	timeout := gatewayv1.Duration("300s")
+	route.Spec.Rules[0].Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: &timeout}
+	if err := c.client.Update(testCtx(t), &route); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+}
+
+func setFailureMode(t *testing.T, c *cluster, ns, name string, mode inferencev1.EndpointPickerFailureMode) {
+	t.Helper()
+	var pool inferencev1.InferencePool
+	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: name}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Spec.EndpointPickerRef.FailureMode = mode
+	if err := c.client.Update(testCtx(t), &pool); err != nil {
+		t.Fatal(err)
+	}
 }
