@@ -1,0 +1,185 @@
+package envoygateway
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/inference/wire"
+)
+
+// xdsCapture is an Envoy node of Envoy Gateway that keeps the last
+// resources of each type it was sent, decoded.
+type xdsCapture struct {
+	mu        sync.Mutex
+	listeners map[string]*listenerv3.Listener
+	routes    map[string]*routev3.RouteConfiguration
+	clusters  map[string]*clusterv3.Cluster
+}
+
+func (c *cluster) captureXDS(t *testing.T, ns, gateway string) *xdsCapture {
+	t.Helper()
+	x := &xdsCapture{}
+	var client *xdsclient.Client
+	h := xdsclient.HandlerFunc(func(_ context.Context, typ, _ string, rs []*anypb.Any) error {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		switch typ {
+		case xdsclient.ListenerType:
+			x.listeners = map[string]*listenerv3.Listener{}
+			var rds []string
+			for _, r := range rs {
+				l := &listenerv3.Listener{}
+				if err := r.UnmarshalTo(l); err != nil {
+					return err
+				}
+				x.listeners[l.GetName()] = l
+				if hcm := listenerHCM(l); hcm.GetRds() != nil {
+					rds = append(rds, hcm.GetRds().GetRouteConfigName())
+				}
+			}
+			client.Subscribe(xdsclient.RouteType, rds)
+		case xdsclient.RouteType:
+			x.routes = map[string]*routev3.RouteConfiguration{}
+			for _, r := range rs {
+				rc := &routev3.RouteConfiguration{}
+				if err := r.UnmarshalTo(rc); err != nil {
+					return err
+				}
+				x.routes[rc.GetName()] = rc
+			}
+		case xdsclient.ClusterType:
+			x.clusters = map[string]*clusterv3.Cluster{}
+			for _, r := range rs {
+				cl := &clusterv3.Cluster{}
+				if err := r.UnmarshalTo(cl); err != nil {
+					return err
+				}
+				x.clusters[cl.GetName()] = cl
+			}
+		}
+		return nil
+	})
+	client, err := xdsclient.New(xdsclient.Config{Server: egXDS, NodeID: "capture", NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t), Logger: logr.Discard()}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.Subscribe(xdsclient.ClusterType, nil)
+	client.Subscribe(xdsclient.ListenerType, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = client.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return x
+}
+
+func listenerHCM(l *listenerv3.Listener) *hcmv3.HttpConnectionManager {
+	fc := l.GetDefaultFilterChain()
+	if fc == nil && len(l.GetFilterChains()) > 0 {
+		fc = l.GetFilterChains()[0]
+	}
+	for _, f := range fc.GetFilters() {
+		hcm := &hcmv3.HttpConnectionManager{}
+		if f.GetTypedConfig().UnmarshalTo(hcm) == nil {
+			return hcm
+		}
+	}
+	return nil
+}
+
+// TestEnvoyGatewayServesTheExtensionsXDS reads what Envoy Gateway sends
+// the Gateway's Envoy: the pool's cluster (EDS from the extension behind
+// override_host), the picker's cluster, the strip filter and the pool's
+// ext_proc filter before the router with the pool's failure mode, the
+// route turning the filter on; and sees failure_mode_allow follow a
+// change to the live pool.
+func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
+	c := startCluster(t)
+	c.startEG(t, c.startExtension(t))
+	ns := "xds"
+	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	c.create(t, gatewayObjects(ns)...)
+	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
+	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
+	x := c.captureXDS(t, ns, "inference-gateway")
+	pool := &envoygateway.Pool{Namespace: ns, Name: "llama"}
+	listener, routeCluster := ns+"/inference-gateway/http", "httproute/"+ns+"/llm-route/rule/0"
+
+	// failOpen returns the pool filter's failure_mode_allow on the
+	// Gateway's listener, and whether the listener has it at all.
+	failOpen := func() (bool, bool) {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		fs := listenerHCM(x.listeners[listener]).GetHttpFilters()
+		for i, f := range fs {
+			if f.GetName() != envoygateway.FilterName(pool) {
+				continue
+			}
+			ep := &extprocv3.ExternalProcessor{}
+			if err := f.GetTypedConfig().UnmarshalTo(ep); err != nil || f.GetDisabled() || i == 0 ||
+				fs[i-1].GetName() != envoygateway.StripFilterName || fs[len(fs)-1].GetName() != "envoy.filters.http.router" ||
+				ep.GetProcessingMode().GetRequestHeaderMode() != extprocv3.ProcessingMode_SKIP ||
+				ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != envoygateway.EPPClusterName(pool) {
+				t.Fatalf("pool filter on the listener: %v (filters %v)", ep, fs)
+			}
+			return ep.GetFailureModeAllow(), true
+		}
+		return false, false
+	}
+	waitFor(t, "the pool's filter, FailOpen, on the Gateway's listener", 60*time.Second, func() bool {
+		open, ok := failOpen()
+		return ok && open
+	})
+
+	x.mu.Lock()
+	cl := x.clusters[routeCluster]
+	if cl.GetType() != clusterv3.Cluster_EDS || cl.GetEdsClusterConfig().GetServiceName() != envoygateway.EDSName(pool) ||
+		cl.GetEdsClusterConfig().GetEdsConfig().GetApiConfigSource().GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName() != envoygateway.EDSClusterName {
+		t.Errorf("pool cluster %v", cl)
+	}
+	oh := &overridehostv3.OverrideHost{}
+	if err := cl.GetLoadBalancingPolicy().GetPolicies()[0].GetTypedExtensionConfig().GetTypedConfig().UnmarshalTo(oh); err != nil ||
+		oh.GetOverrideHostSources()[0].GetMetadata().GetKey() != wire.LBNamespace {
+		t.Errorf("pool cluster's override_host: %v %v", oh, err)
+	}
+	if epp := x.clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil {
+		t.Errorf("picker cluster %v", epp)
+	}
+	if x.clusters[envoygateway.EDSClusterName] == nil {
+		t.Error("no cluster for the extension's EDS")
+	}
+	var perRoute *anypb.Any
+	for _, vh := range x.routes[listener].GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetRoute().GetCluster() == routeCluster {
+				perRoute = r.GetTypedPerFilterConfig()[envoygateway.FilterName(pool)]
+			}
+		}
+	}
+	pr := &extprocv3.ExtProcPerRoute{}
+	if err := perRoute.UnmarshalTo(pr); err != nil || pr.GetOverrides().GetProcessingMode().GetRequestBodyMode() != extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		t.Errorf("the pool's route does not turn its filter on: %v %v", pr, err)
+	}
+	x.mu.Unlock()
+
+	setFailureMode(t, c, ns, "llama", inferencev1.EndpointPickerFailClose)
+	waitFor(t, "failure_mode_allow false after the pool turned FailClose", 60*time.Second, func() bool {
+		open, ok := failOpen()
+		return ok && !open
+	})
+}
