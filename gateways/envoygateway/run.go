@@ -133,7 +133,7 @@ func Run(ctx context.Context, o Options) error {
 // ClusterRoleRules is every permission the extension needs, cluster-wide
 // (namespaced to Options.Namespace when that is set): it reads pods (the
 // pools' endpoints), services (the pickers), HTTPRoutes and InferencePools,
-// and writes InferencePool status.
+// writes InferencePool status, and records Events about pools.
 func ClusterRoleRules() []rbacv1.PolicyRule {
 	read := []string{"get", "list", "watch"}
 	return []rbacv1.PolicyRule{
@@ -141,5 +141,6 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{gatewayv1.GroupName}, Resources: []string{"httproutes"}, Verbs: read},
 		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools"}, Verbs: read},
 		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools/status"}, Verbs: []string{"get", "update", "patch"}},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,12 +36,16 @@ const DefaultControllerName = "gateway.envoyproxy.io/gatewayclass-controller"
 // attaches any more are removed.
 type statusReconciler struct {
 	client     client.Client
+	events     events.EventRecorder
 	controller string
 	log        logr.Logger
 }
 
+// eventSource names the extension in the Events it records.
+const eventSource = "infergate-egext"
+
 func setUpStatus(mgr ctrl.Manager, controllerName string, log logr.Logger) error {
-	r := &statusReconciler{client: mgr.GetClient(), controller: controllerName, log: log}
+	r := &statusReconciler{client: mgr.GetClient(), events: mgr.GetEventRecorder(eventSource), controller: controllerName, log: log}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("inferencepool-status").
 		// controller-runtime keeps controller names process-wide; tests run
@@ -147,15 +152,25 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	next := slices.DeleteFunc(slices.Clone(pool.Status.Parents), func(s inferencev1.ParentStatus) bool {
 		return string(s.ControllerName) == r.controller
 	})
+	var warnings []metav1.Condition
 	for _, st := range ours {
-		// Keep condition transition times when nothing changed.
+		var prevConds []metav1.Condition
 		if prev := findParent(pool.Status.Parents, st.ParentRef); prev != nil {
-			conds := slices.Clone(prev.Conditions)
-			for _, c := range st.Conditions {
-				meta.SetStatusCondition(&conds, c)
-			}
-			st.Conditions = conds
+			prevConds = prev.Conditions
 		}
+		for _, c := range st.Conditions {
+			if was := meta.FindStatusCondition(prevConds, c.Type); c.Status == metav1.ConditionFalse &&
+				(was == nil || was.Status != c.Status || was.Reason != c.Reason) &&
+				!slices.ContainsFunc(warnings, func(w metav1.Condition) bool { return w.Type == c.Type && w.Reason == c.Reason }) {
+				warnings = append(warnings, c)
+			}
+		}
+		// Keep condition transition times when nothing changed.
+		conds := slices.Clone(prevConds)
+		for _, c := range st.Conditions {
+			meta.SetStatusCondition(&conds, c)
+		}
+		st.Conditions = conds
 		next = append(next, st)
 	}
 	if equality.Semantic.DeepEqual(next, pool.Status.Parents) {
@@ -167,6 +182,11 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 			return reconcile.Result{Requeue: true}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("update status of %s: %w", req.NamespacedName, err)
+	}
+	// A problem becomes an Event once, when it appears (kubectl describe
+	// shows it beside the status).
+	for _, w := range warnings {
+		r.events.Eventf(&pool, nil, corev1.EventTypeWarning, w.Reason, "Route", "%s: %s", w.Type, w.Message)
 	}
 	r.log.V(1).Info("pool status", "pool", req.NamespacedName, "parents", len(ours))
 	return reconcile.Result{}, nil

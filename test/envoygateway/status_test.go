@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -161,6 +162,19 @@ func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
 	}
 	c.poolParent(t, ns, "broken", "inference-gateway", "EndpointPickerRefMissing", func(a, r *metav1.Condition) bool {
 		return a != nil && a.Status == metav1.ConditionFalse && a.Reason == "EndpointPickerRefMissing"
+	})
+	waitFor(t, "a Warning Event on the broken pool", 30*time.Second, func() bool {
+		var evs eventsv1.EventList
+		if err := c.client.List(testCtx(t), &evs, client.InNamespace(ns)); err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "broken" && e.Regarding.Kind == "InferencePool" && e.Type == corev1.EventTypeWarning &&
+				e.Reason == "EndpointPickerRefMissing" && strings.Contains(e.Note, "endpointPickerRef is required") {
+				return true
+			}
+		}
+		return false
 	})
 
 	// What the Gateway's Envoy gets: one filter per pool, each enabled only
