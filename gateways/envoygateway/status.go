@@ -196,7 +196,7 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // Service that exists in the pool's namespace.
 func (r *statusReconciler) resolvedRefs(ctx context.Context, pool *inferencev1.InferencePool) metav1.Condition {
 	ok := metav1.Condition{Type: string(inferencev1.InferencePoolConditionResolvedRefs), Status: metav1.ConditionTrue,
-		Reason: string(inferencev1.InferencePoolReasonResolvedRefs), Message: "the endpoint picker Service exists"}
+		Reason: string(inferencev1.InferencePoolReasonResolvedRefs), Message: "the endpoint picker Service exists and exposes the port"}
 	bad := func(format string, args ...any) metav1.Condition {
 		return metav1.Condition{Type: ok.Type, Status: metav1.ConditionFalse,
 			Reason: string(inferencev1.InferencePoolReasonInvalidExtensionRef), Message: fmt.Sprintf(format, args...)}
@@ -211,6 +211,16 @@ func (r *statusReconciler) resolvedRefs(ctx context.Context, pool *inferencev1.I
 			return bad("endpoint picker Service %s/%s not found", pool.Namespace, name)
 		}
 		return bad("endpoint picker Service %s/%s: %v", pool.Namespace, name, err)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return bad("endpoint picker Service %s/%s is an ExternalName Service", pool.Namespace, name)
+	}
+	port := int32(DefaultEPPPort)
+	if p := pool.Spec.EndpointPickerRef.Port; p != nil {
+		port = int32(p.Number)
+	}
+	if !slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return sp.Port == port }) {
+		return bad("endpoint picker Service %s/%s has no port %d", pool.Namespace, name, port)
 	}
 	return ok
 }

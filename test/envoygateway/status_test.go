@@ -112,6 +112,18 @@ func TestExtensionWritesPoolStatus(t *testing.T) {
 	c.poolParent(t, ns, "llama", "inference-gateway", "ResolvedRefs once the Service exists", func(a, r *metav1.Condition) bool {
 		return r != nil && r.Status == metav1.ConditionTrue && r.Reason == "ResolvedRefs"
 	})
+	// A picker port the Service does not expose is refused by name.
+	var pool inferencev1.InferencePool
+	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Spec.EndpointPickerRef.Port = &inferencev1.Port{Number: 9999}
+	if err := c.client.Update(testCtx(t), &pool); err != nil {
+		t.Fatal(err)
+	}
+	c.poolParent(t, ns, "llama", "inference-gateway", "InvalidExtensionRef for a port the Service lacks", func(a, r *metav1.Condition) bool {
+		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == "InvalidExtensionRef" && strings.Contains(r.Message, "has no port 9999")
+	})
 	if err := c.client.Delete(testCtx(t), route); err != nil {
 		t.Fatal(err)
 	}
