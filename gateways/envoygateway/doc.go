@@ -7,17 +7,19 @@
 //
 // For each pool a route serves, the hooks render:
 //
-//   - Route (PostRouteModify): the route enables the pool's ext_proc filter
-//     (typed_per_filter_config) and carries the pool in its metadata; a pool
+//   - Route (PostRouteModify): the route turns the pool's ext_proc filter
+//     on (an ExtProcPerRoute processing mode in typed_per_filter_config) and
+//     carries the pool in its metadata, for Translation to find; a pool
 //     that cannot be used (no endpointPickerRef, an unknown failureMode, ...)
 //     makes the route a 500 naming the problem, nothing else changes;
 //   - Cluster (PostClusterModify): the rule's cluster holds the pool's
 //     endpoints (ready pods × targetPorts; served over EDS by the extension
 //     from a Pod watch when Options.EDSAddress is set, so they follow pods
 //     without a translation) behind Envoy's override_host load balancing
-//     policy, which takes the host the picker wrote in envoy.lb metadata. Not ORIGINAL_DST by header: a header can come from the client,
-//     an ORIGINAL_DST cluster has no host when the picker fails open (503),
-//     and it would send traffic to any address the picker names. With
+//     policy, which takes the host the picker wrote in envoy.lb metadata.
+//     Not ORIGINAL_DST by header: a header can come from the client, an
+//     ORIGINAL_DST cluster has no host when the picker fails open (503), and
+//     it would send traffic to any address the picker names. With
 //     override_host, hosts outside the pool are skipped, a FailOpen pool whose
 //     picker is down is balanced round robin over its endpoints, and the
 //     host that served is reported to the picker (selected_host_key);
@@ -37,6 +39,10 @@
 //     header_mutation filter before them removes a client's own
 //     x-gateway-destination-endpoint, and, when configured (Payload), the
 //     payload processor's filter runs first of all, on every route.
+//
+// The extension also writes each pool's status.parents and records Warning
+// Events for its problems (status.go), and with Options.EDSAddress serves
+// the pools' endpoints over EDS (eds.go).
 //
 // Envoy Gateway configuration (EnvoyGateway resource, under extensionManager):
 //
