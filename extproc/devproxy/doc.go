@@ -14,7 +14,10 @@
 //     for every request to one cluster that honours the picker as
 //     override_host (metadata, then header, a comma list walked on
 //     connection failure) or as an ORIGINAL_DST cluster by header, and
-//     falls back to round robin over FallbackEndpoints;
+//     falls back to round robin over FallbackEndpoints. A client's own
+//     x-gateway-destination-endpoint* headers are removed before the first
+//     filter (Config.KeepClientDestination keeps them), so a picker failing
+//     open never lets the client choose its upstream;
 //   - over xDS (Node): an Envoy node on an ADS stream (package xdsclient)
 //     taking listeners, routes, clusters and endpoints from a real control
 //     plane. Every field of every message it reads is either interpreted

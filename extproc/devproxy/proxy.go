@@ -70,7 +70,13 @@ type Config struct {
 	// DebugMetadata adds DebugMetadataHeader to responses so a developer
 	// (or the demo) can see what the picker said, scores included.
 	DebugMetadata bool
-	Logger        logr.Logger
+	// KeepClientDestination keeps a client's own x-gateway-destination-endpoint
+	// headers. By default they are removed before the first filter, as the
+	// gateway integrations do: otherwise, with the picker failing open, the
+	// client would choose its upstream. Keep them only to test Envoy's
+	// handling of the header itself.
+	KeepClientDestination bool
+	Logger                logr.Logger
 }
 
 // Proxy is a loopback HTTP/1.1 reverse proxy that runs its requests through
@@ -86,6 +92,9 @@ type Proxy struct {
 	closers   sync.WaitGroup
 	closeOnce sync.Once
 }
+
+// clientDestinationHeaders are the routing headers a client may not send.
+var clientDestinationHeaders = []string{wire.DestinationEndpointKey, wire.SubsetKey, wire.ServedEndpointKey}
 
 // flagCluster names the one cluster of a flag-configured proxy.
 const flagCluster = "devproxy"
@@ -116,6 +125,10 @@ func New(cfg Config) (*Proxy, error) {
 	cl.connectTimeout = p.timeouts.Connect
 	t := &table{clusters: map[string]*cluster{flagCluster: cl}}
 	var clients []*extproctest.Client
+	if !cfg.KeepClientDestination {
+		t.filters = append(t.filters, &httpFilter{name: "strip-client-destination", removeRequestHeaders: clientDestinationHeaders})
+		clients = append(clients, nil)
+	}
 	for _, fc := range cfg.Filters {
 		c, err := extproctest.NewClient(fc)
 		if err != nil {

@@ -144,7 +144,7 @@ func TestProxyRouting(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			epp := fakeproc.Start(t, fakeproc.EPPHandler(tc.epp))
-			url := startProxy(t, Config{Routing: tc.routing, Filters: []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}}})
+			url := startProxy(t, Config{Routing: tc.routing, Filters: []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr}}, KeepClientDestination: tc.clientDest != ""})
 			var kv []string
 			if tc.clientDest != "" {
 				kv = []string{wire.DestinationEndpointKey, tc.clientDest}
@@ -162,6 +162,30 @@ func TestProxyRouting(t *testing.T) {
 			// Router replies pass through the filter's response path too.
 			if tc.wantStatus == 503 && resp.Header.Get("x-test-served") != "" {
 				t.Errorf("served metadata on a local reply: %q", resp.Header.Get("x-test-served"))
+			}
+		})
+	}
+}
+
+// TestClientCannotChooseItsUpstream: with the picker failing open and
+// fallback endpoints, a client's own x-gateway-destination-endpoint is
+// removed before the filters, so the cluster's balancing chooses, never the
+// client (which could otherwise reach any address).
+func TestClientCannotChooseItsUpstream(t *testing.T) {
+	pool, rogue := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	for _, routing := range []RoutingMode{RoutingOverrideHost, RoutingOriginalDstHeader} {
+		t.Run(string(routing), func(t *testing.T) {
+			url := startProxy(t, Config{
+				Routing:           routing,
+				Filters:           []extproctest.FilterConfig{{Name: "epp", Target: fakeproc.ClosedAddr(t), FailureModeAllow: true}},
+				FallbackEndpoints: []string{pool.Addr},
+			})
+			resp, body := post(t, url, `{"model":"m"}`, wire.DestinationEndpointKey, rogue.Addr)
+			if resp.StatusCode != 200 || resp.Header.Get(UpstreamHeader) != pool.Addr {
+				t.Fatalf("%d %q via %q, want the pool's %s", resp.StatusCode, body, resp.Header.Get(UpstreamHeader), pool.Addr)
+			}
+			if rogue.Count() != 0 {
+				t.Fatal("the client's chosen upstream was reached")
 			}
 		})
 	}
