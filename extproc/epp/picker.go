@@ -199,8 +199,10 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		o.Picked(ctx, req, res)
 	}
 	// Until the next scrape shows it, account for the KV this request
-	// will take, estimating its tokens from its bytes.
-	targets[0].AddPending(len(r.Body) / prefix.BytesPerToken)
+	// will take, estimating its tokens from its prompt's bytes: the whole
+	// body would let padding in any other field make idle servers look
+	// saturated and shed sheddable traffic.
+	targets[0].AddPending(len(req.Prompt()) / prefix.BytesPerToken)
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {

@@ -409,6 +409,32 @@ func TestSheddableRequestGets429UnderSaturation(t *testing.T) {
 	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
 }
 
+func TestPaddingOutsideThePromptDoesNotFillThePool(t *testing.T) {
+	// A 1-token prompt padded with 1 MB in a field the model never reads
+	// must count as 1 token of pending KV, or a few such requests make an
+	// idle pool look saturated and shed everyone's sheddable traffic.
+	const kvTokens = 16 * 1024 // BlockSize 16 × 1024 blocks
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), bodyLimit: 4 << 20, priorities: map[string]int{"batch": -1}})
+	ep := r.store.Get("10.0.0.1:8000")
+	ep.SetMetrics(&datastore.Metrics{BlockSize: 16, NumGPUBlocks: 1024, UpdatedAt: time.Now()})
+	padded := []byte(fmt.Sprintf(`{"model":"m","prompt":"hi","user":%q}`, strings.Repeat("x", 1<<20)))
+	for range 3 {
+		r.do(t, call{body: padded, chunk: 64 << 10}).destination(t)
+	}
+	if got := ep.Pending(); got > 3 {
+		t.Fatalf("pending KV %d tokens after three 1-token prompts", got)
+	}
+	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
+
+	// The prompt itself still counts: a long prompt is real KV.
+	long := []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("word ", kvTokens)))
+	r.do(t, call{body: long, chunk: 64 << 10}).destination(t)
+	if got := ep.Pending(); got < kvTokens/2 {
+		t.Fatalf("pending KV %d tokens after a %d-byte prompt", got, len(long))
+	}
+	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+}
+
 func TestShedRequestsAreToldToComeBackSpreadOut(t *testing.T) {
 	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1}})
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
