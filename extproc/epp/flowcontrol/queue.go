@@ -63,7 +63,13 @@ type flow struct{ waiting []*ticket }
 
 type ticket struct {
 	ready chan struct{} // closed when released
-	done  bool          // released or given up; guarded by Queue.mu
+	done  bool          // released; guarded by Queue.mu
+	// Where the ticket waits, so giving up removes it at once: a ticket
+	// left for dispatch to skip stays in memory for as long as the pool
+	// is full, and a flood of abandoned requests would grow the queue
+	// without bound.
+	priority   int
+	fairnessID string
 }
 
 // NewQueue returns a queue; Run must be running for queued requests to move.
@@ -98,8 +104,8 @@ func (q *Queue) Admit(ctx context.Context, priority int, fairnessID string) erro
 		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	t := &ticket{ready: make(chan struct{})}
-	q.enqueueLocked(priority, fairnessID, t)
+	t := &ticket{ready: make(chan struct{}), priority: priority, fairnessID: fairnessID}
+	q.enqueueLocked(t)
 	q.mu.Unlock()
 	select {
 	case q.kick <- struct{}{}:
@@ -122,8 +128,7 @@ func (q *Queue) Admit(ctx context.Context, priority int, fairnessID string) erro
 	if t.done { // released while we were giving up: take it
 		return nil
 	}
-	t.done = true // dispatch skips and drops it
-	q.queued--
+	q.removeLocked(t)
 	return err
 }
 
@@ -158,10 +163,13 @@ func (q *Queue) dispatch() {
 			return
 		}
 		t := f.waiting[0]
-		f.waiting = f.waiting[1:]
-		b.next++
+		// removeLocked drops the flow if this empties it, leaving next
+		// on the flow after it; otherwise step past this flow.
+		q.removeLocked(t)
+		if len(f.waiting) > 0 {
+			b.next++
+		}
 		t.done = true
-		q.queued--
 		close(t.ready)
 	}
 }
@@ -179,42 +187,68 @@ func (q *Queue) takeRoomLocked() bool {
 	return true
 }
 
-func (q *Queue) enqueueLocked(priority int, id string, t *ticket) {
-	i, found := slices.BinarySearchFunc(q.bands, priority, func(b *band, p int) int { return p - b.priority })
+// bandIndex finds priority's band (highest priority first).
+func (q *Queue) bandIndex(priority int) (int, bool) {
+	return slices.BinarySearchFunc(q.bands, priority, func(b *band, p int) int { return p - b.priority })
+}
+
+func (q *Queue) enqueueLocked(t *ticket) {
+	i, found := q.bandIndex(t.priority)
 	if !found {
-		q.bands = slices.Insert(q.bands, i, &band{priority: priority, flows: map[string]*flow{}})
+		q.bands = slices.Insert(q.bands, i, &band{priority: t.priority, flows: map[string]*flow{}})
 	}
 	b := q.bands[i]
-	f := b.flows[id]
+	f := b.flows[t.fairnessID]
 	if f == nil {
 		f = &flow{}
-		b.flows[id] = f
-		b.order = append(b.order, id)
+		b.flows[t.fairnessID] = f
+		b.order = append(b.order, t.fairnessID)
 	}
 	f.waiting = append(f.waiting, t)
 	q.queued++
 }
 
-// peekLocked finds the flow whose head goes next: the highest band, then
-// the band's next flow in round-robin order. Tickets given up on are
-// dropped on the way, and so are empty flows and bands.
-func (q *Queue) peekLocked() (*band, *flow) {
-	for len(q.bands) > 0 {
-		b := q.bands[0]
-		for len(b.order) > 0 {
-			b.next %= len(b.order)
-			id := b.order[b.next]
-			f := b.flows[id]
-			for len(f.waiting) > 0 && f.waiting[0].done {
-				f.waiting = f.waiting[1:]
-			}
-			if len(f.waiting) > 0 {
-				return b, f
-			}
-			delete(b.flows, id)
-			b.order = slices.Delete(b.order, b.next, b.next+1)
-		}
-		q.bands = q.bands[1:]
+// removeLocked takes a waiting ticket out of its flow, and the flow and
+// band out of the queue when they empty, keeping the band's round-robin
+// position on the flow that was due next.
+func (q *Queue) removeLocked(t *ticket) {
+	i, found := q.bandIndex(t.priority)
+	if !found {
+		return
 	}
-	return nil, nil
+	b := q.bands[i]
+	f := b.flows[t.fairnessID]
+	if f == nil {
+		return
+	}
+	j := slices.Index(f.waiting, t)
+	if j < 0 {
+		return
+	}
+	f.waiting = slices.Delete(f.waiting, j, j+1)
+	q.queued--
+	if len(f.waiting) > 0 {
+		return
+	}
+	delete(b.flows, t.fairnessID)
+	k := slices.Index(b.order, t.fairnessID)
+	b.order = slices.Delete(b.order, k, k+1)
+	if k < b.next {
+		b.next--
+	}
+	if len(b.order) == 0 {
+		q.bands = slices.Delete(q.bands, i, i+1)
+	}
+}
+
+// peekLocked finds the flow whose head goes next: the highest band, then
+// the band's next flow in round-robin order. Flows and bands are removed
+// as they empty, so every one here has a waiting ticket.
+func (q *Queue) peekLocked() (*band, *flow) {
+	if len(q.bands) == 0 {
+		return nil, nil
+	}
+	b := q.bands[0]
+	b.next %= len(b.order)
+	return b, b.flows[b.order[b.next]]
 }

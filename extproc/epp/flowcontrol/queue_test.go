@@ -173,3 +173,109 @@ func TestReleasedBurstIsBoundedByHeadroom(t *testing.T) {
 	r.set(7) // the metrics changed: new headroom
 	waitQueued(t, q, 0)
 }
+
+// held counts the tickets the queue's structure still references.
+func (q *Queue) held() (tickets, flows int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, b := range q.bands {
+		flows += len(b.flows)
+		for _, f := range b.flows {
+			tickets += len(f.waiting)
+		}
+	}
+	return tickets, flows
+}
+
+// TestAbandonedRequestsLeaveNothingBehind: requests that give up while
+// the pool stays full must not stay in memory until a release reaches
+// them; a flood of abandoned requests would otherwise grow the queue
+// without bound.
+func TestAbandonedRequestsLeaveNothingBehind(t *testing.T) {
+	q, r := startQueue(t, QueueOptions{TTL: time.Minute})
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	for i := range 1000 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = q.Admit(ctx, i%3, fmt.Sprintf("tenant-%d", i%7))
+		}()
+	}
+	waitQueued(t, q, 1000)
+	// One survivor in the middle of a band keeps its place.
+	survivor := make(chan error, 1)
+	go func() { survivor <- q.Admit(context.Background(), 1, "tenant-3") }()
+	waitQueued(t, q, 1001)
+	cancel()
+	wg.Wait()
+	if tickets, flows := q.held(); tickets != 1 || flows != 1 || q.Len() != 1 {
+		t.Fatalf("after 1000 gave up: %d tickets in %d flows held, Len %d; want the one survivor", tickets, flows, q.Len())
+	}
+	r.set(1)
+	if err := <-survivor; err != nil {
+		t.Fatalf("survivor: %v", err)
+	}
+	if tickets, flows := q.held(); tickets != 0 || flows != 0 {
+		t.Fatalf("empty queue still holds %d tickets in %d flows", tickets, flows)
+	}
+}
+
+// TestGivingUpKeepsTheRoundRobinTurn: a flow leaving the band must not
+// make the band skip the flow whose turn it was.
+func TestGivingUpKeepsTheRoundRobinTurn(t *testing.T) {
+	q, r := startQueue(t, QueueOptions{TTL: 10 * time.Second})
+	var (
+		mu    sync.Mutex
+		order []string
+	)
+	admit := func(ctx context.Context, flow, name string) {
+		if q.Admit(ctx, 0, flow) == nil {
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+		}
+	}
+	released := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			mu.Lock()
+			got := len(order)
+			mu.Unlock()
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d released, want %d", got, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	gone, leave := context.WithCancel(context.Background())
+	defer leave()
+	var wg sync.WaitGroup
+	for i, rq := range []struct {
+		flow, name string
+		ctx        context.Context
+	}{
+		{"a", "a1", context.Background()}, {"b", "b1", gone}, {"c", "c1", context.Background()},
+		{"a", "a2", context.Background()}, {"c", "c2", context.Background()},
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); admit(rq.ctx, rq.flow, rq.name) }()
+		waitQueued(t, q, i+1)
+	}
+	r.set(1)
+	released(1) // a1; b is next
+	leave()     // b leaves: c is next, not a
+	waitQueued(t, q, 3)
+	for i := 2; i <= 4; i++ {
+		r.set(1)
+		released(i)
+	}
+	wg.Wait()
+	if want := "[a1 c1 a2 c2]"; fmt.Sprint(order) != want {
+		t.Fatalf("order %v, want %s", order, want)
+	}
+}
