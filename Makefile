@@ -4,15 +4,23 @@
 GO       ?= go
 BIN      := bin/infergate
 WASM     := build/infergate-payload.wasm
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X main.version=$(VERSION)
+# The release version: the image tag and the charts' appVersion (a test
+# holds them equal). The commit is in `infergate version` as well.
+VERSION  ?= $(shell cat VERSION)
+COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
+LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing clean
+.PHONY: all build image wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/infergate
+
+## image: the infergate container image (static, non-root), built without a container engine: an OCI layout at bin/image/oci and a tarball for docker/podman load at bin/infergate-image.tar; prints the digest.
+image:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/image/infergate ./cmd/infergate
+	$(GO) run ./hack/image --binary bin/image/infergate --version $(VERSION) --layout bin/image/oci --tarball bin/infergate-image.tar
 
 ## wasm: the payload processor as a proxy-wasm plugin (upstream Go, GOOS=wasip1), at $(WASM).
 wasm:
