@@ -35,6 +35,10 @@ type scanner struct {
 	i      int
 	err    error
 	fields [numFields]span
+	// repeated has bit f set when field f's key occurs more than once:
+	// servers differ on which copy wins, so a guardrail must not trust
+	// the one it read.
+	repeated uint16
 }
 
 // span is a value's byte range in the body; end == 0 means absent.
@@ -54,6 +58,10 @@ const (
 	fieldMaxOutputTokens
 	numFields
 )
+
+// scanner.repeated holds one bit per field; this fails to compile if
+// the fields outgrow it.
+const _ = uint16(1 << (numFields - 1))
 
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
 	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens"}
@@ -182,6 +190,9 @@ func (s *scanner) object(depth int) {
 		if depth == 0 && s.err == nil {
 			for f, name := range fieldNames {
 				if keyIs(s.b[kStart:kEnd], kEscaped, name) {
+					if s.fields[f].end != 0 {
+						s.repeated |= 1 << f
+					}
 					s.fields[f] = span{vStart, s.i}
 					break
 				}

@@ -5,6 +5,7 @@ package inference
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -78,23 +79,60 @@ func (b *Body) Stream() bool {
 	return sp.end > 0 && string(b.s.b[sp.start:sp.end]) == "true"
 }
 
-// MaxTokens returns the output-token cap the request asks for: the first
-// present of max_tokens (completions, chat, Anthropic), max_completion_tokens
-// (chat) and max_output_tokens (responses), with its field name. ok is false
-// when none is present as a non-negative integer.
-func (b *Body) MaxTokens() (field string, n int64, sp Span, ok bool) {
-	for _, f := range []int{fieldMaxTokens, fieldMaxCompletionTokens, fieldMaxOutputTokens} {
+// MaxTokensField is one output-token cap of the request as written.
+type MaxTokensField struct {
+	// Name is max_tokens, max_completion_tokens or max_output_tokens.
+	Name string
+	// Span covers the value.
+	Span
+	// JSON is the value as written.
+	JSON []byte
+	// Repeated is true when the key occurs more than once in the body:
+	// servers differ on which copy they honour.
+	Repeated bool
+}
+
+// maxTokensFields are the caps the request APIs read: max_tokens
+// (completions, chat, Anthropic messages), max_completion_tokens (chat)
+// and max_output_tokens (responses).
+var maxTokensFields = [...]int{fieldMaxTokens, fieldMaxCompletionTokens, fieldMaxOutputTokens}
+
+// MaxTokensFields returns every output-token cap field present, in the
+// order above. All of them count: a server honours whichever its API
+// reads (chat reads max_completion_tokens before max_tokens), so a
+// ceiling checked on one field alone is passed through another.
+func (b *Body) MaxTokensFields() []MaxTokensField {
+	var out []MaxTokensField
+	for _, f := range maxTokensFields {
 		s := b.s.fields[f]
 		if s.end == 0 {
 			continue
 		}
-		v, err := strconv.ParseInt(string(b.s.b[s.start:s.end]), 10, 64)
-		if err != nil || v < 0 {
-			continue
-		}
-		return fieldNames[f], v, Span{s.start, s.end}, true
+		out = append(out, MaxTokensField{Name: fieldNames[f], Span: Span{s.start, s.end}, JSON: b.s.b[s.start:s.end],
+			Repeated: b.s.repeated&(1<<f) != 0})
 	}
-	return "", 0, Span{}, false
+	return out
+}
+
+// Count reads the cap as a number of tokens. ok is false unless the value
+// is a JSON integer written without sign, fraction or exponent: servers
+// coerce 2000.0, 2e3 and "2000" to 2000, so a ceiling that let those by
+// unread could be passed. An integer too large for int64 counts as
+// math.MaxInt64, over any ceiling.
+func (f MaxTokensField) Count() (n int64, ok bool) {
+	if len(f.JSON) == 0 {
+		return 0, false
+	}
+	for _, c := range f.JSON {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(f.JSON), 10, 64)
+	if err != nil { // only a range error is left: the digits are valid
+		return math.MaxInt64, true
+	}
+	return n, true
 }
 
 // Span is a byte range [Start, End) of the body.

@@ -3,6 +3,8 @@ package inference
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,6 +46,56 @@ func TestParseRequest(t *testing.T) {
 			}
 			if r.Model != tc.model || r.Prompt != tc.prompt {
 				t.Errorf("got model %q prompt %q", r.Model, r.Prompt)
+			}
+		})
+	}
+}
+
+// TestMaxTokensFields: every cap field is returned with its value as
+// written, and only a plain non-negative integer counts.
+func TestMaxTokensFields(t *testing.T) {
+	type field struct {
+		name, json   string
+		n            int64
+		ok, repeated bool
+	}
+	cases := []struct {
+		name, body string
+		want       []field
+	}{
+		{"none", `{"model":"m"}`, nil},
+		{"all three, in field order", `{"max_output_tokens":3,"max_completion_tokens":2000,"max_tokens":10}`,
+			[]field{{"max_tokens", "10", 10, true, false}, {"max_completion_tokens", "2000", 2000, true, false}, {"max_output_tokens", "3", 3, true, false}}},
+		{"zero", `{"max_tokens":0}`, []field{{"max_tokens", "0", 0, true, false}}},
+		{"escaped key", `{"max\u005ftokens":7}`, []field{{"max_tokens", "7", 7, true, false}}},
+		{"fraction", `{"max_tokens":2000.0}`, []field{{"max_tokens", "2000.0", 0, false, false}}},
+		{"exponent", `{"max_tokens":2e3}`, []field{{"max_tokens", "2e3", 0, false, false}}},
+		{"string", `{"max_tokens":"2000"}`, []field{{"max_tokens", `"2000"`, 0, false, false}}},
+		{"negative", `{"max_tokens":-1}`, []field{{"max_tokens", "-1", 0, false, false}}},
+		{"minus zero", `{"max_tokens":-0}`, []field{{"max_tokens", "-0", 0, false, false}}},
+		{"boolean", `{"max_tokens":true}`, []field{{"max_tokens", "true", 0, false, false}}},
+		{"null", `{"max_tokens":null}`, []field{{"max_tokens", "null", 0, false, false}}},
+		{"object", `{"max_tokens":{}}`, []field{{"max_tokens", "{}", 0, false, false}}},
+		{"beyond int64", `{"max_tokens":99999999999999999999}`, []field{{"max_tokens", "99999999999999999999", math.MaxInt64, true, false}}},
+		{"repeated key, the last is read", `{"max_tokens":5000,"max_tokens":10}`, []field{{"max_tokens", "10", 10, true, true}}},
+		{"nested caps are not the request's", `{"metadata":{"max_tokens":5}}`, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := Parse([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []field
+			for _, f := range b.MaxTokensFields() {
+				if string(b.Raw()[f.Start:f.End]) != string(f.JSON) {
+					t.Errorf("%s: span %v is %q, JSON %q", f.Name, f.Span, b.Raw()[f.Start:f.End], f.JSON)
+				}
+				n, ok := f.Count()
+				got = append(got, field{f.Name, string(f.JSON), n, ok, f.Repeated})
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %+v\nwant %+v", got, tc.want)
 			}
 		})
 	}

@@ -34,6 +34,7 @@ const (
 	ReasonPromptTooLarge   = "prompt-too-large"
 	ReasonPromptTooLong    = "prompt-too-many-tokens"
 	ReasonMaxTokensTooHigh = "max-tokens-too-high"
+	ReasonInvalidMaxTokens = "invalid-max-tokens"
 	ReasonDenied           = "denied"
 	ReasonPII              = "pii"
 )
@@ -217,17 +218,85 @@ func (p *Policy) readsText() bool {
 // finish applies the max-tokens ceiling and the edits.
 func (p *Policy) finish(body *inference.Body, res Result, edits []inference.Edit) Result {
 	if ceiling := p.limits.MaxTokens; ceiling > 0 {
-		if field, n, sp, ok := body.MaxTokens(); ok && n > ceiling {
-			if !p.clamp {
-				return reject(413, ReasonMaxTokensTooHigh, "limits.maxTokens", "%s of %d exceeds the limit of %d", field, n, ceiling)
-			}
-			edits = append(edits, inference.Edit{Span: sp, JSON: strconv.AppendInt(nil, ceiling, 10)})
+		var rej *Result
+		if edits, rej = p.capMaxTokens(body.MaxTokensFields(), ceiling, edits); rej != nil {
+			return *rej
 		}
 	}
 	if len(edits) > 0 {
 		res.Body = body.Rewrite(edits)
 	}
 	return res
+}
+
+// maxTokensRule names the guardrail in the answers about output caps.
+const maxTokensRule = "limits.maxTokens"
+
+// capMaxTokens holds every output-token cap field to the ceiling: a field
+// the policy cannot read as a token count is refused first (whatever the
+// action, since the server would read it some way of its own), then one
+// over the ceiling is refused or clamped.
+func (p *Policy) capMaxTokens(fields []inference.MaxTokensField, ceiling int64, edits []inference.Edit) ([]inference.Edit, *Result) {
+	for _, f := range fields {
+		if rej := invalidMaxTokens(f); rej != nil {
+			return edits, rej
+		}
+	}
+	for _, f := range fields {
+		if n, _ := f.Count(); n <= ceiling {
+			continue
+		}
+		if !p.clamp {
+			res := reject(413, ReasonMaxTokensTooHigh, maxTokensRule, "%s of %s exceeds the limit of %d", f.Name, excerpt(f.JSON), ceiling)
+			return edits, &res
+		}
+		edits = append(edits, inference.Edit{Span: f.Span, JSON: strconv.AppendInt(nil, ceiling, 10)})
+	}
+	return edits, nil
+}
+
+// invalidMaxTokens refuses a cap field that is repeated or is not a
+// non-negative integer.
+func invalidMaxTokens(f inference.MaxTokensField) *Result {
+	var res Result
+	switch _, ok := f.Count(); {
+	case f.Repeated:
+		res = reject(400, ReasonInvalidMaxTokens, maxTokensRule, "%s appears more than once; send it once", f.Name)
+	case !ok:
+		res = reject(400, ReasonInvalidMaxTokens, maxTokensRule, "%s must be a non-negative integer, not %s", f.Name, describeJSON(f.JSON))
+	default:
+		return nil
+	}
+	return &res
+}
+
+// describeJSON names a JSON value for an error message: numbers as
+// written (cut short), other values by kind, so the message stays short
+// and valid UTF-8 whatever the client sent.
+func describeJSON(v []byte) string {
+	switch v[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return excerpt(v)
+}
+
+// excerpt is a number as written, cut to a readable length (numbers are
+// ASCII, so any cut is valid UTF-8).
+func excerpt(num []byte) string {
+	const maxLen = 24
+	if len(num) > maxLen {
+		return string(num[:maxLen]) + "…"
+	}
+	return string(num)
 }
 
 func (p *Policy) allowed(model string) bool {

@@ -1,7 +1,9 @@
 // Package policy is the payload processor's decision for one request body:
 // which model and base model it names, and what the guardrails (model
-// allow-list, limits, deny rules, personal-data rules) make of it. The
-// ext_proc server and the Wasm plugin both run it, so they answer alike.
+// allow-list, limits, deny rules, personal-data rules) make of it; and
+// which request headers a client may not send on (the processor's own,
+// and those that steer the endpoint pick). The ext_proc server and the
+// Wasm plugin both run it, so they answer alike.
 package policy
 
 import (
@@ -95,12 +97,24 @@ const (
 // maxPIIRules keeps the per-request record of which rules fired in one word.
 const maxPIIRules = 64
 
+// ErrNoConfig is a configuration document that holds no value: JSON null,
+// or YAML that is empty, only comments, "---", "null" or "~". It would
+// compile to a policy without guardrails, and is far more often a file
+// caught half-written or a template that rendered nothing than a wish.
+var ErrNoConfig = errors.New("the configuration is empty or null; write {} for a policy that only sets the model headers")
+
 // DecodeJSON reads a Config from JSON, refusing unknown fields so that a
-// misspelt key fails at start-up instead of silently doing nothing.
+// misspelt key fails at start-up instead of silently doing nothing. No
+// data at all (the Wasm plugin given no configuration) is the zero Config;
+// null is ErrNoConfig.
 func DecodeJSON(data []byte) (*Config, error) {
 	var c Config
-	if len(bytes.TrimSpace(data)) == 0 {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
 		return &c, nil
+	}
+	if string(trimmed) == "null" {
+		return nil, ErrNoConfig
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -2,7 +2,9 @@ package policy_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,7 +25,7 @@ func TestVectors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, _ := policytest.CoreOutcome(p, v.Body)
+			got, _ := policytest.CoreOutcome(p, v.RequestHeaders, v.Body)
 			if err := v.Check(got, nil); err != nil {
 				t.Error(err)
 			}
@@ -192,5 +194,66 @@ func BenchmarkApply(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestRequestHeadersToRemove: the processor's own headers and every
+// header that steers the endpoint pick are removed, whatever their case;
+// other headers, even with similar names, are not.
+func TestRequestHeadersToRemove(t *testing.T) {
+	always := []string{"test-epp-endpoint-selection", "x-gateway-base-model-name", "x-gateway-destination-endpoint",
+		"x-gateway-destination-endpoint-served", "x-gateway-destination-endpoint-subset", "x-gateway-model-name", "x-infergate-masked"}
+	cases := []struct {
+		name  string
+		sent  []string
+		extra []string // removed besides always
+	}{
+		{"nothing sent", nil, nil},
+		{"ordinary headers kept", []string{"content-type", "x-request-id", "x-gateway-destination", "x-gateway-destinationendpoint", "epp-endpoint-selection"}, nil},
+		{"any destination-endpoint name", []string{"x-gateway-destination-endpoint-scores", "x-gateway-destination-endpoint-fallback"},
+			[]string{"x-gateway-destination-endpoint-fallback", "x-gateway-destination-endpoint-scores"}},
+		{"case-insensitive", []string{"X-Gateway-Destination-Endpoint-Extra", "Test-EPP-Endpoint-Selection"}, []string{"x-gateway-destination-endpoint-extra"}},
+		{"sent twice", []string{"x-gateway-destination-endpoint-x", "x-gateway-destination-endpoint-x"}, []string{"x-gateway-destination-endpoint-x"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := policy.RequestHeadersToRemove(slices.Values(tc.sent))
+			want := slices.Sorted(slices.Values(append(slices.Clone(always), tc.extra...)))
+			if !slices.Equal(got, want) {
+				t.Errorf("got  %q\nwant %q", got, want)
+			}
+			for _, name := range tc.sent {
+				if policy.StripsRequestHeader(name) != slices.Contains(got, strings.ToLower(name)) {
+					t.Errorf("StripsRequestHeader(%q) disagrees with the list", name)
+				}
+			}
+		})
+	}
+}
+
+// TestDecodeJSONRefusesNull: a configuration that is JSON null would
+// compile to a policy with no guardrails; it is refused, while an absent
+// configuration (empty) and {} are a deliberate empty policy.
+func TestDecodeJSONRefusesNull(t *testing.T) {
+	cases := []struct {
+		name, config string
+		wantErr      bool
+	}{
+		{"null", `null`, true},
+		{"null with spaces", " null\n", true},
+		{"empty object", `{}`, false},
+		{"absent", ``, false},
+		{"whitespace", " \n", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := policy.DecodeJSON([]byte(tc.config))
+			switch {
+			case tc.wantErr && !errors.Is(err, policy.ErrNoConfig):
+				t.Fatalf("err = %v, want ErrNoConfig", err)
+			case !tc.wantErr && (err != nil || cfg == nil):
+				t.Fatalf("err = %v, cfg %v", err, cfg)
+			}
+		})
 	}
 }

@@ -17,4 +17,8 @@ const (
 	ServedEndpointKey = "x-gateway-destination-endpoint-served"
 	// SubsetKey is the subset hint's key: a list of "ip:port".
 	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// EndpointSelectionHeader is the request header the picker's testing
+	// filter (header-based-testing-filter) keeps the endpoints of: a
+	// comma list of IPs or ip:port. Whoever sends it steers the pick.
+	EndpointSelectionHeader = "test-epp-endpoint-selection"
 )

@@ -1,6 +1,7 @@
 // Package policytest holds the payload processor's shared test vectors: one
-// table of request bodies and configurations with the answer every delivery
-// (the core, the ext_proc server, the Wasm plugin) must give.
+// table of configurations, client request headers and bodies with the
+// answer every delivery (the core, the ext_proc server, the Wasm plugin)
+// must give.
 package policytest
 
 import (
@@ -8,7 +9,9 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,7 +29,10 @@ type Vector struct {
 	// Config is the configuration as JSON (the Wasm plugin configuration;
 	// the ext_proc server reads the same as YAML).
 	Config []byte
-	Body   []byte
+	// RequestHeaders are sent by the client with the body (lower-case
+	// names, as Envoy presents them).
+	RequestHeaders map[string]string
+	Body           []byte
 	// Status is 200 when the request must be forwarded, else the status of
 	// the immediate answer.
 	Status int
@@ -42,15 +48,16 @@ type Vector struct {
 type file struct {
 	Configs map[string]json.RawMessage `json:"configs"`
 	Cases   []struct {
-		Name          string            `json:"name"`
-		Config        string            `json:"config"`
-		Body          string            `json:"body"`
-		Status        int               `json:"status"`
-		Headers       map[string]string `json:"headers"`
-		NoHeaders     []string          `json:"noHeaders"`
-		ForwardedBody *string           `json:"forwardedBody"`
-		Reason        string            `json:"reason"`
-		Rule          string            `json:"rule"`
+		Name           string            `json:"name"`
+		Config         string            `json:"config"`
+		RequestHeaders map[string]string `json:"requestHeaders"`
+		Body           string            `json:"body"`
+		Status         int               `json:"status"`
+		Headers        map[string]string `json:"headers"`
+		NoHeaders      []string          `json:"noHeaders"`
+		ForwardedBody  *string           `json:"forwardedBody"`
+		Reason         string            `json:"reason"`
+		Rule           string            `json:"rule"`
 	} `json:"cases"`
 }
 
@@ -79,8 +86,8 @@ func Load() ([]Vector, error) {
 		if !ok {
 			return nil, fmt.Errorf("vectors.json: case %q names unknown config %q", c.Name, c.Config)
 		}
-		v := Vector{Name: c.Name, ConfigName: c.Config, Config: cfg, Body: expand(c.Body), Status: c.Status,
-			Headers: c.Headers, NoHeaders: c.NoHeaders, Reason: c.Reason, Rule: c.Rule}
+		v := Vector{Name: c.Name, ConfigName: c.Config, Config: cfg, RequestHeaders: c.RequestHeaders, Body: expand(c.Body),
+			Status: c.Status, Headers: c.Headers, NoHeaders: c.NoHeaders, Reason: c.Reason, Rule: c.Rule}
 		v.ForwardedBody = v.Body
 		if c.ForwardedBody != nil {
 			v.ForwardedBody = expand(*c.ForwardedBody)
@@ -164,8 +171,10 @@ func (v *Vector) Check(o Outcome, wantErrorBody []byte) error {
 	return nil
 }
 
-// CoreOutcome runs the core on a body: what every delivery is compared with.
-func CoreOutcome(p *policy.Policy, body []byte) (Outcome, []byte) {
+// CoreOutcome runs the core on a request: what every delivery is compared
+// with. A forwarded request carries the client's headers minus those the
+// core strips, then the headers it sets.
+func CoreOutcome(p *policy.Policy, headers map[string]string, body []byte) (Outcome, []byte) {
 	res := p.Apply(body)
 	if res.Reject != nil {
 		hs, eb := res.Reject.Response()
@@ -175,7 +184,27 @@ func CoreOutcome(p *policy.Policy, body []byte) (Outcome, []byte) {
 	if res.Body != nil {
 		fwd = res.Body
 	}
-	return Outcome{Status: 200, Headers: lower(res.Headers()), Body: fwd}, nil
+	out := make(map[string]string, len(headers)+3)
+	for k, v := range headers {
+		out[strings.ToLower(k)] = v
+	}
+	for _, k := range policy.RequestHeadersToRemove(maps.Keys(headers)) {
+		delete(out, k)
+	}
+	for k, v := range lower(res.Headers()) {
+		out[k] = v
+	}
+	return Outcome{Status: 200, Headers: out, Body: fwd}, nil
+}
+
+// HeaderPairs returns the vector's request headers sorted by name, the
+// form the deliveries' test clients take.
+func (v *Vector) HeaderPairs() [][2]string {
+	out := make([][2]string, 0, len(v.RequestHeaders))
+	for _, k := range slices.Sorted(maps.Keys(v.RequestHeaders)) {
+		out = append(out, [2]string{k, v.RequestHeaders[k]})
+	}
+	return out
 }
 
 // Compile builds the vector's policy.
@@ -195,9 +224,10 @@ func lower(hs [][2]string) map[string]string {
 	return m
 }
 
-// Delivery runs one vector's body through a delivery set up for the
-// vector's configuration, delivered whole (chunk 0) or in chunks of that
-// many bytes, and returns what came out. It may assert more of its own.
+// Delivery runs one vector's request (RequestHeaders, as HeaderPairs, and
+// the body) through a delivery set up for the vector's configuration,
+// delivered whole (chunk 0) or in chunks of that many bytes, and returns
+// what came out. It may assert more of its own.
 type Delivery func(t *testing.T, v *Vector, chunk int) Outcome
 
 // Run checks a delivery against every vector, whole and in 100-byte
@@ -213,7 +243,7 @@ func Run(t *testing.T, deliver Delivery) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, wantErr := CoreOutcome(p, v.Body)
+		_, wantErr := CoreOutcome(p, v.RequestHeaders, v.Body)
 		for _, chunk := range []int{0, 100} {
 			t.Run(fmt.Sprintf("%s/chunks=%d", v.Name, chunk), func(t *testing.T) {
 				if err := v.Check(deliver(t, v, chunk), wantErr); err != nil {
