@@ -2,7 +2,10 @@ package payload
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the payload processor's Prometheus series.
+// metrics are the payload processor's Prometheus series. Their label
+// values are fixed words, reasons the policy defines, or names the
+// configuration spells out (labels.go): never a string a client sent, so
+// clients cannot add series.
 type metrics struct {
 	requests *prometheus.CounterVec
 	masked   *prometheus.CounterVec
@@ -19,11 +22,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"outcome", "reason"}),
 		masked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infergate_payload_masked_total",
-			Help: "Requests in which a PII rule masked something, by rule.",
+			Help: "Requests in which a PII rule masked something, by rule (its name; other if longer than 128 bytes).",
 		}, []string{"rule"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infergate_payload_tokens_total",
-			Help: "Tokens the model servers reported in response usage, by model and type (prompt, completion).",
+			Help: "Tokens the model servers reported in response usage, by model (a configured base model, adapter or literal allow-list entry; other for any other model) and type (prompt, completion).",
 		}, []string{"model", "type"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "infergate_payload_decision_duration_seconds",

@@ -26,9 +26,13 @@ type rig struct {
 }
 
 // newRig writes configJSON as the YAML file the processor reads (the
-// vectors hold JSON; the file form is YAML) and starts the processor.
+// vectors hold JSON; the file form is YAML) and starts the processor; nil
+// is the empty policy, {}.
 func newRig(t testing.TB, configJSON []byte) *rig {
 	t.Helper()
+	if configJSON == nil {
+		configJSON = []byte("{}") // a null document is refused
+	}
 	path := filepath.Join(t.TempDir(), "payload.yaml")
 	y, err := yaml.JSONToYAML(configJSON)
 	if err != nil {
@@ -111,7 +115,11 @@ func TestVectors(t *testing.T) {
 			r = newRig(top, v.Config) // lives as long as the whole test
 			rigs[v.ConfigName] = r
 		}
-		res := r.request(t, v.Body, chunk)
+		var headers []string
+		for _, h := range v.HeaderPairs() {
+			headers = append(headers, h[0], h[1])
+		}
+		res := r.request(t, v.Body, chunk, headers...)
 		got := outcome(res)
 		if got.Status != 200 {
 			return got

@@ -29,15 +29,27 @@ const MetadataNamespace = "io.infergate.payload"
 // Processor is the server.Handler of the payload processor.
 type Processor struct {
 	policy  atomic.Pointer[policy.Policy]
+	labels  atomic.Pointer[modelLabels]
 	metrics *metrics
 	log     logr.Logger
 }
 
-// NewProcessor serves with p until SetPolicy swaps it.
+// NewProcessor serves with p until SetPolicy swaps it. Until
+// SetModelLabels is called every model is counted as "other" in the
+// metrics.
 func NewProcessor(p *policy.Policy, m *metrics, log logr.Logger) *Processor {
 	pr := &Processor{metrics: m, log: log}
 	pr.policy.Store(p)
+	pr.SetModelLabels(nil)
 	return pr
+}
+
+// SetModelLabels takes the model names the metrics may carry from c, the
+// configuration the policy was compiled from (see modelLabels); streams
+// that start from now on use them. Call it with SetPolicy.
+func (pr *Processor) SetModelLabels(c *policy.Config) {
+	l := newModelLabels(c)
+	pr.labels.Store(&l)
 }
 
 // SetPolicy replaces the policy for streams that start from now on; open
@@ -46,22 +58,25 @@ func (pr *Processor) SetPolicy(p *policy.Policy) { pr.policy.Store(p) }
 
 // NewExchange implements server.Handler.
 func (pr *Processor) NewExchange(context.Context) server.Exchange {
-	return &exchange{pr: pr, policy: pr.policy.Load()}
+	return &exchange{pr: pr, policy: pr.policy.Load(), labels: *pr.labels.Load()}
 }
 
 type exchange struct {
 	pr     *Processor
 	policy *policy.Policy
+	labels modelLabels
 	model  string
 	usage  *inference.UsageReader
 }
 
 func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server.Decision {
-	if req.Body == nil {
-		// GET /v1/models and the like: nothing to read, nothing to route
-		// on, and no client copy of the model headers may stand in.
+	if len(req.Body) == 0 {
+		// GET /v1/models and the like, or a body that turned out empty
+		// (chunked 0\r\n\r\n): nothing to read, nothing to route on, and
+		// no client copy of the model headers may stand in. The Wasm
+		// plugin answers both the same way.
 		x.pr.metrics.requests.WithLabelValues("passed", "no-body").Inc()
-		return &server.Decision{RemoveHeaders: policy.OwnHeaders()}
+		return &server.Decision{RemoveHeaders: clientHeadersToRemove(req.Headers, nil)}
 	}
 	start := time.Now()
 	res := x.policy.Apply(req.Body)
@@ -80,12 +95,11 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 	for _, h := range res.Headers() {
 		d.SetHeaders = append(d.SetHeaders, server.Header{Name: h[0], Value: h[1]})
 	}
-	if len(res.Masked) == 0 {
-		// A client must not be able to claim its prompt was masked.
-		d.RemoveHeaders = []string{policy.MaskedHeader}
-	}
+	// A client must not claim its prompt was masked, name its model
+	// headers, or pick its endpoint.
+	d.RemoveHeaders = clientHeadersToRemove(req.Headers, d.SetHeaders)
 	for _, rule := range res.Masked {
-		x.pr.metrics.masked.WithLabelValues(rule).Inc()
+		x.pr.metrics.masked.WithLabelValues(ruleLabel(rule)).Inc()
 	}
 	outcome := "forwarded"
 	if res.Body != nil {
@@ -121,8 +135,11 @@ func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, endOfStre
 	if !ok {
 		return chunk, nil
 	}
-	x.pr.metrics.tokens.WithLabelValues(x.model, "prompt").Add(float64(u.PromptTokens))
-	x.pr.metrics.tokens.WithLabelValues(x.model, "completion").Add(float64(u.CompletionTokens))
+	// The label is the configured name or "other", never the client's
+	// string: see modelLabels.
+	model := x.labels.of(x.model)
+	x.pr.metrics.tokens.WithLabelValues(model, "prompt").Add(float64(u.PromptTokens))
+	x.pr.metrics.tokens.WithLabelValues(model, "completion").Add(float64(u.CompletionTokens))
 	return chunk, namespaced(map[string]*structpb.Value{
 		"model":            structpb.NewStringValue(x.model),
 		"llm_input_token":  structpb.NewNumberValue(float64(u.PromptTokens)),

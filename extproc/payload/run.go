@@ -25,8 +25,8 @@ type Config struct {
 	// Server holds the listeners, TLS, body limit, drain and pprof; its
 	// Gatherer and Logger are set here.
 	Server server.Options
-	// ConfigFile is the YAML policy; empty means the zero policy (model
-	// headers only). It is re-read when it changes.
+	// ConfigFile is the YAML policy; "" means no file and the zero policy
+	// (model headers only). It is re-read when it changes.
 	ConfigFile string
 	// ConfigPoll is how often ConfigFile is checked for changes.
 	ConfigPoll time.Duration
@@ -58,33 +58,49 @@ type Service struct {
 	fromCluster []policy.BaseModel
 }
 
-// policyFile is a policy file as read: its configuration, the policy it
-// compiles to on its own, and whether the file held nothing at all.
+// policyFile is a policy file as read: its configuration and the policy
+// it compiles to on its own.
 type policyFile struct {
 	cfg    *policy.Config
 	policy *policy.Policy
-	empty  bool
 }
 
 // loadFile reads a YAML (or JSON) policy file and checks it compiles;
-// errors name the file and field.
+// errors name the file and field. A file that holds no value (empty, only
+// comments, "---", null, ~) is policy.ErrNoConfig at start-up and on
+// reload alike: it would drop every guardrail, and is most likely a write
+// caught half-way or a template that rendered nothing ({} clears the
+// policy on purpose).
 func loadFile(path string) (policyFile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return policyFile{}, fmt.Errorf("payload config: %w", err)
 	}
-	f := policyFile{empty: len(bytes.TrimSpace(data)) == 0}
-	js, err := yaml.YAMLToJSON(data)
-	if err == nil && string(js) == "null" {
-		js = nil // an empty file
-	}
-	if err != nil {
-		err = fmt.Errorf("YAML: %w", err)
-	} else if f.cfg, err = policy.DecodeJSON(js); err == nil {
-		f.policy, err = policy.Compile(f.cfg)
-	}
+	f, err := parseFile(data)
 	if err != nil {
 		return policyFile{}, fmt.Errorf("payload config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// parseFile decodes and compiles the contents of a policy file.
+func parseFile(data []byte) (policyFile, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return policyFile{}, fmt.Errorf("YAML: %w", err)
+	}
+	if len(bytes.TrimSpace(js)) == 0 {
+		// A YAML document without a value converts to null; should it
+		// ever come out as nothing, it is still no configuration, not
+		// the absent configuration DecodeJSON takes as the zero one.
+		js = []byte("null")
+	}
+	var f policyFile
+	if f.cfg, err = policy.DecodeJSON(js); err != nil {
+		return policyFile{}, err
+	}
+	if f.policy, err = policy.Compile(f.cfg); err != nil {
+		return policyFile{}, err
 	}
 	return f, nil
 }
@@ -123,6 +139,7 @@ func New(cfg Config) (*Service, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 	proc := NewProcessor(pol, m, cfg.Logger.WithName("processor"))
+	proc.SetModelLabels(file) // metric labels: configured names only
 	srv, err := server.Start(proc, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
 		return nil, err
@@ -175,11 +192,6 @@ func (s *Service) reloadFile() {
 	// The file alone must compile before it replaces the last good one,
 	// so a broken edit does not block ConfigMap updates meanwhile.
 	f, err := loadFile(s.cfg.ConfigFile)
-	if err == nil && f.empty {
-		// Most likely a write caught half-way; an empty policy would drop
-		// every guardrail. Clearing the policy on purpose is "{}".
-		err = fmt.Errorf("payload config %s: the file became empty; write {} to clear the policy", s.cfg.ConfigFile)
-	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		s.cfg.Logger.WithName("config").Error(err, "configuration changed but cannot be used; keeping the previous one")
@@ -212,6 +224,7 @@ func (s *Service) recompile(cause string) {
 		log.Error(err, "configuration changed but cannot be used; keeping the previous one", "cause", cause)
 		return
 	}
+	s.proc.SetModelLabels(&merged)
 	s.proc.SetPolicy(p)
 	s.m.reloads.WithLabelValues("ok").Inc()
 	log.Info("configuration reloaded", "cause", cause, "bases", len(merged.Models.Bases))

@@ -83,7 +83,7 @@ func TestVectors(t *testing.T) {
 			hosts[v.ConfigName] = h
 		}
 		res, err := h.Do(context.Background(), wasmtest.Request{Path: "/v1/chat/completions", Body: v.Body, ChunkSize: chunk,
-			Headers: [][2]string{{"content-type", "application/json"}}})
+			Headers: append([][2]string{{"content-type", "application/json"}}, v.HeaderPairs()...)})
 		if err != nil {
 			t.Fatal(err)
 		}

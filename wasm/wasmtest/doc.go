@@ -32,6 +32,9 @@
 // Pause (1) are reported as errors rather than emulated. Imports it does not implement return
 // Unimplemented (12), so any plugin links.
 //
+// Options.Fault makes chosen host calls return an error status without acting, so that a plugin's
+// handling of failed host calls can be tested; the host itself never fails a valid call.
+//
 // Soak tests should load the plugin with Options.Clock set to SteppingClock: the Go wasip1 heap
 // runaway that runtime.Gosched() in OnHttpStreamDone prevents appears only when guest time runs
 // fast, and real clocks hide it in a test-length run.

@@ -37,6 +37,12 @@ type Options struct {
 	// proxy_get_current_time_nanoseconds; see SteppingClock. It must advance between readings: the
 	// Go runtime traps in _initialize on a frozen clock.
 	Clock func() time.Time
+	// Fault, if set, is asked before each env.proxy_* host call the plugin makes, with the import's
+	// name (e.g. "proxy_remove_header_map_value"). A non-zero result is returned to the plugin as the
+	// call's status (a proxy-wasm WasmResult: 1 NotFound, 2 BadArgument, 10 InternalFailure, ...)
+	// and the call does nothing, so a plugin's handling of host-call errors can be tested. It runs
+	// with the host's lock held and must not call back into the Host; it is also asked during Load.
+	Fault func(hostcall string) uint32
 }
 
 // rootContextID is the id Envoy's first root context gets (proxy-wasm-cpp-host counts from 1).

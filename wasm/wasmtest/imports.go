@@ -59,7 +59,7 @@ func (h *Host) instantiateImports(ctx context.Context, compiled wazero.CompiledM
 	implemented := h.envFunctions()
 	for name, f := range implemented {
 		builders["env"].NewFunctionBuilder().
-			WithGoModuleFunction(f.fn, f.params, []api.ValueType{i32}).
+			WithGoModuleFunction(h.faulty(name, f.fn), f.params, []api.ValueType{i32}).
 			Export(name)
 	}
 	for _, def := range compiled.ImportedFunctions() {
@@ -85,6 +85,21 @@ func (h *Host) instantiateImports(ctx context.Context, compiled wazero.CompiledM
 		}
 	}
 	return nil
+}
+
+// faulty wraps a host function with Options.Fault.
+func (h *Host) faulty(name string, fn api.GoModuleFunc) api.GoModuleFunc {
+	fault := h.opts.Fault
+	if fault == nil {
+		return fn
+	}
+	return func(ctx context.Context, mod api.Module, stack []uint64) {
+		if st := fault(name); st != 0 {
+			ret(stack, status(st))
+			return
+		}
+		fn(ctx, mod, stack)
+	}
 }
 
 func unimplemented(results int) api.GoModuleFunc {

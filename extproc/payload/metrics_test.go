@@ -1,0 +1,209 @@
+package payload_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/extproc/server"
+)
+
+// metricsRig is a payload processor with its metrics listener, configured
+// by the YAML in config.
+type metricsRig struct {
+	svc    *payload.Service
+	client *extproctest.Client
+	cfg    string
+}
+
+func newMetricsRig(t *testing.T, config string) *metricsRig {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "payload.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := payload.New(payload.Config{
+		Server:     server.Options{GRPCAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: 1 << 20}},
+		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("processor stopped with %v", err)
+		}
+	})
+	return &metricsRig{svc: svc, client: client, cfg: path}
+}
+
+// exchange sends a request for model and an upstream response reporting
+// usage, as one stream.
+func (r *metricsRig) exchange(t *testing.T, model string) {
+	t.Helper()
+	r.exchangePrompt(t, model, "hi")
+}
+
+func (r *metricsRig) exchangePrompt(t *testing.T, model, prompt string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ex := r.client.Open(ctx)
+	defer ex.Close()
+	body := []byte(fmt.Sprintf(`{"model":%q,"prompt":%q}`, model, prompt))
+	res, err := ex.RunRequest(extproctest.Request{Path: "/v1/completions", Body: [][]byte{body}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LocalReply != nil {
+		t.Fatalf("model %.40q: rejected with %d %s", model, res.LocalReply.Status, res.LocalReply.Body)
+	}
+	usage := []byte(`{"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+	if _, err := ex.RunResponse(extproctest.Response{Headers: extproctest.Headers{{Key: "content-type", Value: "application/json"}}, Body: [][]byte{usage}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// scrape reads /metrics from the processor's own listener.
+func (r *metricsRig) scrape(t *testing.T) ([]byte, map[string]*dto.MetricFamily) {
+	t.Helper()
+	resp, err := http.Get("http://" + r.svc.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	return raw, fams
+}
+
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// TestMetricLabelsBoundedForClientModels floods the processor with
+// distinct and huge model names (allowed by a prefix and passed through):
+// the tokens series stay the configured names plus "other", every label
+// value is short, and /metrics does not grow with the flood.
+func TestMetricLabelsBoundedForClientModels(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	r := newMetricsRig(t, `models:
+  bases:
+  - name: llama
+    adapters: [sql-lora, `+long+`]
+  allow: [llama, sql-lora, gpt-4o, `+long+`, "free-*"]
+pii:
+- {name: `+long+`, detector: email, action: mask}
+`)
+	r.exchangePrompt(t, "llama", "mail me at a@example.com") // a rule name over the bound
+	for _, m := range []string{"llama", "sql-lora", "gpt-4o"} {
+		r.exchange(t, m)
+	}
+	before, _ := r.scrape(t)
+
+	distinct, huge := 1000, 20
+	if testing.Short() {
+		distinct = 200
+	}
+	for i := range distinct {
+		r.exchange(t, fmt.Sprintf("free-%d", i))
+	}
+	for i := range huge {
+		r.exchange(t, fmt.Sprintf("free-%d-%s", i, strings.Repeat("y", 100<<10)))
+	}
+	r.exchange(t, long) // configured, but over the label bound
+	after, fams := r.scrape(t)
+
+	want := map[string]float64{"llama": 6, "sql-lora": 3, "gpt-4o": 3, "other": float64(3 * (distinct + huge + 1))}
+	got := map[string]float64{}
+	tokens := fams["infergate_payload_tokens_total"]
+	for _, m := range tokens.GetMetric() {
+		if labelOf(m, "type") == "prompt" {
+			got[labelOf(m, "model")] = m.GetCounter().GetValue()
+		}
+	}
+	if len(tokens.GetMetric()) != 2*len(want) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("%d tokens series, prompt tokens by model %v; want %d series, %v", len(tokens.GetMetric()), got, 2*len(want), want)
+	}
+	for name, fam := range fams {
+		for _, m := range fam.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if len(l.GetValue()) > 128 {
+					t.Errorf("%s{%s} has a label value of %d bytes", name, l.GetName(), len(l.GetValue()))
+				}
+			}
+		}
+	}
+	if masked := fams["infergate_payload_masked_total"].GetMetric(); len(masked) != 1 || labelOf(masked[0], "rule") != "other" {
+		t.Errorf("masked_total series %v, want one with rule=\"other\"", masked)
+	}
+	// The Go and process collectors move a little between scrapes; the
+	// flood itself must add nothing.
+	if growth := len(after) - len(before); growth > 2<<10 {
+		t.Errorf("/metrics grew by %d bytes (from %d) after %d distinct and %d huge model names", growth, len(before), distinct, huge)
+	}
+}
+
+// TestMetricLabelsFollowReload: a model the configuration comes to name
+// gets its own label from the next stream on; before, it was "other".
+func TestMetricLabelsFollowReload(t *testing.T) {
+	r := newMetricsRig(t, "models:\n  allow: [\"team-*\"]\n")
+	r.exchange(t, "team-a")
+	if err := os.WriteFile(r.cfg, []byte("models:\n  allow: [\"team-*\"]\n  bases: [{name: team-a}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.exchange(t, "team-a")
+		_, fams := r.scrape(t)
+		got := map[string]float64{}
+		for _, m := range fams["infergate_payload_tokens_total"].GetMetric() {
+			if labelOf(m, "type") == "prompt" {
+				got[labelOf(m, "model")] = m.GetCounter().GetValue()
+			}
+		}
+		if got["team-a"] > 0 {
+			if got["other"] < 3 || len(got) != 2 {
+				t.Errorf("prompt tokens by model %v; want team-a's and, from before the reload, other's", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no team-a series 5s after the reload: %v", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
