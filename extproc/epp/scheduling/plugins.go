@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Factory builds a plugin instance from its config name and raw JSON
@@ -148,8 +149,9 @@ func (f *labelSelectorFilter) matches(labels map[string]string) bool {
 const HeaderTestingFilterType = "header-based-testing-filter"
 
 // EndpointSelectionHeader lists the endpoints a request may go to, as a
-// comma-separated list of IPs or ip:port.
-const EndpointSelectionHeader = "test-epp-endpoint-selection"
+// comma-separated list of IPs or ip:port. The payload processor removes a
+// client's copy, so steering works only on a path without it.
+const EndpointSelectionHeader = wire.EndpointSelectionHeader
 
 type headerTestingFilter struct{ named }
 
