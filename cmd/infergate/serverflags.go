@@ -19,7 +19,7 @@ type serverFlags struct {
 	grpcPort, healthPort, metricsPort int
 	grpcBind, healthBind, metricsBind string
 	secure                            bool
-	certPath                          string
+	certPath, clientCA                string
 	maxBody                           int64
 	drain                             time.Duration
 	pprof                             bool
@@ -34,6 +34,7 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.StringVar(&l.metricsBind, "metrics-bind-address", "", "address the metrics listener binds (empty: all interfaces)")
 	fs.BoolVar(&l.secure, "secure-serving", true, "serve ext_proc over TLS (a self-signed certificate unless --cert-path is set)")
 	fs.StringVar(&l.certPath, "cert-path", "", "directory holding tls.crt and tls.key for secure serving")
+	fs.StringVar(&l.clientCA, "client-ca-file", "", "PEM CA bundle: when set, ext_proc clients must present a certificate it signed (mutual TLS; needs --secure-serving)")
 	fs.Int64Var(&l.maxBody, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are read whole; 0 = unlimited")
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
@@ -61,7 +62,10 @@ func (l *serverFlags) options() (server.Options, error) {
 	if l.metricsPort > 0 {
 		o.MetricsAddr = net.JoinHostPort(l.metricsBind, strconv.Itoa(l.metricsPort))
 	}
-	o.TLS = server.TLSOptions{Enabled: l.secure}
+	if l.clientCA != "" && !l.secure {
+		return o, fmt.Errorf("--client-ca-file needs --secure-serving")
+	}
+	o.TLS = server.TLSOptions{Enabled: l.secure, ClientCAFile: l.clientCA}
 	if l.certPath != "" {
 		o.TLS.CertFile = filepath.Join(l.certPath, "tls.crt")
 		o.TLS.KeyFile = filepath.Join(l.certPath, "tls.key")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +60,7 @@ type Server struct {
 	opts    Options
 	handler Handler
 	health  *health.Server
+	tls     *tls.Config // nil: plain text
 
 	grpcLn, healthLn, metricsLn net.Listener
 }
@@ -88,7 +90,13 @@ func New(handler Handler, opts Options) (*Server, error) {
 	if opts.Gatherer == nil {
 		opts.Gatherer = prometheus.NewRegistry()
 	}
-	s := &Server{opts: opts, handler: handler, health: health.NewServer()}
+	// Certificates and CAs are read here, so a bad file stops start-up
+	// with its name before any listener opens.
+	tlsCfg, err := opts.TLS.config()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, handler: handler, health: health.NewServer(), tls: tlsCfg}
 	// Liveness is the process being up; readiness waits for SetReady.
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	s.SetReady(false)
@@ -168,14 +176,9 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	tlsCfg, err := s.opts.TLS.config()
-	if err != nil {
-		s.closeListeners()
-		return err
-	}
 	var gopts []grpc.ServerOption
-	if tlsCfg != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	if s.tls != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
 	// Proxies keep ext_proc connections open for long; let them ping.
 	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
@@ -219,7 +222,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	if ms != nil {
 		run("metrics", func() error { return ms.Serve(s.metricsLn) })
 	}
-	s.opts.Logger.Info("ext_proc server started", "grpc", s.GRPCAddr(), "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "tls", tlsCfg != nil)
+	s.opts.Logger.Info("ext_proc server started", "grpc", s.GRPCAddr(), "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "tls", s.tls != nil, "mtls", s.tls != nil && s.tls.ClientCAs != nil)
 
 	var serveErr error
 	select {

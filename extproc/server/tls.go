@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"math/big"
+	"os"
 	"time"
 )
 
@@ -21,10 +22,18 @@ type TLSOptions struct {
 	// CertFile and KeyFile, when both set, are used instead of a
 	// self-signed certificate.
 	CertFile, KeyFile string
+	// ClientCAFile, when set, turns on mutual TLS: a client must present
+	// a certificate one of these PEM CAs signed, or its handshake fails.
+	// Without it any client that reaches the port may call the processor,
+	// so a NetworkPolicy is then the only fence.
+	ClientCAFile string
 }
 
 func (o TLSOptions) config() (*tls.Config, error) {
 	if !o.Enabled {
+		if o.ClientCAFile != "" {
+			return nil, fmt.Errorf("tls: a client CA file (%s) needs TLS on", o.ClientCAFile)
+		}
 		return nil, nil
 	}
 	if (o.CertFile == "") != (o.KeyFile == "") {
@@ -40,7 +49,19 @@ func (o TLSOptions) config() (*tls.Config, error) {
 	} else if cert, err = selfSigned(); err != nil {
 		return nil, err
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}, nil
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if o.ClientCAFile != "" {
+		pem, err := os.ReadFile(o.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls: client CA %s: no PEM certificate in it", o.ClientCAFile)
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
 }
 
 // selfSigned makes a one-year ECDSA P-256 certificate.
