@@ -45,3 +45,25 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- define "infergate-egext.image" -}}
 {{- printf "%s:%s" .Values.egext.image.repository (.Values.egext.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
+
+{{/*
+NetworkPolicy peers allowed to the gRPC port when networkPolicy.from is
+empty, in any namespace: Envoy Gateway's controller calls the extension's
+hooks, and with EDS its proxies fetch the pools' endpoints from the same
+port. The proxy labels are Envoy Gateway's EnvoyAppLabel (v1.9,
+internal/infrastructure/kubernetes/proxy/resource.go).
+*/}}
+{{- define "infergate-egext.envoyGatewayPeers" -}}
+- namespaceSelector: {}
+  podSelector:
+    matchLabels:
+      control-plane: envoy-gateway
+{{- if .Values.egext.eds }}
+- namespaceSelector: {}
+  podSelector:
+    matchLabels:
+      app.kubernetes.io/name: envoy
+      app.kubernetes.io/component: proxy
+      app.kubernetes.io/managed-by: envoy-gateway
+{{- end -}}
+{{- end -}}

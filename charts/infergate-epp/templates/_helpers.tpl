@@ -76,3 +76,32 @@ Checks the schema cannot express: the three listeners need three ports.
 {{- fail (printf "epp.ports must be three different ports, got grpc %d, health %d, metrics %d" (int $p.grpc) (int $p.health) (int $p.metrics)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+NetworkPolicy peers allowed to the gRPC port when networkPolicy.from is
+empty: the provider's gateway pods. Any namespace, since the Gateway usually
+lives in another one than the picker. Istio and agentgateway both label the
+Gateway pods they deploy with gateway.networking.k8s.io/gateway-name; the
+envoy-gateway labels are Envoy Gateway's EnvoyAppLabel (v1.9,
+internal/infrastructure/kubernetes/proxy/resource.go). With provider none
+there is no gateway to name, and a guess would be an outage.
+*/}}
+{{- define "infergate-epp.gatewayPeers" -}}
+{{- $provider := .Values.provider.name -}}
+{{- if or (eq $provider "istio") (eq $provider "agentgateway") -}}
+- namespaceSelector: {}
+  podSelector:
+    matchExpressions:
+      - key: gateway.networking.k8s.io/gateway-name
+        operator: Exists
+{{- else if eq $provider "envoy-gateway" -}}
+- namespaceSelector: {}
+  podSelector:
+    matchLabels:
+      app.kubernetes.io/name: envoy
+      app.kubernetes.io/component: proxy
+      app.kubernetes.io/managed-by: envoy-gateway
+{{- else -}}
+{{- fail (printf "networkPolicy.from is required with networkPolicy.enabled and provider.name %s: the chart cannot tell which pods are the gateway's" $provider) -}}
+{{- end -}}
+{{- end -}}
