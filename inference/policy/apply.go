@@ -29,6 +29,7 @@ const (
 	ReasonTooLarge         = "request-too-large"
 	ReasonInvalidJSON      = "invalid-json"
 	ReasonMissingModel     = "missing-model"
+	ReasonInvalidModel     = "invalid-model"
 	ReasonModelNotAllowed  = "model-not-allowed"
 	ReasonModelNotFound    = "model-not-found"
 	ReasonPromptTooLarge   = "prompt-too-large"
@@ -146,6 +147,9 @@ func (p *Policy) Apply(raw []byte) Result {
 	model, err := body.Model()
 	if err != nil {
 		return reject(400, ReasonMissingModel, "", `the request body has no "model" string`)
+	}
+	if why := headerUnsafe(model); why != "" {
+		return reject(400, ReasonInvalidModel, "", "the model name %s", why)
 	}
 	if len(p.allow) > 0 && !p.allowed(model) {
 		return reject(403, ReasonModelNotAllowed, "models.allow", "model %q is not allowed here", model)
@@ -297,6 +301,27 @@ func excerpt(num []byte) string {
 		return string(num[:maxLen]) + "…"
 	}
 	return string(num)
+}
+
+// maxModelBytes bounds a model name: it goes on in a request header, and
+// proxies refuse a request whose headers outgrow their limit (Envoy's
+// default is 60 KiB) with an error the client cannot read as its own.
+const maxModelBytes = 1024
+
+// headerUnsafe says why a model name cannot be sent on as a header value,
+// or "" when it can: a control character (CR, LF, NUL among them) makes
+// the proxy refuse the header mutation, which the client would see as a
+// 500 rather than as its own error.
+func headerUnsafe(model string) string {
+	if len(model) > maxModelBytes {
+		return fmt.Sprintf("is %d bytes long; the limit is %d", len(model), maxModelBytes)
+	}
+	for i := 0; i < len(model); i++ {
+		if c := model[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("contains the control character %#02x at byte %d", c, i)
+		}
+	}
+	return ""
 }
 
 func (p *Policy) allowed(model string) bool {
