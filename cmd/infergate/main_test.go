@@ -68,6 +68,8 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 		{"client CA without TLS", append([]string{"payload", "--secure-serving=false", "--client-ca-file", badYAML}, local...), "--client-ca-file needs --secure-serving"},
 		{"payload client CA not PEM", append([]string{"payload", "--client-ca-file", badYAML}, local...), badYAML + ": no PEM certificate"},
 		{"epp missing client CA", append([]string{"epp", "--pool-file", pool, "--client-ca-file", filepath.Join(dir, "ca.pem")}, local...), "ca.pem"},
+		{"negative buffer budget", append([]string{"payload", "--request-buffer-budget", "-1"}, local...), "--request-buffer-budget: -1 is negative"},
+		{"negative stream cap", append([]string{"epp", "--pool-file", pool, "--max-streams", "-1"}, local...), "--max-streams: -1 is negative"},
 		{"devproxy bad filter", []string{"devproxy", "--ext-proc", "nonsense"}, "--ext-proc"},
 		{"devproxy bad routing", []string{"devproxy", "--routing", "magic"}, "--routing"},
 		{"devproxy xds without node id", []string{"devproxy", "--xds-server", "127.0.0.1:1"}, "--node-id is required"},
@@ -92,5 +94,16 @@ func TestVersion(t *testing.T) {
 	out, err := execute("version")
 	if err != nil || !strings.HasPrefix(out, "infergate ") {
 		t.Fatalf("%q %v", out, err)
+	}
+}
+
+func TestDefaultBufferBudget(t *testing.T) {
+	for _, c := range []struct{ limit, want int64 }{
+		{0, 1 << 30},           // no container limit
+		{512 << 20, 256 << 20}, // the charts' 512Mi
+	} {
+		if got := defaultBufferBudget(c.limit); got != c.want {
+			t.Errorf("limit %d: budget %d, want %d", c.limit, got, c.want)
+		}
 	}
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -20,7 +22,8 @@ type serverFlags struct {
 	grpcBind, healthBind, metricsBind string
 	secure                            bool
 	certPath, clientCA                string
-	maxBody                           int64
+	maxBody, bufferBudget             int64
+	maxStreams                        int
 	drain                             time.Duration
 	pprof                             bool
 }
@@ -36,6 +39,8 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.StringVar(&l.certPath, "cert-path", "", "directory holding tls.crt and tls.key for secure serving")
 	fs.StringVar(&l.clientCA, "client-ca-file", "", "PEM CA bundle: when set, ext_proc clients must present a certificate it signed (mutual TLS; needs --secure-serving)")
 	fs.Int64Var(&l.maxBody, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are read whole; 0 = unlimited")
+	fs.Int64Var(&l.bufferBudget, "request-buffer-budget", 0, "request-body bytes all requests may hold at once while their bodies arrive; over it a request is answered 503 processor-overloaded. 0 = half the container's memory limit (cgroup), or 1 GiB without one")
+	fs.IntVar(&l.maxStreams, "max-streams", 10000, "ext_proc streams (requests in flight) open at once; one more is answered 503 processor-overloaded. 0 = unlimited")
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 }
@@ -55,6 +60,12 @@ func (l *serverFlags) options() (server.Options, error) {
 	if l.maxBody < 0 {
 		return o, fmt.Errorf("--max-request-body-bytes: %d is negative", l.maxBody)
 	}
+	if l.bufferBudget < 0 {
+		return o, fmt.Errorf("--request-buffer-budget: %d is negative", l.bufferBudget)
+	}
+	if l.maxStreams < 0 {
+		return o, fmt.Errorf("--max-streams: %d is negative", l.maxStreams)
+	}
 	o.GRPCAddr = net.JoinHostPort(l.grpcBind, strconv.Itoa(l.grpcPort))
 	if l.healthPort > 0 {
 		o.HealthAddr = net.JoinHostPort(l.healthBind, strconv.Itoa(l.healthPort))
@@ -71,6 +82,40 @@ func (l *serverFlags) options() (server.Options, error) {
 		o.TLS.KeyFile = filepath.Join(l.certPath, "tls.key")
 	}
 	o.Limits.MaxRequestBodyBytes = l.maxBody
+	o.Limits.MaxStreams = l.maxStreams
+	o.Limits.BufferBudgetBytes = l.bufferBudget
+	if o.Limits.BufferBudgetBytes == 0 {
+		o.Limits.BufferBudgetBytes = defaultBufferBudget(cgroupMemoryLimit())
+	}
 	o.DrainTimeout, o.Pprof = l.drain, l.pprof
 	return o, nil
+}
+
+// defaultBufferBudget is half the memory limit, leaving the rest for the
+// process itself and the copies a decision makes (a masked body is a
+// second copy); 1 GiB when the process has no limit.
+func defaultBufferBudget(limit int64) int64 {
+	if limit <= 0 {
+		return 1 << 30
+	}
+	return limit / 2
+}
+
+// cgroupMemoryLimit is the container's memory limit in bytes (cgroup v2,
+// then v1), or 0 when there is none or it cannot be read.
+func cgroupMemoryLimit() int64 {
+	for _, path := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		v := strings.TrimSpace(string(b))
+		n, err := strconv.ParseInt(v, 10, 64)
+		// "max" (v2) or a page-rounded MaxInt64 (v1) mean no limit.
+		if err != nil || n <= 0 || n >= 1<<62 {
+			return 0
+		}
+		return n
+	}
+	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -30,10 +31,18 @@ const (
 	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
 )
 
-// Limits bound what one request may cost.
+// Limits bound what one request, and all requests together, may cost.
 type Limits struct {
 	// MaxRequestBodyBytes rejects larger bodies with 413; 0 = unlimited.
 	MaxRequestBodyBytes int64
+	// MaxStreams bounds the streams open at once (one per request in
+	// flight); one more is answered 503 processor-overloaded at its
+	// request headers. 0 = unlimited.
+	MaxStreams int
+	// BufferBudgetBytes bounds the request-body bytes all streams buffer
+	// at once; a chunk that would pass it is answered 503
+	// processor-overloaded and its stream's bytes are freed. 0 = unlimited.
+	BufferBudgetBytes int64
 }
 
 // Options configure the listeners of a Server. An empty address disables
@@ -48,6 +57,9 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Gatherer is served on the metrics listener.
 	Gatherer prometheus.Gatherer
+	// Registerer takes the server's own metrics (open streams, buffered
+	// bytes, overload refusals); nil leaves them unregistered.
+	Registerer prometheus.Registerer
 	// Pprof serves /debug/pprof/ on the metrics listener.
 	Pprof  bool
 	Logger logr.Logger
@@ -61,14 +73,16 @@ type Server struct {
 	handler Handler
 	health  *health.Server
 	tls     *tls.Config // nil: plain text
+	budget  *budget
 
 	grpcLn, healthLn, metricsLn net.Listener
 }
 
 // Start is New then Listen for a processor binary: opts as configured,
-// with its registry's Gatherer and its logger.
-func Start(handler Handler, opts Options, gatherer prometheus.Gatherer, log logr.Logger) (*Server, error) {
-	opts.Gatherer, opts.Logger = gatherer, log
+// with its registry (served, and taking the server's metrics) and its
+// logger.
+func Start(handler Handler, opts Options, reg *prometheus.Registry, log logr.Logger) (*Server, error) {
+	opts.Gatherer, opts.Registerer, opts.Logger = reg, reg, log
 	s, err := New(handler, opts)
 	if err != nil {
 		return nil, err
@@ -96,7 +110,11 @@ func New(handler Handler, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, handler: handler, health: health.NewServer(), tls: tlsCfg}
+	b, err := newBudget(opts.Limits, opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, handler: handler, health: health.NewServer(), tls: tlsCfg, budget: b}
 	// Liveness is the process being up; readiness waits for SetReady.
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	s.SetReady(false)
@@ -249,10 +267,30 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // Process implements the ext_proc service: one stream per HTTP request.
 func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
+	if !s.budget.openStream() {
+		return refuse(gs, overloaded("limit of open requests"))
+	}
+	defer s.budget.closeStream()
 	ctx := gs.Context()
 	ex := s.handler.NewExchange(ctx)
-	st := newStream(gs, ex, s.opts.Limits)
+	st := newStream(gs, ex, s.opts.Limits, s.budget)
+	defer st.releaseBody()
 	err := st.run(ctx)
 	ex.Close(ctx, st.summary(err))
 	return err
+}
+
+// refuse answers a stream's first message with r and ends the stream,
+// without an Exchange: a stream over the cap must cost next to nothing.
+func refuse(gs extprocv3.ExternalProcessor_ProcessServer, r *Rejection) error {
+	if _, err := gs.Recv(); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return fmt.Errorf("receive: %w", err)
+	}
+	if err := gs.Send(ImmediateResponse(r)); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
 }

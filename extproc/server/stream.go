@@ -29,6 +29,9 @@ type stream struct {
 	grpc   extprocv3.ExternalProcessor_ProcessServer
 	ex     Exchange
 	limits Limits
+	budget *budget
+	// reserved is what this stream's buffered body holds of the budget.
+	reserved int64
 
 	// Negotiated body modes. Envoy announces them in protocol_config; when it
 	// does not (older Envoy), the documented inference setup is assumed.
@@ -41,11 +44,12 @@ type stream struct {
 	respStatus   int
 }
 
-func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits Limits) *stream {
+func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits Limits, b *budget) *stream {
 	return &stream{
 		grpc:         gs,
 		ex:           ex,
 		limits:       limits,
+		budget:       b,
 		reqMode:      filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		respMode:     filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		req:          Request{Metadata: Metadata{}},
@@ -134,6 +138,13 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 		return s.reject(&Rejection{Status: 413, Reason: "request-too-large",
 			Message: fmt.Sprintf("request body exceeds the limit of %d bytes", s.limits.MaxRequestBodyBytes)})
 	}
+	if n := int64(len(b.GetBody())); n > 0 {
+		if !s.budget.reserve(n) {
+			s.releaseBody()
+			return s.reject(overloaded("memory budget for request bodies"))
+		}
+		s.reserved += n
+	}
 	s.body.Write(b.GetBody())
 	if !b.GetEndOfStream() {
 		return nil
@@ -170,6 +181,10 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	if d == nil {
 		d = &Decision{}
 	}
+	// The decision is made: the body goes out below and is not held
+	// waiting any more, so it leaves the budget (the stream may stay
+	// open for minutes while the response streams).
+	defer s.releaseBody()
 	if d.Reject != nil {
 		return s.reject(d.Reject)
 	}
@@ -266,6 +281,13 @@ func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool, md *st
 		}
 	}
 	return nil
+}
+
+// releaseBody frees the buffered body and returns its bytes to the budget.
+func (s *stream) releaseBody() {
+	s.budget.release(s.reserved)
+	s.reserved = 0
+	s.body = bytes.Buffer{}
 }
 
 func (s *stream) reject(r *Rejection) error {

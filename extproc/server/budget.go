@@ -1,0 +1,87 @@
+package server
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ReasonOverloaded is the drop reason of a request refused because the
+// process is at its stream cap or its buffer budget: the request itself
+// may be fine, and a retry elsewhere or later may pass.
+const ReasonOverloaded = "processor-overloaded"
+
+// budget bounds what all streams of one process hold at once: the streams
+// open, and the request-body bytes buffered. Without it each stream is
+// bounded but their number is not, and a few stalled large uploads take
+// the process past its memory limit, where an OOM kill drops every request
+// in flight.
+type budget struct {
+	maxStreams  int64
+	maxBuffered int64
+
+	open, buffered atomic.Int64
+
+	refused *prometheus.CounterVec
+}
+
+func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
+	b := &budget{
+		maxStreams:  int64(l.MaxStreams),
+		maxBuffered: l.BufferBudgetBytes,
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infergate_extproc_overload_refused_total",
+			Help: "Requests answered 503 processor-overloaded, by the limit they met (streams, buffer).",
+		}, []string{"limit"}),
+	}
+	if reg == nil {
+		return b, nil
+	}
+	for _, c := range []prometheus.Collector{
+		b.refused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_extproc_open_streams",
+			Help: "ext_proc streams open (requests in flight).",
+		}, func() float64 { return float64(b.open.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_extproc_buffered_request_bytes",
+			Help: "Request-body bytes all streams hold while they wait for the end of their body.",
+		}, func() float64 { return float64(b.buffered.Load()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register ext_proc metrics: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// openStream counts a new stream; false means the process is at its cap
+// and the stream must be refused (it is not counted then).
+func (b *budget) openStream() bool {
+	if n := b.open.Add(1); b.maxStreams > 0 && n > b.maxStreams {
+		b.open.Add(-1)
+		b.refused.WithLabelValues("streams").Inc()
+		return false
+	}
+	return true
+}
+
+func (b *budget) closeStream() { b.open.Add(-1) }
+
+// reserve takes n buffered bytes from the budget; false means it would be
+// exceeded (nothing is taken then).
+func (b *budget) reserve(n int64) bool {
+	if v := b.buffered.Add(n); b.maxBuffered > 0 && v > b.maxBuffered {
+		b.buffered.Add(-n)
+		b.refused.WithLabelValues("buffer").Inc()
+		return false
+	}
+	return true
+}
+
+func (b *budget) release(n int64) { b.buffered.Add(-n) }
+
+func overloaded(what string) *Rejection {
+	return &Rejection{Status: 503, Reason: ReasonOverloaded, Message: "the gateway's processor is at its " + what + "; retry shortly"}
+}

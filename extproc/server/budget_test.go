@@ -1,0 +1,147 @@
+package server_test
+
+import (
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/infergate/infergate/extproc/server"
+)
+
+// metric reads one series from reg: a gauge's or counter's value, 0 when
+// the series does not exist yet.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if hasLabels(m, labels) {
+				return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabels(m *dto.Metric, kv []string) bool {
+	for i := 0; i+1 < len(kv); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			found = found || (l.GetName() == kv[i] && l.GetValue() == kv[i+1])
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func waitMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for metric(t, reg, name) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", name, metric(t, reg, name), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func wantOverloaded(t *testing.T, r *extprocv3.ProcessingResponse) {
+	t.Helper()
+	ir := r.GetImmediateResponse()
+	if ir == nil || ir.GetStatus().GetCode() != 503 {
+		t.Fatalf("want immediate 503, got %v", r)
+	}
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == server.DropReasonHeader && string(h.GetHeader().GetRawValue()) == server.ReasonOverloaded {
+			return
+		}
+	}
+	t.Fatalf("drop reason not %s: %v", server.ReasonOverloaded, ir.GetHeaders())
+}
+
+// TestBufferBudgetRefusesAndFrees: stalled uploads cannot hold more than
+// the process budget between them; a request that would pass it is
+// refused with a clear 503, and bytes come back once a request is decided.
+func TestBufferBudgetRefusesAndFrees(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rec := &recorder{}
+	srv, _, _ := start(t, rec, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: 1000}})
+	conn := dial(t, srv.GRPCAddr(), nil)
+
+	stalled := openStream(t, conn)
+	mustSend(t, stalled, reqHeaders(false, ":method", "POST"))
+	mustSend(t, stalled, reqBody(make([]byte, 700), false))
+	waitMetric(t, reg, "infergate_extproc_buffered_request_bytes", 700)
+
+	over := openStream(t, conn)
+	mustSend(t, over, reqHeaders(false, ":method", "POST"))
+	mustSend(t, over, reqBody(make([]byte, 400), false))
+	wantOverloaded(t, mustRecv(t, over))
+	if got := metric(t, reg, "infergate_extproc_buffered_request_bytes"); got != 700 {
+		t.Fatalf("after the refusal %v bytes buffered, want the stalled request's 700", got)
+	}
+
+	// The stalled request completes, is decided, and frees its bytes.
+	mustSend(t, stalled, reqBody(make([]byte, 200), true))
+	if mustRecv(t, stalled).GetRequestHeaders() == nil {
+		t.Fatal("the request within the budget was not answered")
+	}
+	waitMetric(t, reg, "infergate_extproc_buffered_request_bytes", 0)
+
+	fits := openStream(t, conn)
+	mustSend(t, fits, reqHeaders(false, ":method", "POST"))
+	mustSend(t, fits, reqBody(make([]byte, 900), true))
+	if mustRecv(t, fits).GetRequestHeaders() == nil {
+		t.Fatal("a request that fits the freed budget was not answered")
+	}
+	if got := metric(t, reg, "infergate_extproc_overload_refused_total", "limit", "buffer"); got != 1 {
+		t.Fatalf("buffer refusals counted %v, want 1", got)
+	}
+}
+
+// TestStreamCap: one stream over MaxStreams is refused at its headers,
+// and a slot comes back when a stream ends.
+func TestStreamCap(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{MaxStreams: 2}})
+	conn := dial(t, srv.GRPCAddr(), nil)
+
+	held := []extprocv3.ExternalProcessor_ProcessClient{openStream(t, conn), openStream(t, conn)}
+	for _, st := range held {
+		mustSend(t, st, reqHeaders(false, ":method", "POST"))
+	}
+	waitMetric(t, reg, "infergate_extproc_open_streams", 2)
+
+	third := openStream(t, conn)
+	mustSend(t, third, reqHeaders(false, ":method", "POST"))
+	wantOverloaded(t, mustRecv(t, third))
+
+	mustSend(t, held[0], reqBody([]byte("{}"), true))
+	if mustRecv(t, held[0]).GetRequestHeaders() == nil {
+		t.Fatal("a request within the cap was not answered")
+	}
+	if err := held[0].CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, reg, "infergate_extproc_open_streams", 1)
+
+	next := openStream(t, conn)
+	mustSend(t, next, reqHeaders(true, ":method", "GET"))
+	if mustRecv(t, next).GetRequestHeaders() == nil {
+		t.Fatal("a stream after a slot came back was not answered")
+	}
+	if got := metric(t, reg, "infergate_extproc_overload_refused_total", "limit", "streams"); got != 1 {
+		t.Fatalf("stream refusals counted %v, want 1", got)
+	}
+}
