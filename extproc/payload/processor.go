@@ -7,6 +7,7 @@ package payload
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -82,13 +83,7 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 	res := x.policy.Apply(req.Body)
 	x.pr.metrics.decision.Observe(time.Since(start).Seconds())
 	if r := res.Reject; r != nil {
-		x.pr.metrics.requests.WithLabelValues("rejected", r.Reason).Inc()
-		rej := &server.Rejection{Status: r.Status, Reason: r.Reason, Message: r.Message}
-		if r.Rule != "" {
-			rej.Headers = []server.Header{{Name: policy.GuardrailHeader, Value: r.Rule}}
-		}
-		x.pr.log.V(1).Info("request rejected", "status", r.Status, "reason", r.Reason, "rule", r.Rule)
-		return &server.Decision{Reject: rej}
+		return &server.Decision{Reject: x.rejected(r)}
 	}
 	x.model = res.Model
 	d := &server.Decision{Body: res.Body, ClearRouteCache: true}
@@ -146,6 +141,28 @@ func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, endOfStre
 		"llm_output_token": structpb.NewNumberValue(float64(u.CompletionTokens)),
 		"llm_total_token":  structpb.NewNumberValue(float64(u.TotalTokens)),
 	})
+}
+
+// CheckBodySize holds the body to the policy's limits.maxBodyBytes as it
+// arrives (server.BodyLimiter): a stalled or huge upload is refused at the
+// chunk that passes the limit, not buffered whole first.
+func (x *exchange) CheckBodySize(n int64) *server.Rejection {
+	if r := x.policy.CheckSize(int(min(n, math.MaxInt))); r != nil {
+		return x.rejected(r)
+	}
+	return nil
+}
+
+// rejected counts and logs a policy rejection and turns it into the
+// answer, naming the guardrail that refused.
+func (x *exchange) rejected(r *policy.Rejection) *server.Rejection {
+	x.pr.metrics.requests.WithLabelValues("rejected", r.Reason).Inc()
+	rej := &server.Rejection{Status: r.Status, Reason: r.Reason, Message: r.Message}
+	if r.Rule != "" {
+		rej.Headers = []server.Header{{Name: policy.GuardrailHeader, Value: r.Rule}}
+	}
+	x.pr.log.V(1).Info("request rejected", "status", r.Status, "reason", r.Reason, "rule", r.Rule)
+	return rej
 }
 
 func (x *exchange) Close(context.Context, server.Summary) {}

@@ -45,6 +45,16 @@ type HeaderGate interface {
 	RejectEarly(ctx context.Context, req *Request) *Rejection
 }
 
+// BodyLimiter is an optional Exchange extension: a request-body limit of
+// the exchange's own (a policy's), enforced like Limits.MaxRequestBodyBytes
+// as the chunks arrive, so an oversized body is refused before it is
+// buffered rather than after. CheckBodySize gets the body's size so far
+// and returns the rejection once it is over; HandleRequest is not called
+// then.
+type BodyLimiter interface {
+	CheckBodySize(n int64) *Rejection
+}
+
 // Headers holds HTTP headers with lower-case names, one value each, as
 // Envoy's HeaderMap presents them to ext_proc.
 type Headers map[string]string

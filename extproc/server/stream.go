@@ -134,9 +134,15 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 
 func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error {
 	s.hasBody = true
-	if s.limits.MaxRequestBodyBytes > 0 && int64(s.body.Len()+len(b.GetBody())) > s.limits.MaxRequestBodyBytes {
+	size := int64(s.body.Len() + len(b.GetBody()))
+	if s.limits.MaxRequestBodyBytes > 0 && size > s.limits.MaxRequestBodyBytes {
 		return s.reject(&Rejection{Status: 413, Reason: "request-too-large",
 			Message: fmt.Sprintf("request body exceeds the limit of %d bytes", s.limits.MaxRequestBodyBytes)})
+	}
+	if l, ok := s.ex.(BodyLimiter); ok {
+		if rej := l.CheckBodySize(size); rej != nil {
+			return s.reject(rej)
+		}
 	}
 	if n := int64(len(b.GetBody())); n > 0 {
 		if !s.budget.reserve(n) {
