@@ -10,7 +10,7 @@ VERSION  ?= $(shell cat VERSION)
 COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build image wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing clean
+.PHONY: all build image wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled clean
 
 all: build
 
@@ -67,6 +67,10 @@ bench-devproxy:
 ## bench-egext: the Envoy Gateway extension's translation hook (100 routes, 20 pools) in-process and over gRPC; memory of 1,000 pools.
 bench-egext:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./gateways/envoygateway/
+
+## bench-stalled: 1,000 stalled uploads against the payload processor with the charts' memory settings (budget 256 MiB, GOMEMLIMIT 90% of 512 MiB); RSS and well-behaved latency.
+bench-stalled: build
+	GOMEMLIMIT=460MiB $(GO) run ./bench/stalled --binary $(BIN)
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)

@@ -37,6 +37,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			tuneGC()
 			c.Logger = log
+			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {
 				return err
 			}

@@ -33,6 +33,7 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 			}
 			tuneGC()
 			c.Logger = log
+			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {
 				return err
 			}

@@ -70,15 +70,18 @@ func (b *budget) openStream() bool {
 func (b *budget) closeStream() { b.open.Add(-1) }
 
 // reserve takes n buffered bytes from the budget; false means it would be
-// exceeded (nothing is taken then).
+// exceeded (nothing is taken then; the caller may try for less, or refuse
+// the request and call refuseBuffer).
 func (b *budget) reserve(n int64) bool {
 	if v := b.buffered.Add(n); b.maxBuffered > 0 && v > b.maxBuffered {
 		b.buffered.Add(-n)
-		b.refused.WithLabelValues("buffer").Inc()
 		return false
 	}
 	return true
 }
+
+// refuseBuffer counts a request refused for want of buffer budget.
+func (b *budget) refuseBuffer() { b.refused.WithLabelValues("buffer").Inc() }
 
 func (b *budget) release(n int64) { b.buffered.Add(-n) }
 

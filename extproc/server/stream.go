@@ -38,7 +38,7 @@ type stream struct {
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 
 	req          Request
-	body         bytes.Buffer
+	body         []byte
 	hasBody      bool
 	respMetadata Metadata
 	respStatus   int
@@ -134,7 +134,8 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 
 func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error {
 	s.hasBody = true
-	size := int64(s.body.Len() + len(b.GetBody()))
+	chunk := b.GetBody()
+	size := int64(len(s.body) + len(chunk))
 	if s.limits.MaxRequestBodyBytes > 0 && size > s.limits.MaxRequestBodyBytes {
 		return s.reject(&Rejection{Status: 413, Reason: "request-too-large",
 			Message: fmt.Sprintf("request body exceeds the limit of %d bytes", s.limits.MaxRequestBodyBytes)})
@@ -144,14 +145,30 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 			return s.reject(rej)
 		}
 	}
-	if n := int64(len(b.GetBody())); n > 0 {
-		if !s.budget.reserve(n) {
-			s.releaseBody()
-			return s.reject(overloaded("memory budget for request bodies"))
+	if need := len(s.body) + len(chunk); need > cap(s.body) {
+		// Grow by doubling (capped at the body limit) and charge the
+		// budget for the capacity, not the length: the allocation is what
+		// the memory limit sees. A body in one chunk gets exactly its size.
+		newCap := max(need, 2*cap(s.body))
+		if l := s.limits.MaxRequestBodyBytes; l > 0 {
+			newCap = min(newCap, int(l))
 		}
-		s.reserved += n
+		grow := int64(newCap - cap(s.body))
+		if !s.budget.reserve(grow) {
+			// Under pressure, grow only by what this chunk needs.
+			newCap, grow = need, int64(need-cap(s.body))
+			if !s.budget.reserve(grow) {
+				s.releaseBody()
+				s.budget.refuseBuffer()
+				return s.reject(overloaded("memory budget for request bodies"))
+			}
+		}
+		s.reserved += grow
+		grown := make([]byte, len(s.body), newCap)
+		copy(grown, s.body)
+		s.body = grown
 	}
-	s.body.Write(b.GetBody())
+	s.body = append(s.body, chunk...)
 	if !b.GetEndOfStream() {
 		return nil
 	}
@@ -181,7 +198,7 @@ const (
 
 func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	if s.hasBody {
-		s.req.Body = s.body.Bytes()
+		s.req.Body = s.body
 	}
 	d := s.ex.HandleRequest(ctx, &s.req)
 	if d == nil {
@@ -293,7 +310,7 @@ func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool, md *st
 func (s *stream) releaseBody() {
 	s.budget.release(s.reserved)
 	s.reserved = 0
-	s.body = bytes.Buffer{}
+	s.body = nil
 }
 
 func (s *stream) reject(r *Rejection) error {
