@@ -51,7 +51,7 @@ demo: build
 	$(GO) run ./test/demo --binary $(BIN)
 
 ## bench: scheduling micro-benchmarks, the ext_proc load driver, the stand-in's two modes and the routing benchmark.
-bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing
+bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-stalled bench-routing
 
 bench-scheduling:
 	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/ ./inference/pii/ ./inference/policy/
