@@ -69,6 +69,7 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 		{"payload client CA not PEM", append([]string{"payload", "--client-ca-file", badYAML}, local...), badYAML + ": no PEM certificate"},
 		{"epp missing client CA", append([]string{"epp", "--pool-file", pool, "--client-ca-file", filepath.Join(dir, "ca.pem")}, local...), "ca.pem"},
 		{"negative buffer budget", append([]string{"payload", "--request-buffer-budget", "-1"}, local...), "--request-buffer-budget: -1 is negative"},
+		{"negative idle timeout", append([]string{"payload", "--request-idle-timeout", "-1s"}, local...), "--request-idle-timeout: -1s is negative"},
 		{"negative stream cap", append([]string{"epp", "--pool-file", pool, "--max-streams", "-1"}, local...), "--max-streams: -1 is negative"},
 		{"devproxy bad filter", []string{"devproxy", "--ext-proc", "nonsense"}, "--ext-proc"},
 		{"devproxy bad routing", []string{"devproxy", "--routing", "magic"}, "--routing"},

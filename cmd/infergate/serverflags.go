@@ -25,7 +25,7 @@ type serverFlags struct {
 	certPath, clientCA                string
 	maxBody, bufferBudget             int64
 	maxStreams                        int
-	drain                             time.Duration
+	drain, requestIdle                time.Duration
 	pprof                             bool
 }
 
@@ -42,6 +42,7 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.Int64Var(&l.maxBody, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are read whole; 0 = unlimited")
 	fs.Int64Var(&l.bufferBudget, "request-buffer-budget", 0, "request-body bytes all requests may hold at once while their bodies arrive; over it a request is answered 503 processor-overloaded. 0 = 40% of the container's memory limit (cgroup), or 1 GiB without one")
 	fs.IntVar(&l.maxStreams, "max-streams", 10000, "ext_proc streams (requests in flight) open at once; one more is answered 503 processor-overloaded. 0 = unlimited")
+	fs.DurationVar(&l.requestIdle, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed (the response path is not timed); 0 = none")
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 }
@@ -64,6 +65,9 @@ func (l *serverFlags) options() (server.Options, error) {
 	if l.bufferBudget < 0 {
 		return o, fmt.Errorf("--request-buffer-budget: %d is negative", l.bufferBudget)
 	}
+	if l.requestIdle < 0 {
+		return o, fmt.Errorf("--request-idle-timeout: %s is negative", l.requestIdle)
+	}
 	if l.maxStreams < 0 {
 		return o, fmt.Errorf("--max-streams: %d is negative", l.maxStreams)
 	}
@@ -84,6 +88,7 @@ func (l *serverFlags) options() (server.Options, error) {
 	}
 	o.Limits.MaxRequestBodyBytes = l.maxBody
 	o.Limits.MaxStreams = l.maxStreams
+	o.Limits.RequestIdleTimeout = l.requestIdle
 	o.Limits.BufferBudgetBytes = l.bufferBudget
 	if o.Limits.BufferBudgetBytes == 0 {
 		o.Limits.BufferBudgetBytes = defaultBufferBudget(cgroupMemoryLimit())

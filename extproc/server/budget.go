@@ -23,7 +23,8 @@ type budget struct {
 
 	open, buffered atomic.Int64
 
-	refused *prometheus.CounterVec
+	refused  *prometheus.CounterVec
+	timeouts prometheus.Counter
 }
 
 func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
@@ -34,12 +35,17 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 			Name: "infergate_extproc_overload_refused_total",
 			Help: "Requests answered 503 processor-overloaded, by the limit they met (streams, buffer).",
 		}, []string{"limit"}),
+		timeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infergate_extproc_request_idle_timeouts_total",
+			Help: "Requests answered 408 request-timeout: no message for the request idle timeout before the request was decided.",
+		}),
 	}
 	if reg == nil {
 		return b, nil
 	}
 	for _, c := range []prometheus.Collector{
 		b.refused,
+		b.timeouts,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "infergate_extproc_open_streams",
 			Help: "ext_proc streams open (requests in flight).",

@@ -145,3 +145,60 @@ func TestStreamCap(t *testing.T) {
 		t.Fatalf("stream refusals counted %v, want 1", got)
 	}
 }
+
+func respHeaders() *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}}
+}
+
+// TestRequestIdleTimeout: a request that stops sending before its end is
+// answered 408 and its body freed; a slow but moving request is not, and
+// neither is the wait for the response once the request is decided.
+func TestRequestIdleTimeout(t *testing.T) {
+	const idle = 150 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{RequestIdleTimeout: idle}})
+	conn := dial(t, srv.GRPCAddr(), nil)
+
+	t.Run("stalled upload", func(t *testing.T) {
+		st := openStream(t, conn)
+		mustSend(t, st, reqHeaders(false, ":method", "POST"))
+		mustSend(t, st, reqBody(make([]byte, 5000), false))
+		waitMetric(t, reg, "infergate_extproc_buffered_request_bytes", 5000)
+		started := time.Now()
+		ir := mustRecv(t, st).GetImmediateResponse()
+		if ir == nil || ir.GetStatus().GetCode() != 408 {
+			t.Fatalf("want immediate 408, got %v", ir)
+		}
+		if waited := time.Since(started); waited > 5*idle {
+			t.Fatalf("answered after %s with an idle timeout of %s", waited, idle)
+		}
+		waitMetric(t, reg, "infergate_extproc_buffered_request_bytes", 0)
+		if got := metric(t, reg, "infergate_extproc_request_idle_timeouts_total"); got != 1 {
+			t.Fatalf("timeouts counted %v, want 1", got)
+		}
+	})
+	t.Run("slow but moving upload", func(t *testing.T) {
+		st := openStream(t, conn)
+		mustSend(t, st, reqHeaders(false, ":method", "POST"))
+		for range 5 { // 5 × idle/2: longer than the timeout in all
+			mustSend(t, st, reqBody([]byte("xxxx"), false))
+			time.Sleep(idle / 2)
+		}
+		mustSend(t, st, reqBody([]byte("{}"), true))
+		if mustRecv(t, st).GetRequestHeaders() == nil {
+			t.Fatal("a moving request was not answered normally")
+		}
+	})
+	t.Run("long wait for the response", func(t *testing.T) {
+		st := openStream(t, conn)
+		mustSend(t, st, reqHeaders(true, ":method", "GET"))
+		if mustRecv(t, st).GetRequestHeaders() == nil {
+			t.Fatal("no answer to the request")
+		}
+		time.Sleep(3 * idle) // the model thinks
+		mustSend(t, st, respHeaders())
+		if mustRecv(t, st).GetResponseHeaders() == nil {
+			t.Fatal("the response path was cut by the request idle timeout")
+		}
+	})
+}

@@ -43,6 +43,11 @@ type Limits struct {
 	// at once; a chunk that would pass it is answered 503
 	// processor-overloaded and its stream's bytes are freed. 0 = unlimited.
 	BufferBudgetBytes int64
+	// RequestIdleTimeout bounds the wait for a request's next message
+	// until the request is decided; a request that stalls longer is
+	// answered 408 request-timeout and its body freed. The response path
+	// is not timed (a model may think for minutes). 0 = no timeout.
+	RequestIdleTimeout time.Duration
 }
 
 // Options configure the listeners of a Server. An empty address disables
@@ -274,7 +279,10 @@ func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := gs.Context()
 	ex := s.handler.NewExchange(ctx)
 	st := newStream(gs, ex, s.opts.Limits, s.budget)
-	defer st.releaseBody()
+	defer st.close()
+	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
+		st.watchIdle(d)
+	}
 	err := st.run(ctx)
 	ex.Close(ctx, st.summary(err))
 	return err

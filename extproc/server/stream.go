@@ -8,6 +8,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -42,6 +44,60 @@ type stream struct {
 	hasBody      bool
 	respMetadata Metadata
 	respStatus   int
+
+	// mu serializes message handling with the idle watchdog, which may
+	// answer the request from its own goroutine while run waits in Recv.
+	mu       sync.Mutex
+	idle     time.Duration
+	timer    *time.Timer
+	last     time.Time // the last message received
+	decided  bool      // the request was answered (or refused)
+	timedOut bool
+	closed   bool // the handler is returning: the stream is not to be used
+}
+
+// ReasonRequestTimeout is the drop reason of a request that stalled
+// before it was decided.
+const ReasonRequestTimeout = "request-timeout"
+
+// watchIdle arms the request idle timeout until close.
+func (s *stream) watchIdle(d time.Duration) {
+	s.mu.Lock()
+	s.idle, s.last = d, time.Now()
+	s.timer = time.AfterFunc(d, s.onIdle)
+	s.mu.Unlock()
+}
+
+// close ends the stream's life: the watchdog is disarmed (one already
+// running finds closed and does nothing) and the body freed.
+func (s *stream) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.releaseBody()
+}
+
+// onIdle answers 408 a request that has not moved for the idle timeout
+// and frees its body. run keeps waiting in Recv until the proxy, having
+// the answer, ends the stream.
+func (s *stream) onIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.decided || s.timedOut || s.closed {
+		return
+	}
+	if wait := s.idle - time.Since(s.last); wait > 0 {
+		s.timer.Reset(wait)
+		return
+	}
+	s.timedOut = true
+	s.releaseBody()
+	s.budget.timeouts.Inc()
+	_ = s.grpc.Send(ImmediateResponse(&Rejection{Status: 408, Reason: ReasonRequestTimeout,
+		Message: fmt.Sprintf("the request sent nothing for %s before its end", s.idle)}))
 }
 
 func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits Limits, b *budget) *stream {
@@ -68,10 +124,18 @@ func (s *stream) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
+		s.mu.Lock()
+		if s.timedOut {
+			s.mu.Unlock()
+			return nil
+		}
+		s.last = time.Now()
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 		}
-		if err := s.handle(ctx, msg); err != nil {
+		err = s.handle(ctx, msg)
+		s.mu.Unlock()
+		if err != nil {
 			if errors.Is(err, errRejected) {
 				return nil
 			}
@@ -197,6 +261,7 @@ const (
 )
 
 func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
+	s.decided = true
 	if s.hasBody {
 		s.req.Body = s.body
 	}
@@ -314,6 +379,7 @@ func (s *stream) releaseBody() {
 }
 
 func (s *stream) reject(r *Rejection) error {
+	s.decided = true
 	if err := s.send(ImmediateResponse(r)); err != nil {
 		return err
 	}
