@@ -152,16 +152,20 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 		t.Errorf("/config is not ConfigMap %s as a directory", cm.Name)
 	}
 	cfg := loadPolicy(t, cm.Data["payload.yaml"])
+	// The chart's default limits, under every policy that does not set
+	// its own.
+	defaults := policy.Limits{MaxBodyBytes: 8 << 20, MaxPromptBytes: 2 << 20}
 	if want.policy {
 		wantCfg := loadPolicy(t, policyValue(t, payloadPolicy))
+		wantCfg.Limits.MaxPromptBytes = defaults.MaxPromptBytes // merged in: the policy sets the others
 		if !reflect.DeepEqual(cfg, wantCfg) {
 			t.Errorf("payload.yaml is %+v, want %+v", cfg, wantCfg)
 		}
 		if len(cfg.PII) != 3 || cfg.Models.Unknown != "reject" {
 			t.Errorf("payload.yaml lost parts of the policy: %+v", cfg)
 		}
-	} else if !reflect.DeepEqual(*cfg, policy.Config{}) {
-		t.Errorf("default payload.yaml is %+v, want the empty policy", cfg)
+	} else if !reflect.DeepEqual(*cfg, policy.Config{Limits: defaults}) {
+		t.Errorf("default payload.yaml is %+v, want the chart's default limits only", cfg)
 	}
 
 	// RBAC: ConfigMaps read access, in the release namespace or everywhere.
