@@ -56,6 +56,7 @@ const (
 	fieldMaxTokens
 	fieldMaxCompletionTokens
 	fieldMaxOutputTokens
+	fieldStreamOptions
 	numFields
 )
 
@@ -64,7 +65,7 @@ const (
 const _ = uint16(1 << (numFields - 1))
 
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
-	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens"}
+	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options"}
 
 // scan validates body as one JSON object and records its fields' spans.
 func scan(body []byte) (scanner, error) {

@@ -4,6 +4,7 @@
 package inference
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"strconv"
@@ -77,6 +78,41 @@ func (b *Body) ModelSpan() (Span, bool) {
 func (b *Body) Stream() bool {
 	sp := b.s.fields[fieldStream]
 	return sp.end > 0 && string(b.s.b[sp.start:sp.end]) == "true"
+}
+
+// StreamUsageEdit returns the edit that makes a streamed request ask for
+// its usage (stream_options.include_usage: true), so a token-based limit
+// can charge it: OpenAI-compatible servers report usage on a stream only
+// when asked. ok is false when the request does not stream or already
+// asks. Other stream_options keys are kept. Only for the OpenAI chat and
+// completions APIs: the caller checks the path.
+func (b *Body) StreamUsageEdit() (e Edit, ok bool) {
+	if !b.Stream() {
+		return Edit{}, false
+	}
+	sp := b.s.fields[fieldStreamOptions]
+	if sp.end == 0 {
+		// Insert first in the object: the opening brace is the first
+		// byte that is not white space.
+		at := 0
+		for at < len(b.s.b) && b.s.b[at] != '{' {
+			at++
+		}
+		return Edit{Span: Span{at + 1, at + 1}, JSON: []byte(`"stream_options":{"include_usage":true},`)}, true
+	}
+	opts := map[string]json.RawMessage{}
+	if json.Unmarshal(b.s.b[sp.start:sp.end], &opts) != nil || opts == nil {
+		opts = map[string]json.RawMessage{} // null or not an object: replaced
+	}
+	if string(opts["include_usage"]) == "true" {
+		return Edit{}, false
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	out, err := json.Marshal(opts)
+	if err != nil {
+		return Edit{}, false
+	}
+	return Edit{Span: Span{sp.start, sp.end}, JSON: out}, true
 }
 
 // MaxTokensField is one output-token cap of the request as written.

@@ -142,3 +142,70 @@ func nested(s *struct{ Usage *wireUsage }) *wireUsage {
 	}
 	return s.Usage
 }
+
+// UsageChunkFilter removes, from an OpenAI server-sent event stream, the
+// usage-only chunk (`"choices":[]` with a usage object) that
+// stream_options.include_usage adds before `data: [DONE]`: when the
+// gateway asked for usage on the client's behalf, the client gets the
+// stream it asked for. Complete lines pass at once; a partial line is held
+// until its end (never more than MaxUsageBuffer, past which it passes
+// unread).
+type UsageChunkFilter struct {
+	partial   []byte
+	dropBlank bool // the dropped event's blank line is next
+}
+
+// Write takes the next body chunk and returns what to send on.
+func (f *UsageChunkFilter) Write(chunk []byte, endOfStream bool) []byte {
+	out := make([]byte, 0, len(chunk)+len(f.partial))
+	for len(chunk) > 0 {
+		nl := bytes.IndexByte(chunk, '\n')
+		if nl < 0 {
+			f.partial = append(f.partial, chunk...)
+			if len(f.partial) > MaxUsageBuffer {
+				out, f.partial = append(out, f.partial...), nil
+			}
+			break
+		}
+		line := chunk[:nl+1]
+		if len(f.partial) > 0 {
+			line = append(f.partial, line...)
+			f.partial = nil
+		}
+		out = f.line(out, line)
+		chunk = chunk[nl+1:]
+	}
+	if endOfStream && len(f.partial) > 0 {
+		out, f.partial = f.line(out, f.partial), nil
+	}
+	return out
+}
+
+func (f *UsageChunkFilter) line(out, line []byte) []byte {
+	if f.dropBlank && len(bytes.TrimRight(line, "\r\n")) == 0 {
+		f.dropBlank = false
+		return out
+	}
+	f.dropBlank = false
+	if usageOnly(line) {
+		f.dropBlank = true
+		return out
+	}
+	return append(out, line...)
+}
+
+// usageOnly reports a data line holding the usage-only chunk.
+func usageOnly(line []byte) bool {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+	if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
+		return false
+	}
+	var d struct {
+		Choices *[]json.RawMessage `json:"choices"`
+		Usage   json.RawMessage    `json:"usage"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &d) != nil {
+		return false
+	}
+	return d.Choices != nil && len(*d.Choices) == 0 && len(d.Usage) > 0 && string(d.Usage) != "null"
+}

@@ -51,6 +51,7 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 	fs.DurationVar(&c.ConfigPoll, "config-poll-interval", time.Second, "how often the config file is checked for changes")
 	fs.StringVar(&c.ConfigMapNamespace, "configmap-namespace", "", `read adapter ConfigMaps (label inference.llm-d.ai/ipp-managed: "true") in this namespace; "*" for all; empty: off`)
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file for --configmap-namespace (default: $KUBECONFIG, then in-cluster)")
+	fs.BoolVar(&c.KeepStreamOptions, "keep-stream-options", false, "forward streamed chat/completions requests as sent; by default the processor adds stream_options.include_usage so their tokens are metered, and removes the extra usage chunk for clients that did not ask")
 	logs.register(fs)
 	return cmd
 }

@@ -27,8 +27,17 @@ type rig struct {
 
 // newRig writes configJSON as the YAML file the processor reads (the
 // vectors hold JSON; the file form is YAML) and starts the processor; nil
-// is the empty policy, {}.
+// is the empty policy, {}. Streamed requests are forwarded as sent, so the
+// tests see the policy alone; newUsageRig turns usage metering on.
 func newRig(t testing.TB, configJSON []byte) *rig {
+	return startRig(t, configJSON, true)
+}
+
+// newUsageRig is newRig with the processor's default stream usage
+// metering (stream_options.include_usage added).
+func newUsageRig(t testing.TB) *rig { return startRig(t, nil, false) }
+
+func startRig(t testing.TB, configJSON []byte, keepStreamOptions bool) *rig {
 	t.Helper()
 	if configJSON == nil {
 		configJSON = []byte("{}") // a null document is refused
@@ -43,7 +52,7 @@ func newRig(t testing.TB, configJSON []byte) *rig {
 	}
 	svc, err := payload.New(payload.Config{
 		Server:     server.Options{GRPCAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: 1 << 20}},
-		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard()})
+		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard(), KeepStreamOptions: keepStreamOptions})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,8 @@ type Processor struct {
 	labels  atomic.Pointer[modelLabels]
 	metrics *metrics
 	log     logr.Logger
+	// streamUsage asks for the usage of streamed requests (Config.KeepStreamOptions).
+	streamUsage bool
 }
 
 // NewProcessor serves with p until SetPolicy swaps it. Until
@@ -68,6 +70,10 @@ type exchange struct {
 	labels modelLabels
 	model  string
 	usage  *inference.UsageReader
+	// addedUsage: the processor asked for the stream's usage, so the
+	// usage-only chunk is not the client's and filter removes it.
+	addedUsage bool
+	filter     *inference.UsageChunkFilter
 }
 
 func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server.Decision {
@@ -101,6 +107,9 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 		outcome = "rewritten"
 	}
 	x.pr.metrics.requests.WithLabelValues(outcome, "").Inc()
+	if x.pr.streamUsage {
+		x.askStreamUsage(req, d)
+	}
 	d.DynamicMetadata = namespaced(map[string]*structpb.Value{
 		"model":      structpb.NewStringValue(res.Model),
 		"base_model": structpb.NewStringValue(res.BaseModel),
@@ -108,9 +117,34 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 	return d
 }
 
+// askStreamUsage makes a streamed OpenAI chat or completions request ask
+// for its usage: without stream_options.include_usage the server reports
+// none, and a token-based limit would charge the request nothing.
+func (x *exchange) askStreamUsage(req *server.Request, d *server.Decision) {
+	path, _, _ := strings.Cut(req.Headers.Get(":path"), "?")
+	if !strings.HasSuffix(path, "/chat/completions") && !strings.HasSuffix(path, "/completions") {
+		return // Anthropic and the responses API report usage on their own
+	}
+	body := req.Body
+	if d.Body != nil {
+		body = d.Body
+	}
+	b, err := inference.Parse(body)
+	if err != nil {
+		return
+	}
+	if e, ok := b.StreamUsageEdit(); ok {
+		d.Body, x.addedUsage = b.Rewrite([]inference.Edit{e}), true
+	}
+}
+
 func (x *exchange) HandleResponseHeaders(_ context.Context, resp *server.Response) *server.Decision {
 	if x.model != "" && !resp.EndOfStream && strings.HasPrefix(resp.Headers.Get(":status"), "2") {
-		x.usage = inference.NewUsageReader(resp.Headers.Get("content-type"))
+		ct := resp.Headers.Get("content-type")
+		x.usage = inference.NewUsageReader(ct)
+		if x.addedUsage && strings.HasPrefix(strings.TrimSpace(ct), "text/event-stream") {
+			x.filter = &inference.UsageChunkFilter{}
+		}
 	}
 	return nil
 }
@@ -122,6 +156,9 @@ func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, endOfStre
 		return chunk, nil
 	}
 	x.usage.Write(chunk)
+	if x.filter != nil {
+		chunk = x.filter.Write(chunk, endOfStream)
+	}
 	if !endOfStream {
 		return chunk, nil
 	}

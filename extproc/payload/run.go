@@ -39,6 +39,12 @@ type Config struct {
 	RestConfig *rest.Config
 	Kubeconfig string
 	Logger     logr.Logger
+	// KeepStreamOptions forwards streamed chat and completions requests as
+	// the client sent them. By default the processor asks the server for
+	// the usage of every streamed request (stream_options.include_usage),
+	// so token metering charges it, and removes the extra usage chunk from
+	// the stream of a client that did not ask for it.
+	KeepStreamOptions bool
 }
 
 // Service is a prepared payload processor: policy loaded and validated,
@@ -139,6 +145,7 @@ func New(cfg Config) (*Service, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 	proc := NewProcessor(pol, m, cfg.Logger.WithName("processor"))
+	proc.streamUsage = !cfg.KeepStreamOptions
 	proc.SetModelLabels(file) // metric labels: configured names only
 	srv, err := server.Start(proc, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
