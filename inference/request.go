@@ -115,6 +115,20 @@ func (b *Body) StreamUsageEdit() (e Edit, ok bool) {
 	return Edit{Span: Span{sp.start, sp.end}, JSON: out}, true
 }
 
+// RepeatedKey returns the first top-level key among those that route or
+// carry the prompt (model, stream, stream_options, prompt, messages,
+// system, input, instructions) that occurs more than once, or "". JSON
+// parsers differ on which copy wins: a guardrail that read one copy must
+// not forward a body whose server reads the other.
+func (b *Body) RepeatedKey() string {
+	for _, f := range []int{fieldModel, fieldStream, fieldStreamOptions, fieldPrompt, fieldMessages, fieldSystem, fieldInput, fieldInstructions} {
+		if b.s.repeated&(1<<f) != 0 {
+			return fieldNames[f]
+		}
+	}
+	return ""
+}
+
 // MaxTokensField is one output-token cap of the request as written.
 type MaxTokensField struct {
 	// Name is max_tokens, max_completion_tokens or max_output_tokens.

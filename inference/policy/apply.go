@@ -30,6 +30,7 @@ const (
 	ReasonInvalidJSON      = "invalid-json"
 	ReasonMissingModel     = "missing-model"
 	ReasonInvalidModel     = "invalid-model"
+	ReasonDuplicateKey     = "duplicate-key"
 	ReasonModelNotAllowed  = "model-not-allowed"
 	ReasonModelNotFound    = "model-not-found"
 	ReasonPromptTooLarge   = "prompt-too-large"
@@ -143,6 +144,9 @@ func (p *Policy) Apply(raw []byte) Result {
 	body, err := inference.Parse(raw)
 	if err != nil {
 		return reject(400, ReasonInvalidJSON, "", "%v", err)
+	}
+	if k := body.RepeatedKey(); k != "" {
+		return reject(400, ReasonDuplicateKey, "", "%q appears more than once in the request; send it once", k)
 	}
 	model, err := body.Model()
 	if err != nil {
