@@ -66,6 +66,7 @@ type eppWant struct {
 	plaintext   bool // --secure-serving=false
 	podMonitor  bool
 	moreArgs    []string // flags the value set adds
+	serving     servingWant
 }
 
 var eppValueSets = []struct {
@@ -84,11 +85,17 @@ inferencePool:
   failureMode: FailOpen
 epp:
   tlsSecretName: epp-tls
+  clientCASecretName: gw-ca
   refreshMetricsInterval: 100ms
   extraArgs: [--emit-endpoint-scores]
   env: [{name: GOGC, value: "200"}]
 `, eppWant{pool: "llama-pool", replicas: 1, failureMode: inferencev1.EndpointPickerFailOpen, targetPorts: []int32{8000, 8001, 8002},
-		appProtocol: inferencev1.AppProtocolH2C, certs: true, moreArgs: []string{"--emit-endpoint-scores", "--refresh-metrics-interval=100ms"}}},
+		appProtocol: inferencev1.AppProtocolH2C, certs: true, moreArgs: []string{"--emit-endpoint-scores", "--refresh-metrics-interval=100ms"},
+		serving: servingWant{clientCA: "gw-ca"}}},
+	{"mutual TLS", `epp: {clientCASecretName: gw-ca}`, eppWant{replicas: 1, serving: servingWant{clientCA: "gw-ca"}}},
+	{"limits", `epp: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, requestIdleTimeout: 2m30s}}`,
+		eppWant{replicas: 1, serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
+	{"limits off", `epp: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`, eppWant{replicas: 1, serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
 	{"plaintext", `epp: {secureServing: false, tlsSecretName: ignored}`, eppWant{replicas: 1, plaintext: true}},
 	{"podMonitor on", `podMonitor: {enabled: true, interval: 30s, labels: {release: prometheus}}`, eppWant{replicas: 1, podMonitor: true}},
 }
@@ -262,6 +269,7 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	if got := hasMount(c, "/certs"); got != want.certs {
 		t.Errorf("/certs mounted: %t, want %t", got, want.certs)
 	}
+	checkServing(t, dep, c, want.serving)
 	checkContainer(t, dep, c, map[string]int32{"grpc": 9002, "health": 9003, "metrics": 9090})
 	if c.Resources.Requests.Cpu().Cmp(resource.MustParse("500m")) != 0 || c.Resources.Limits.Memory().Cmp(resource.MustParse("2Gi")) != 0 {
 		t.Errorf("resources %+v, want the values' defaults", c.Resources)
@@ -365,6 +373,14 @@ func TestEPPBadValues(t *testing.T) {
 		{"config not YAML", "epp: {config: \"plugins: [\"}", []string{"epp.config is not valid YAML"}},
 		{"config not an EndpointPickerConfig", "epp: {config: \"kind: Pod\"}", []string{"epp.config must be an EndpointPickerConfig"}},
 		{"ports collide", `epp: {ports: {health: 9002}}`, []string{"epp.ports must be three different ports"}},
+		{"client CA without TLS", `epp: {secureServing: false, clientCASecretName: gw-ca}`, []string{"epp.clientCASecretName", "epp.secureServing"}},
+		{"negative maxStreams", `epp: {limits: {maxStreams: -1}}`, []string{"/epp/limits/maxStreams", "minimum"}},
+		{"negative buffer budget", `epp: {limits: {requestBufferBudgetBytes: -1}}`, []string{"/epp/limits/requestBufferBudgetBytes", "minimum"}},
+		{"idle timeout soon", `epp: {limits: {requestIdleTimeout: soon}}`, []string{"/epp/limits/requestIdleTimeout", "does not match pattern"}},
+		{"idle timeout without unit", `epp: {limits: {requestIdleTimeout: 30}}`, []string{"/epp/limits/requestIdleTimeout", "maximum"}},
+		{"negative idle timeout", `epp: {limits: {requestIdleTimeout: -5s}}`, []string{"/epp/limits/requestIdleTimeout"}},
+		{"misspelt limit", `epp: {limits: {maxStream: 5}}`, []string{"maxStream"}},
+		{"limits dropped", `epp: {limits: null}`, []string{"/epp", "limits"}},
 		{"no account", `serviceAccount: {create: false}`, []string{"/serviceAccount/name"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -461,6 +477,99 @@ func checkContainer(t *testing.T, dep *appsv1.Deployment, c *corev1.Container, p
 	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
 		t.Errorf("capabilities %+v, want drop ALL", sc.Capabilities)
 	}
+}
+
+// servingWant is what both charts' ext_proc listener flags must be; the
+// zero value is the defaults.
+type servingWant struct {
+	// clientCA is the Secret of clientCASecretName: --client-ca-file and
+	// its ca.crt mounted read-only at /client-ca. Empty: neither.
+	clientCA string
+	// budget is --request-buffer-budget; 0: the flag left out.
+	budget int64
+	// maxStreams and idleTimeout are --max-streams and
+	// --request-idle-timeout; empty: the defaults, 10000 and 30s.
+	maxStreams, idleTimeout string
+}
+
+// checkServing checks the mutual-TLS and limit flags, and that the client
+// CA Secret is mounted where --client-ca-file points.
+func checkServing(t *testing.T, dep *appsv1.Deployment, c *corev1.Container, want servingWant) {
+	t.Helper()
+	if want.maxStreams == "" {
+		want.maxStreams = "10000"
+	}
+	if want.idleTimeout == "" {
+		want.idleTimeout = "30s"
+	}
+	for _, f := range []struct {
+		flag string
+		want []string // every value passed, in order
+	}{
+		{"--max-streams", []string{want.maxStreams}},
+		{"--request-idle-timeout", []string{want.idleTimeout}},
+		{"--request-buffer-budget", nonEmpty(want.budget != 0, fmt.Sprint(want.budget))},
+		{"--client-ca-file", nonEmpty(want.clientCA != "", "/client-ca/ca.crt")},
+	} {
+		if got := flagValues(c.Args, f.flag); !slices.Equal(got, f.want) {
+			t.Errorf("%s passed as %q, want %q (args %v)", f.flag, got, f.want, c.Args)
+		}
+	}
+
+	var mounts []corev1.VolumeMount
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == "/client-ca" {
+			mounts = append(mounts, m)
+		}
+	}
+	if want.clientCA == "" {
+		if len(mounts) > 0 {
+			t.Errorf("/client-ca mounted without clientCASecretName: %+v", mounts)
+		}
+		return
+	}
+	if len(mounts) != 1 {
+		t.Fatalf("/client-ca mounted %d times, want once from Secret %s", len(mounts), want.clientCA)
+	}
+	m := mounts[0]
+	if !m.ReadOnly || m.SubPath != "" {
+		t.Errorf("/client-ca mount %+v, want read-only, the whole volume", m)
+	}
+	var vol *corev1.Volume
+	for i, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name == m.Name {
+			vol = &dep.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	switch {
+	case vol == nil:
+		t.Errorf("/client-ca mounts volume %s, which the pod does not have", m.Name)
+	case vol.Secret == nil || vol.Secret.SecretName != want.clientCA:
+		t.Errorf("/client-ca is volume %+v, want Secret %s", vol.VolumeSource, want.clientCA)
+	case len(vol.Secret.Items) > 0 && !slices.Contains(vol.Secret.Items, corev1.KeyToPath{Key: "ca.crt", Path: "ca.crt"}):
+		// Items, when listed, are all that is mounted: ca.crt must be
+		// one of them, at the path --client-ca-file names.
+		t.Errorf("Secret %s items %+v lack ca.crt at ca.crt", want.clientCA, vol.Secret.Items)
+	}
+}
+
+// flagValues returns the values of every --flag=value in args.
+func flagValues(args []string, flag string) []string {
+	var out []string
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// nonEmpty is []string{v} when ok, else nil.
+func nonEmpty(ok bool, v string) []string {
+	if !ok {
+		return nil
+	}
+	return []string{v}
 }
 
 func checkBinding(t *testing.T, b *rbacv1.RoleBinding, roleKind, roleName, account, ns string) {

@@ -54,6 +54,8 @@ type payloadWant struct {
 	policy     bool // the ConfigMap holds payloadPolicy
 	podMonitor bool
 	plaintext  bool
+	certs      bool // --cert-path and the TLS Secret mounted at /certs
+	serving    servingWant
 }
 
 var payloadValueSets = []struct {
@@ -68,6 +70,13 @@ var payloadValueSets = []struct {
 	{"adapter ConfigMaps off", `payload: {adapterConfigMaps: {enabled: false}}`, payloadWant{replicas: 1}},
 	{"plaintext", `payload: {secureServing: false}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", plaintext: true}},
 	{"podMonitor on", `podMonitor: {enabled: true, interval: 30s, labels: {release: prometheus}}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", podMonitor: true}},
+	{"mutual TLS", `payload: {clientCASecretName: gw-ca}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{clientCA: "gw-ca"}}},
+	{"mutual TLS with own certificate", `payload: {tlsSecretName: payload-tls, clientCASecretName: gw-ca}`,
+		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", certs: true, serving: servingWant{clientCA: "gw-ca"}}},
+	{"limits", `payload: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, requestIdleTimeout: 2m30s}}`,
+		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
+	{"limits off", `payload: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`,
+		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
 }
 
 func TestPayloadChart(t *testing.T) {
@@ -143,6 +152,13 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	if tokenless := token != nil && !*token; tokenless != (want.roleKind == "") {
 		t.Errorf("automountServiceAccountToken %v; want false exactly when the processor needs no API access", token)
 	}
+	if got := slices.Contains(c.Args, "--cert-path=/certs"); got != want.certs {
+		t.Errorf("--cert-path passed: %t, want %t", got, want.certs)
+	}
+	if got := hasMount(c, "/certs"); got != want.certs {
+		t.Errorf("/certs mounted: %t, want %t", got, want.certs)
+	}
+	checkServing(t, dep, c, want.serving)
 	checkContainer(t, dep, c, map[string]int32{"grpc": 9004, "health": 9005, "metrics": 9090})
 
 	// The policy: mounted as a directory (so edits reach the running
@@ -306,6 +322,14 @@ func TestPayloadBadValues(t *testing.T) {
 		{"negative limit", `payload: {config: {limits: {maxTokens: -1}}}`, []string{"/payload/config/limits/maxTokens"}},
 		{"multiNamespace not a boolean", `payload: {adapterConfigMaps: {multiNamespace: "yes"}}`, []string{"/payload/adapterConfigMaps/multiNamespace"}},
 		{"ports collide", `payload: {ports: {metrics: 9004}}`, []string{"payload.ports must be three different ports"}},
+		{"client CA without TLS", `payload: {secureServing: false, clientCASecretName: gw-ca}`, []string{"payload.clientCASecretName", "payload.secureServing"}},
+		{"negative maxStreams", `payload: {limits: {maxStreams: -1}}`, []string{"/payload/limits/maxStreams", "minimum"}},
+		{"negative buffer budget", `payload: {limits: {requestBufferBudgetBytes: -1}}`, []string{"/payload/limits/requestBufferBudgetBytes", "minimum"}},
+		{"idle timeout soon", `payload: {limits: {requestIdleTimeout: soon}}`, []string{"/payload/limits/requestIdleTimeout", "does not match pattern"}},
+		{"idle timeout without unit", `payload: {limits: {requestIdleTimeout: 30}}`, []string{"/payload/limits/requestIdleTimeout", "maximum"}},
+		{"negative idle timeout", `payload: {limits: {requestIdleTimeout: -5s}}`, []string{"/payload/limits/requestIdleTimeout"}},
+		{"misspelt limit", `payload: {limits: {maxStream: 5}}`, []string{"maxStream"}},
+		{"limits dropped", `payload: {limits: null}`, []string{"/payload", "limits"}},
 		{"no account", `serviceAccount: {create: false}`, []string{"/serviceAccount/name"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

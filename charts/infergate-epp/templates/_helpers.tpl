@@ -68,9 +68,14 @@ install with a clear message instead of a crash-looping pod.
 {{- end -}}
 
 {{/*
-Checks the schema cannot express: the three listeners need three ports.
+Checks the schema cannot express: the three listeners need three ports, and
+a client CA needs TLS on (the picker refuses --client-ca-file without
+--secure-serving, so the pods would crash-loop).
 */}}
 {{- define "infergate-epp.validate" -}}
+{{- if and .Values.epp.clientCASecretName (not .Values.epp.secureServing) -}}
+{{- fail "epp.clientCASecretName needs epp.secureServing: mutual TLS is a TLS handshake, and the picker refuses --client-ca-file without --secure-serving" -}}
+{{- end -}}
 {{- $p := .Values.epp.ports -}}
 {{- if or (eq (int $p.grpc) (int $p.health)) (eq (int $p.grpc) (int $p.metrics)) (eq (int $p.health) (int $p.metrics)) -}}
 {{- fail (printf "epp.ports must be three different ports, got grpc %d, health %d, metrics %d" (int $p.grpc) (int $p.health) (int $p.metrics)) -}}

@@ -58,9 +58,14 @@ every one ("*") with multiNamespace.
 {{- end -}}
 
 {{/*
-Checks the schema cannot express: the three listeners need three ports.
+Checks the schema cannot express: the three listeners need three ports, and
+a client CA needs TLS on (the processor refuses --client-ca-file without
+--secure-serving, so the pods would crash-loop).
 */}}
 {{- define "infergate-payload.validate" -}}
+{{- if and .Values.payload.clientCASecretName (not .Values.payload.secureServing) -}}
+{{- fail "payload.clientCASecretName needs payload.secureServing: mutual TLS is a TLS handshake, and the processor refuses --client-ca-file without --secure-serving" -}}
+{{- end -}}
 {{- $p := .Values.payload.ports -}}
 {{- if or (eq (int $p.grpc) (int $p.health)) (eq (int $p.grpc) (int $p.metrics)) (eq (int $p.health) (int $p.metrics)) -}}
 {{- fail (printf "payload.ports must be three different ports, got grpc %d, health %d, metrics %d" (int $p.grpc) (int $p.health) (int $p.metrics)) -}}
