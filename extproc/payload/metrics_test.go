@@ -11,23 +11,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/payload"
-	"github.com/infergate/infergate/extproc/server"
 )
 
 // metricsRig is a payload processor with its metrics listener, configured
 // by the YAML in config.
-type metricsRig struct {
-	svc    *payload.Service
-	client *extproctest.Client
-	cfg    string
-}
+type metricsRig struct{ *rig }
 
 func newMetricsRig(t *testing.T, config string) *metricsRig {
 	t.Helper()
@@ -35,27 +29,7 @@ func newMetricsRig(t *testing.T, config string) *metricsRig {
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := payload.New(payload.Config{
-		Server:     server.Options{GRPCAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: 1 << 20}},
-		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = client.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("processor stopped with %v", err)
-		}
-	})
-	return &metricsRig{svc: svc, client: client, cfg: path}
+	return &metricsRig{serve(t, path, func(c *payload.Config) { c.Server.MetricsAddr = "127.0.0.1:0" })}
 }
 
 // exchange sends a request for model and an upstream response reporting

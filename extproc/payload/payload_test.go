@@ -50,9 +50,18 @@ func startRig(t testing.TB, configJSON []byte, keepStreamOptions bool) *rig {
 	if err := os.WriteFile(path, y, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := payload.New(payload.Config{
+	return serve(t, path, func(c *payload.Config) { c.KeepStreamOptions = keepStreamOptions })
+}
+
+// serve starts the processor on the policy file at path, its Config
+// changed by tune, with the Envoy stand-in client; both stop with the test.
+func serve(t testing.TB, path string, tune func(*payload.Config)) *rig {
+	t.Helper()
+	cfg := payload.Config{
 		Server:     server.Options{GRPCAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: 1 << 20}},
-		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard(), KeepStreamOptions: keepStreamOptions})
+		ConfigFile: path, ConfigPoll: 10 * time.Millisecond, Logger: logr.Discard()}
+	tune(&cfg)
+	svc, err := payload.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
