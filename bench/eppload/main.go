@@ -34,7 +34,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/childproc"
@@ -105,7 +104,7 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
 	}
 	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
-	if err := waitReady(ctx, healthAddr); err != nil {
+	if err := childproc.WaitReady(ctx, healthAddr, 20*time.Second); err != nil {
 		return err
 	}
 
@@ -197,24 +196,6 @@ func startSims(ctx context.Context, n int) (string, error) {
 		fmt.Fprintf(&sb, "- address: %s\n  name: sim-%d\n", ln.Addr(), i)
 	}
 	return sb.String(), nil
-}
-
-func waitReady(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("picker did not become ready within 20s")
 }
 
 func chatBody() []byte {

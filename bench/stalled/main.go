@@ -34,7 +34,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/test/childproc"
 )
@@ -124,7 +123,7 @@ func runOne(ctx context.Context, binary string, streams, size int, measure time.
 		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
 	}
 	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
-	if err := waitReady(ctx, healthAddr); err != nil {
+	if err := childproc.WaitReady(ctx, healthAddr, 20*time.Second); err != nil {
 		return err
 	}
 	conns := make([]*grpc.ClientConn, 8)
@@ -314,22 +313,6 @@ func headers() *extprocv3.ProcessingRequest {
 
 func body(b []byte, eos bool) *extprocv3.ProcessingRequest {
 	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}}
-}
-
-func waitReady(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-	}
-	return errors.New("payload processor did not become ready within 20s")
 }
 
 func pct(lat []time.Duration, p int) string {
