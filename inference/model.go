@@ -57,6 +57,7 @@ const (
 	fieldMaxCompletionTokens
 	fieldMaxOutputTokens
 	fieldStreamOptions
+	fieldChatTemplate
 	numFields
 )
 
@@ -65,7 +66,7 @@ const (
 const _ = uint16(1 << (numFields - 1))
 
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
-	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options"}
+	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options", "chat_template"}
 
 // scan validates body as one JSON object and records its fields' spans.
 func scan(body []byte) (scanner, error) {

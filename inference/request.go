@@ -115,6 +115,11 @@ func (b *Body) StreamUsageEdit() (e Edit, ok bool) {
 	return Edit{Span: Span{sp.start, sp.end}, JSON: out}, true
 }
 
+// HasChatTemplate reports a top-level "chat_template": vLLM and SGLang
+// let a request replace the server's prompt template with its own, which
+// decides how every message (and the system prompt) reaches the model.
+func (b *Body) HasChatTemplate() bool { return b.s.fields[fieldChatTemplate].end > 0 }
+
 // RepeatedKey returns the first top-level key among those that route or
 // carry the prompt (model, stream, stream_options, prompt, messages,
 // system, input, instructions) that occurs more than once, or "". JSON

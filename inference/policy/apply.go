@@ -31,6 +31,7 @@ const (
 	ReasonMissingModel     = "missing-model"
 	ReasonInvalidModel     = "invalid-model"
 	ReasonDuplicateKey     = "duplicate-key"
+	ReasonTemplateOverride = "template-override"
 	ReasonModelNotAllowed  = "model-not-allowed"
 	ReasonModelNotFound    = "model-not-found"
 	ReasonPromptTooLarge   = "prompt-too-large"
@@ -60,6 +61,7 @@ type Policy struct {
 	clamp         bool
 	base          map[string]string
 	rejectUnknown bool
+	allowTemplate bool
 	allow         []string
 	kinds         pii.Set
 	ruleOfKind    [16]int
@@ -147,6 +149,9 @@ func (p *Policy) Apply(raw []byte) Result {
 	}
 	if k := body.RepeatedKey(); k != "" {
 		return reject(400, ReasonDuplicateKey, "", "%q appears more than once in the request; send it once", k)
+	}
+	if !p.allowTemplate && body.HasChatTemplate() {
+		return reject(400, ReasonTemplateOverride, "allowChatTemplate", `"chat_template" would replace the server's prompt template; this gateway does not allow it`)
 	}
 	model, err := body.Model()
 	if err != nil {

@@ -25,6 +25,11 @@ type Config struct {
 	Limits Limits     `json:"limits,omitempty"`
 	PII    []PIIRule  `json:"pii,omitempty"`
 	Deny   []DenyRule `json:"deny,omitempty"`
+	// AllowChatTemplate lets requests carry "chat_template", which replaces
+	// the model server's prompt template (vLLM, SGLang): a client could
+	// drop the system prompt or reframe every message around the
+	// guardrails. Off by default: such requests get 400.
+	AllowChatTemplate bool `json:"allowChatTemplate,omitempty"`
 }
 
 // Models maps requested models to base models and says which may be asked for.
@@ -130,7 +135,7 @@ func DecodeJSON(data []byte) (*Config, error) {
 // Compile validates c and builds the Policy. Errors name the field, e.g.
 // "pii[2].action: ...".
 func Compile(c *Config) (*Policy, error) {
-	p := &Policy{limits: c.Limits, base: map[string]string{}}
+	p := &Policy{limits: c.Limits, base: map[string]string{}, allowTemplate: c.AllowChatTemplate}
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
