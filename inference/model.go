@@ -58,6 +58,8 @@ const (
 	fieldMaxOutputTokens
 	fieldStreamOptions
 	fieldChatTemplate
+	fieldTools
+	fieldSuffix
 	numFields
 )
 
@@ -66,7 +68,7 @@ const (
 const _ = uint16(1 << (numFields - 1))
 
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
-	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options", "chat_template"}
+	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options", "chat_template", "tools", "suffix"}
 
 // scan validates body as one JSON object and records its fields' spans.
 func scan(body []byte) (scanner, error) {

@@ -38,7 +38,7 @@ func ParseRequest(raw []byte) (*Request, error) {
 	}
 	var sb strings.Builder
 	sb.Grow(b.textFieldBytes())
-	b.walkTexts(textWalker{sb: &sb})
+	b.walkTexts(textWalker{sb: &sb}, textFields[:])
 	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream()}, nil
 }
 
@@ -218,6 +218,11 @@ func (t Text) appendTo(sb *strings.Builder) {
 // textFields are read in prompt order: what the model sees first comes first.
 var textFields = [...]int{fieldSystem, fieldInstructions, fieldPrompt, fieldInput, fieldMessages}
 
+// guardFields are the top-level fields the guardrails read: textFields,
+// plus the tool definitions a chat template renders into the prompt and a
+// completion's suffix.
+var guardFields = [...]int{fieldSystem, fieldInstructions, fieldTools, fieldPrompt, fieldSuffix, fieldInput, fieldMessages}
+
 func (b *Body) textFieldBytes() int {
 	n := 0
 	for _, f := range textFields {
@@ -226,16 +231,21 @@ func (b *Body) textFieldBytes() int {
 	return n
 }
 
-// Texts calls fn for each text string of the request in prompt order (the
-// system prompt and instructions, then prompt, input and messages) until fn
-// returns false. Inside those fields it visits strings, the strings in
-// arrays, and in objects only the "text" and "content" fields, so roles,
-// types, tool names and image URLs are left alone.
-func (b *Body) Texts(fn func(Text) bool) { b.walkTexts(textWalker{fn: fn}) }
+// Texts calls fn for each string the model reads, for the guardrails, in
+// prompt order (system prompt and instructions, tool definitions, prompt
+// and suffix, input, messages) until fn returns false. Inside those fields
+// it visits strings, the strings in arrays, and in objects the values of
+// "text", "content", "name", "description", "thinking" and "output" at any
+// depth, and every string under "arguments" and "input" (tool calls and
+// their inputs are free-form JSON the model reads whole). Roles, types,
+// ids, URLs and base64 data are left alone.
+func (b *Body) Texts(fn func(Text) bool) {
+	b.walkTexts(textWalker{fn: fn, guard: true}, guardFields[:])
+}
 
-// walkTexts runs w over the text fields in prompt order.
-func (b *Body) walkTexts(w textWalker) {
-	for _, f := range textFields {
+// walkTexts runs w over fields in prompt order.
+func (b *Body) walkTexts(w textWalker, fields []int) {
+	for _, f := range fields {
 		sp := b.s.fields[f]
 		if sp.end == 0 {
 			continue
@@ -257,6 +267,27 @@ type textWalker struct {
 	fn   func(Text) bool
 	sb   *strings.Builder
 	stop bool
+	// guard widens what is read (Texts): an object's keys are weighed
+	// at every depth, not only under text and content.
+	guard bool
+	// all: inside a guardTreeKey value, every string is read.
+	all bool
+}
+
+// guardTextKey: the key's string values are text a model reads.
+func guardTextKey(k []byte, escaped bool) bool {
+	for _, name := range [...]string{"text", "content", "name", "description", "thinking", "output"} {
+		if keyIs(k, escaped, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// guardTreeKey: the key holds free-form JSON whose every string the
+// model reads (tool call arguments, Anthropic tool_use input).
+func guardTreeKey(k []byte, escaped bool) bool {
+	return keyIs(k, escaped, "arguments") || keyIs(k, escaped, "input")
 }
 
 func (w *textWalker) space() {
@@ -333,7 +364,21 @@ func (w *textWalker) value(collect bool) {
 			k, escaped := w.str()
 			w.space()
 			w.i++ // ':'
-			w.value(collect && (keyIs(k, escaped, "text") || keyIs(k, escaped, "content")))
+			switch {
+			case !w.guard:
+				w.value(collect && (keyIs(k, escaped, "text") || keyIs(k, escaped, "content")))
+			case w.all:
+				w.value(true)
+			case guardTreeKey(k, escaped):
+				w.all = true
+				w.value(true)
+				w.all = false
+			default:
+				// Objects are weighed key by key at every depth, whatever
+				// holds them: a tool's description sits under function,
+				// a tool call's arguments under tool_calls[].function.
+				w.value(guardTextKey(k, escaped))
+			}
 			w.space()
 			if w.i < len(w.b) && w.b[w.i] == ',' {
 				w.i++
