@@ -282,9 +282,7 @@ func TestHeaderMutationFilter(t *testing.T) {
 	hm := &headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
 		RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: "X-Gateway-Destination-Endpoint"}}},
 	}}
-	rc := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	rc := xdstest.CatchAllRoutes("r", "up")
 	srv := xdstest.Start(t)
 	srv.Set(t, "1", xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("strip", hm, false)), rc, xdstest.StaticCluster("up", up.Addr))
 	n := testNode(t, srv)

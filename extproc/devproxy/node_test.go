@@ -299,9 +299,7 @@ func TestRouterLocalReplies(t *testing.T) {
 func TestListenersFollowUpdates(t *testing.T) {
 	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
 	routes := func(name string) *routev3.RouteConfiguration {
-		return &routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-			Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+		return xdstest.CatchAllRoutes(name, "up")
 	}
 	srv := xdstest.Start(t)
 	srv.Set(t, "1", xdstest.Listener("one", 80, "r1"), routes("r1"), xdstest.StaticCluster("up", a.Addr))
@@ -336,9 +334,7 @@ func TestListenersFollowUpdates(t *testing.T) {
 // leaves the node serving what it had, and names the field.
 func TestUnsupportedUpdateKeepsTheLastGoodConfig(t *testing.T) {
 	a := fakeproc.StartUpstream(t, nil)
-	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	routes := xdstest.CatchAllRoutes("r", "up")
 	srv := xdstest.Start(t)
 	srv.Set(t, "1", xdstest.Listener("l", 80, "r"), routes, xdstest.StaticCluster("up", a.Addr))
 	n := testNode(t, srv)
@@ -367,9 +363,7 @@ func TestListenerThatCannotBindIsNACKed(t *testing.T) {
 	defer taken.Close()
 	port := uint32(taken.Addr().(*net.TCPAddr).Port)
 	a := fakeproc.StartUpstream(t, nil)
-	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+	routes := xdstest.CatchAllRoutes("r", "up")
 	srv := xdstest.Start(t)
 	srv.Set(t, "1", xdstest.Listener("l", port, "r"), routes, xdstest.StaticCluster("up", a.Addr))
 	n, err := NewNode(NodeConfig{
@@ -395,11 +389,10 @@ func TestListenerThatCannotBindIsNACKed(t *testing.T) {
 	}
 }
 
-// TestWarmingListener: a listener whose route configuration has not arrived
-// holds its port but does not serve; once RDS delivers it, it serves; an
-// RDS update that drops it leaves the listener serving its last table.
-func TestWarmingListener(t *testing.T) {
-	a := fakeproc.StartUpstream(t, nil)
+// offlineNode is a node with no xDS server (Run only owns the listeners'
+// lifetime) and apply, which hands it resources as an update would.
+func offlineNode(t *testing.T) (*Node, func(typ string, ms ...proto.Message)) {
+	t.Helper()
 	n, err := NewNode(NodeConfig{
 		XDS: xdsclient.Config{Server: "127.0.0.1:1", NodeID: "n"}, FreePorts: true,
 		Timeouts: Timeouts{Shutdown: time.Second}, Logger: logr.Discard(),
@@ -409,9 +402,9 @@ func TestWarmingListener(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }() // no server: Run only owns the listeners' lifetime
-	defer func() { cancel(); <-done }()
-	apply := func(typ string, ms ...proto.Message) {
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return n, func(typ string, ms ...proto.Message) {
 		t.Helper()
 		var rs []*anypb.Any
 		for _, m := range ms {
@@ -421,9 +414,15 @@ func TestWarmingListener(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "up"}}}}}}}}
+}
+
+// TestWarmingListener: a listener whose route configuration has not arrived
+// holds its port but does not serve; once RDS delivers it, it serves; an
+// RDS update that drops it leaves the listener serving its last table.
+func TestWarmingListener(t *testing.T) {
+	a := fakeproc.StartUpstream(t, nil)
+	n, apply := offlineNode(t)
+	routes := xdstest.CatchAllRoutes("r", "up")
 	apply(xdsclient.ClusterType, xdstest.StaticCluster("up", a.Addr))
 	apply(xdsclient.ListenerType, xdstest.Listener("l", 80, "r"))
 	if _, ok := n.ListenerAddr("l"); ok {
@@ -459,9 +458,7 @@ func TestEndpointsFromAnotherEDSServer(t *testing.T) {
 			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "eds-server"}}}},
 		}},
 	}
-	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "pool-cluster"}}}}}}}}
+	routes := xdstest.CatchAllRoutes("r", "pool-cluster")
 	srv := xdstest.Start(t)
 	srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), routes, pool, xdstest.StaticCluster("eds-server", side.Addr))
 	n := testNode(t, srv)
@@ -490,30 +487,8 @@ func TestEndpointsFromAnotherEDSServer(t *testing.T) {
 // (Envoy warms the cluster), and serves once it does.
 func TestEDSClusterWarms(t *testing.T) {
 	a := fakeproc.StartUpstream(t, nil)
-	n, err := NewNode(NodeConfig{
-		XDS: xdsclient.Config{Server: "127.0.0.1:1", NodeID: "n"}, FreePorts: true,
-		Timeouts: Timeouts{Shutdown: time.Second}, Logger: logr.Discard(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	apply := func(typ string, ms ...proto.Message) {
-		t.Helper()
-		var rs []*anypb.Any
-		for _, m := range ms {
-			rs = append(rs, xdstest.Any(m))
-		}
-		if err := n.Apply(context.Background(), typ, "v", rs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	routes := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
-		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "pool"}}}}}}}}
+	n, apply := offlineNode(t)
+	routes := xdstest.CatchAllRoutes("r", "pool")
 	apply(xdsclient.ClusterType, xdstest.EDSCluster("pool"))
 	apply(xdsclient.ListenerType, xdstest.Listener("l", 80, "r"))
 	apply(xdsclient.RouteType, routes)

@@ -288,6 +288,13 @@ func Listener(name string, port uint32, rds string, filters ...*hcmv3.HttpFilter
 	}
 }
 
+// CatchAllRoutes is a route configuration sending every request to cluster.
+func CatchAllRoutes(name, cluster string) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}}}}}}}
+}
+
 // EDSCluster is a cluster whose endpoints come over ADS.
 func EDSCluster(name string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
