@@ -165,19 +165,7 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 			srv := xdstest.Start(t)
 			srv.Set(t, "1", rs...)
 			n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
-			for range 20 {
-				r, err := post(t, base, completion)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var lb struct {
-					Dest string `json:"x-gateway-destination-endpoint"`
-				}
-				_ = json.Unmarshal([]byte(r.debug), &lb)
-				if r.status != 200 || lb.Dest != r.upstream || byAddr[r.upstream] != r.pod {
-					t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, lb.Dest, r.upstream, r.pod)
-				}
-			}
+			followsPicks(t, base, byAddr, 20)
 			requireNoNACK(t, n)
 			e.stop()
 			want := map[string]int{"FailOpen": 200, "FailClose": 500}[failureMode]
@@ -228,7 +216,19 @@ func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
 	srv := xdstest.Start(t)
 	srv.Set(t, "1", rs...)
 	n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
-	for range 10 {
+	followsPicks(t, base, byAddr, 10)
+	r, err := post(t, base, `{"model":"another-model","prompt":"hi"}`)
+	if err != nil || r.status != 404 || r.body != "no model route" {
+		t.Fatalf("a model no rule serves: %v %d %q", err, r.status, r.body)
+	}
+	requireNoNACK(t, n)
+}
+
+// followsPicks sends n completions and checks each was answered 200 by the
+// endpoint the picker chose (byAddr maps an endpoint to its pod's name).
+func followsPicks(t *testing.T, base string, byAddr map[string]string, n int) {
+	t.Helper()
+	for range n {
 		r, err := post(t, base, completion)
 		if err != nil {
 			t.Fatal(err)
@@ -241,9 +241,4 @@ func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
 			t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, lb.Dest, r.upstream, r.pod)
 		}
 	}
-	r, err := post(t, base, `{"model":"another-model","prompt":"hi"}`)
-	if err != nil || r.status != 404 || r.body != "no model route" {
-		t.Fatalf("a model no rule serves: %v %d %q", err, r.status, r.body)
-	}
-	requireNoNACK(t, n)
 }
