@@ -107,7 +107,7 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 		outcome = "rewritten"
 	}
 	x.pr.metrics.requests.WithLabelValues(outcome, "").Inc()
-	if x.pr.streamUsage {
+	if x.pr.streamUsage && res.Stream {
 		x.askStreamUsage(req, d)
 	}
 	d.DynamicMetadata = namespaced(map[string]*structpb.Value{
@@ -118,7 +118,8 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 }
 
 // askStreamUsage makes a streamed OpenAI chat or completions request ask
-// for its usage: without stream_options.include_usage the server reports
+// for its usage (it parses the forwarded body again, so it is called for
+// streamed requests only): without stream_options.include_usage the server reports
 // none, and a token-based limit would charge the request nothing.
 func (x *exchange) askStreamUsage(req *server.Request, d *server.Decision) {
 	path, _, _ := strings.Cut(req.Headers.Get(":path"), "?")

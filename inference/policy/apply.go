@@ -87,6 +87,8 @@ type denyRule struct {
 // Result is the decision for one request body.
 type Result struct {
 	Model, BaseModel string
+	// Stream is the request's "stream": true.
+	Stream bool
 	// Body is the rewritten body (masked text, clamped max_tokens); nil
 	// when the body goes on unchanged.
 	Body []byte
@@ -170,7 +172,7 @@ func (p *Policy) Apply(raw []byte) Result {
 		}
 		base = model
 	}
-	res := Result{Model: model, BaseModel: base}
+	res := Result{Model: model, BaseModel: base, Stream: body.Stream()}
 	if !p.readsText() {
 		return p.finish(body, res, nil)
 	}
