@@ -2,14 +2,7 @@ package server_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,59 +13,15 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/internal/testcert"
 )
-
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// client issues a client certificate, as a gateway would present.
-func (ca *testCA) client(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // TestMutualTLS: with a client CA, only clients holding a certificate that
 // CA signed are served; others fail at the handshake, before any request.
 func TestMutualTLS(t *testing.T) {
-	gatewayCA, strangerCA := newCA(t, "gateway CA"), newCA(t, "someone else")
+	gatewayCA, strangerCA := testcert.NewCA(t, "gateway CA"), testcert.NewCA(t, "someone else")
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, gatewayCA.pem, 0o600); err != nil {
+	if err := os.WriteFile(caFile, gatewayCA.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv, _, _ := start(t, &recorder{}, server.Options{TLS: server.TLSOptions{Enabled: true, ClientCAFile: caFile}})
@@ -82,9 +31,9 @@ func TestMutualTLS(t *testing.T) {
 		certs  []tls.Certificate
 		served bool
 	}{
-		{"certificate from the gateway CA", []tls.Certificate{gatewayCA.client(t, "gateway")}, true},
+		{"certificate from the gateway CA", []tls.Certificate{gatewayCA.Client(t, "gateway")}, true},
 		{"no certificate", nil, false},
-		{"certificate from another CA", []tls.Certificate{strangerCA.client(t, "intruder")}, false},
+		{"certificate from another CA", []tls.Certificate{strangerCA.Client(t, "intruder")}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// The server's certificate is self-signed: gateways skip its
