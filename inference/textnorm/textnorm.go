@@ -1,0 +1,301 @@
+// Package textnorm folds text to the form a reader (and a tokenizer) sees,
+// so that guardrails match what the model reads rather than the bytes a
+// client chose: full-width digits, no-break and zero-width spaces, en
+// dashes and look-alike letters all spell the same words and numbers to a
+// model as their plain ASCII forms do.
+//
+// Fold keeps a map back to the original bytes, because a guardrail that
+// masks must rewrite the original text (the JSON it sends on), not the
+// folded copy.
+package textnorm
+
+import (
+	"sort"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// Folded is a text in folded form with the way back to the original.
+//
+// The folding, in order:
+//   - Unicode NFKC: compatibility forms become their plain letters and
+//     digits (full-width "４１１１" → "4111", "＠" → "@", "ﬁ" → "fi", no-break
+//     and other fixed-width spaces → " ").
+//   - Default-ignorable code points (zero-width spaces and joiners, soft
+//     hyphens, bidi controls, variation selectors) are dropped: they render
+//     as nothing and tokenizers mostly skip them.
+//   - Every run of white space (tabs, newlines, any Unicode space) becomes
+//     one " ".
+//   - Every dash (Unicode Pd, the minus sign) becomes "-".
+//   - Decimal digits of any script become ASCII digits.
+//
+// Letters keep their case and script: look-alike letters are folded by
+// Skeleton, which only matching needs.
+type Folded struct {
+	// S is the folded text.
+	S string
+	// changed lists the pieces of S that differ from the original, in
+	// order; everything between them is copied unchanged.
+	changed []piece
+}
+
+// piece says S[from:to] came from original[ofrom:oto].
+type piece struct{ from, to, ofrom, oto int }
+
+// maxGrowth bounds what NFKC may make of one segment: a handful of
+// characters decompose into long phrases ("ﷺ" into 18 letters), and a
+// prompt of them must not multiply the memory a guardrail pass takes.
+// Such characters carry no digits or Latin words to hide, so they stay as
+// they are.
+const maxGrowth = 4
+
+// Fold folds s. Text that is already plain (ASCII without tabs, line
+// breaks or doubled spaces) is returned as is, without allocating.
+func Fold(s string) Folded {
+	if plain(s) {
+		return Folded{S: s}
+	}
+	f := folder{src: s}
+	f.out = make([]byte, 0, len(s))
+	var it norm.Iter // holds its buffers across segments; Form.Append would allocate them per call
+	var seg []byte
+	for at := 0; at < len(s); {
+		// Most text is in NFKC already; only the segments after a quick
+		// span are normalized, one at a time (normalization never crosses
+		// a segment boundary).
+		n := at + norm.NFKC.QuickSpanString(s[at:])
+		f.fold(at, n)
+		if n == len(s) {
+			break
+		}
+		// The iterator gives a segment over one or more calls, advancing
+		// its position with the last.
+		it.InitString(norm.NFKC, s[n:])
+		seg = seg[:0]
+		for !it.Done() {
+			seg = append(seg, it.Next()...)
+			if it.Pos() > 0 {
+				break
+			}
+		}
+		end := n + it.Pos()
+		f.segment(n, end, seg)
+		at = end
+	}
+	return Folded{S: string(f.out), changed: f.changed}
+}
+
+// segment appends src[from:to], whose NFKC form is nfkc.
+func (f *folder) segment(from, to int, nfkc []byte) {
+	switch in := f.src[from:to]; {
+	case string(nfkc) == in:
+		f.fold(from, to)
+	case len(nfkc) > maxGrowth*len(in)+utf8.UTFMax:
+		f.keep(from, to)
+	default:
+		f.replace(from, to, nfkc)
+	}
+}
+
+// plain reports text Fold leaves unchanged.
+func plain(s string) bool {
+	prev := byte(0)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= utf8.RuneSelf || (c < ' ' && asciiSpace(c)) || (c == ' ' && prev == ' ') {
+			return false
+		}
+		prev = c
+	}
+	return true
+}
+
+func asciiSpace(c byte) bool { return c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' }
+
+type folder struct {
+	src     string
+	out     []byte
+	changed []piece
+}
+
+// fold appends src[from:to] (in NFKC already) rune by rune.
+func (f *folder) fold(from, to int) {
+	for i := from; i < to; {
+		// The common case: a run of ASCII that stays as it is.
+		start := i
+		for i < to {
+			c := f.src[i]
+			if c >= utf8.RuneSelf || asciiSpace(c) || (c == ' ' && (i > start && f.src[i-1] == ' ' || i == start && f.afterSpace())) {
+				break
+			}
+			i++
+		}
+		f.out = append(f.out, f.src[start:i]...)
+		if i == to {
+			return
+		}
+		r, n := utf8.DecodeRuneInString(f.src[i:])
+		at := len(f.out)
+		f.appendRune(r)
+		if string(f.out[at:]) != f.src[i:i+n] {
+			f.record(at, i, i+n)
+		}
+		i += n
+	}
+}
+
+// keep appends src[from:to] unchanged, as one piece the matchers may not
+// look inside.
+func (f *folder) keep(from, to int) {
+	at := len(f.out)
+	f.out = append(f.out, f.src[from:to]...)
+	f.record(at, from, to)
+}
+
+// replace appends the NFKC form of src[from:to], folded, as one changed
+// piece: a match that starts or ends inside it covers all of it.
+func (f *folder) replace(from, to int, nfkc []byte) {
+	at := len(f.out)
+	for len(nfkc) > 0 {
+		r, n := utf8.DecodeRune(nfkc)
+		f.appendRune(r)
+		nfkc = nfkc[n:]
+	}
+	f.record(at, from, to)
+}
+
+// record notes that out[at:] came from src[from:to], merging with the
+// previous piece when they touch (a run of white space is one piece).
+func (f *folder) record(at, from, to int) {
+	if k := len(f.changed) - 1; k >= 0 && f.changed[k].to == at && f.changed[k].oto == from {
+		f.changed[k].to, f.changed[k].oto = len(f.out), to
+		return
+	}
+	f.changed = append(f.changed, piece{at, len(f.out), from, to})
+}
+
+func (f *folder) afterSpace() bool { return len(f.out) > 0 && f.out[len(f.out)-1] == ' ' }
+
+// appendRune appends the folded form of one (NFKC) rune.
+func (f *folder) appendRune(r rune) {
+	switch {
+	case unicode.IsSpace(r) || unicode.Is(unicode.Zs, r):
+		if !f.afterSpace() {
+			f.out = append(f.out, ' ')
+		}
+	case r < utf8.RuneSelf:
+		f.out = append(f.out, byte(r))
+	case ignorable(r):
+	case unicode.Is(unicode.Pd, r) || r == '\u2212': // the minus sign is Sm
+		f.out = append(f.out, '-')
+	case unicode.Is(unicode.Nd, r):
+		f.out = append(f.out, byte('0'+digitValue(r)))
+	default:
+		f.out = utf8.AppendRune(f.out, r)
+	}
+}
+
+// ignorable approximates Unicode's Default_Ignorable_Code_Point: format
+// characters (Cf: zero-width space and joiners, soft hyphen, bidi
+// controls, the BOM), variation selectors, and the other code points
+// Unicode lists as invisible (combining grapheme joiner, Hangul fillers).
+func ignorable(r rune) bool {
+	return unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Variation_Selector, r) ||
+		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r)
+}
+
+// digitValue is the value of a decimal digit of any script: Unicode
+// allocates each script's digits 0–9 as a contiguous run of ten, so the
+// value is the distance from the run's start, modulo ten for the few
+// blocks that hold several runs back to back.
+func digitValue(r rune) int {
+	zero := r
+	for unicode.Is(unicode.Nd, zero-1) {
+		zero--
+	}
+	return int(r-zero) % 10
+}
+
+// Span maps a span of S back to the original text: the smallest span of
+// the original whose folding covers S[start:end]. A span that begins or
+// ends inside a changed piece widens to the whole piece, so the original
+// span is always whole characters.
+func (f *Folded) Span(start, end int) (int, int) {
+	return f.orig(start, false), f.orig(end, true)
+}
+
+// orig maps a position of S to the original. An end position belongs to
+// the piece it closes (pieces that begin there are not part of the span);
+// a start position to the piece it opens.
+func (f *Folded) orig(j int, isEnd bool) int {
+	// k is the number of pieces that begin before j (at or before, for a start).
+	k := sort.Search(len(f.changed), func(i int) bool {
+		if isEnd {
+			return f.changed[i].from >= j
+		}
+		return f.changed[i].from > j
+	})
+	if k == 0 {
+		return j
+	}
+	p := f.changed[k-1]
+	if j < p.to || (isEnd && j == p.to) {
+		if isEnd {
+			return p.oto
+		}
+		return p.ofrom
+	}
+	return p.oto + (j - p.to)
+}
+
+// Latin replaces letters that are drawn like Latin letters in other
+// scripts (Cyrillic "о", Greek "Ι") with those Latin letters, keeping
+// their case, so that a pattern written in Latin matches a word spelt with
+// look-alikes. Its result is for matching only: it turns real Cyrillic and
+// Greek words into mixed-script strings.
+func Latin(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if l, ok := lookalike[r]; ok {
+			return l
+		}
+		return r
+	}, s)
+}
+
+// Skeleton is the key phrases are compared by: Latin, lower-cased. s is
+// Folded already. Skeleton changes lengths; its result is for matching
+// only, never for rewriting.
+func Skeleton(s string) string { return strings.ToLower(Latin(s)) }
+
+// lookalike maps Cyrillic and Greek letters to the Latin letter they are
+// drawn like in common fonts (after Unicode's confusables data,
+// restricted to whole-letter look-alikes). Upper and lower case are
+// listed apart because they differ: Cyrillic "Н" looks like "H", "н" does not.
+var lookalike = map[rune]rune{
+	// Cyrillic capitals
+	'А': 'A', 'В': 'B', 'Е': 'E', 'З': '3', 'К': 'K', 'М': 'M', 'Н': 'H', 'О': 'O', 'Р': 'P', 'С': 'C',
+	'Т': 'T', 'У': 'Y', 'Х': 'X', 'Ѕ': 'S', 'І': 'I', 'Ј': 'J', 'Ԛ': 'Q', 'Ԝ': 'W', 'Ү': 'Y', 'Ӏ': 'l',
+	// Cyrillic small letters
+	'а': 'a', 'е': 'e', 'о': 'o', 'р': 'p', 'с': 'c', 'у': 'y', 'х': 'x', 'ѕ': 's', 'і': 'i', 'ј': 'j',
+	'ԁ': 'd', 'һ': 'h', 'ԛ': 'q', 'ԝ': 'w', 'ӏ': 'l', 'ү': 'y', 'ѵ': 'v',
+	// Greek capitals
+	'Α': 'A', 'Β': 'B', 'Ε': 'E', 'Ζ': 'Z', 'Η': 'H', 'Ι': 'I', 'Κ': 'K', 'Μ': 'M', 'Ν': 'N', 'Ο': 'O',
+	'Ρ': 'P', 'Τ': 'T', 'Υ': 'Y', 'Χ': 'X',
+	// Greek small letters
+	'α': 'a', 'ι': 'i', 'κ': 'k', 'ν': 'v', 'ο': 'o', 'ρ': 'p', 'τ': 't', 'υ': 'u', 'χ': 'x',
+	// Letters of other blocks and scripts that NFKC leaves alone
+	'ı': 'i', 'ɑ': 'a', 'ɡ': 'g', 'ո': 'n', 'ս': 'u', 'օ': 'o',
+}
