@@ -5,11 +5,20 @@
 // millisecond, also inside a Wasm guest, and each one validates what it can
 // (Luhn and issuer prefixes for cards, mod-97 and country length for IBANs,
 // octet ranges for IPv4, a full parse for IPv6) to keep false positives low.
+//
+// The scanners read ASCII forms: callers fold the text first (see
+// inference/textnorm) so that full-width digits, Unicode dashes and spaces
+// read as the ASCII a model sees in them. Numbers are found even when
+// glued to letters ("ssn078-05-1120", "4111111111111111x"), as a model
+// reads them; only IPv4 addresses keep whole-word boundaries, so version
+// strings ("v1.2.3.4") stay.
 package pii
 
 import (
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Kind is one kind of personal data.
@@ -105,12 +114,13 @@ func Find(dst []Match, text string, set Set) []Match {
 		var m Match
 		switch cls {
 		case clsDigit, clsPlus, clsParen:
-			// Not inside a word, nor in the middle of a dotted number
-			// ("1.2.3.4.5" holds no address).
-			if i > from && (isWord(text[i-1]) || (text[i-1] == '.' && i-1 > from && isDigit(text[i-2]))) {
+			// Not inside a number, nor in the middle of a dotted number
+			// ("1.2.3.4.5" holds no address). After a letter is fine:
+			// "ssn078-05-1120" is a number to a model.
+			if i > from && (isDigit(text[i-1]) || text[i-1] == '_' || (text[i-1] == '.' && i-1 > from && isDigit(text[i-2]))) {
 				continue
 			}
-			m = numeric(text, i, set)
+			m = numeric(text, i, set, i > from && isAlpha(text[i-1]))
 		case clsUpper:
 			if set.Has(IBAN) && (i == from || !isWord(text[i-1])) {
 				m = iban(text, i)
@@ -147,10 +157,15 @@ func isWord(c byte) bool  { return isDigit(c) || isAlpha(c) || c == '_' }
 // letters or digits.
 func endsWord(text string, i int) bool { return i >= len(text) || !isWord(text[i]) }
 
-// numeric tries the digit-led kinds at i, most specific first.
-func numeric(text string, i int, set Set) Match {
+// endsNumber reports whether a number ending at i is not glued to more
+// digits; letters may follow.
+func endsNumber(text string, i int) bool { return i >= len(text) || !isDigit(text[i]) }
+
+// numeric tries the digit-led kinds at i, most specific first; afterLetter
+// says a letter comes just before i.
+func numeric(text string, i int, set Set, afterLetter bool) Match {
 	if isDigit(text[i]) {
-		if set.Has(IPv4) {
+		if set.Has(IPv4) && !afterLetter {
 			if end := ipv4(text, i); end > 0 {
 				return Match{IPv4, i, end}
 			}
@@ -215,15 +230,14 @@ func ipv4(text string, i int) int {
 	return i
 }
 
-// ssn matches AAA-GG-SSSS (or with spaces) under the SSA's rules: area not
-// 000, 666 or 9xx; group not 00; serial not 0000.
+// ssn matches AAA-GG-SSSS (dashes, spaces or a mix) under the SSA's rules:
+// area not 000, 666 or 9xx; group not 00; serial not 0000.
 func ssn(text string, i int) int {
 	if i+11 > len(text) {
 		return 0
 	}
 	s := text[i : i+11]
-	sep := s[3]
-	if (sep != '-' && sep != ' ') || s[6] != sep {
+	if !dashOrSpace(s[3]) || !dashOrSpace(s[6]) {
 		return 0
 	}
 	for _, k := range [...]int{0, 1, 2, 4, 5, 7, 8, 9, 10} {
@@ -235,19 +249,21 @@ func ssn(text string, i int) int {
 	if area == "000" || area == "666" || area[0] == '9' || group == "00" || serial == "0000" {
 		return 0
 	}
-	if !endsWord(text, i+11) {
+	if !endsNumber(text, i+11) {
 		return 0
 	}
 	return i + 11
 }
 
-// card matches 13–19 digits, optionally grouped by single spaces or dashes
-// (one kind of separator), that pass the Luhn check and start with a known
-// issuer prefix.
+func dashOrSpace(c byte) bool { return c == '-' || c == ' ' }
+
+// card matches 13–19 digits, optionally grouped by spaces or dashes (a
+// separator of up to three of them, as in "4111 - 1111"), that pass the
+// Luhn check and start with a known issuer prefix.
 func card(text string, i int) int {
+	const maxSep = 3
 	var digits [19]byte
 	n := 0
-	var sep byte
 	j := i
 	end := i
 	for j < len(text) {
@@ -262,14 +278,19 @@ func card(text string, i int) int {
 			end = j
 			continue
 		}
-		if (c == ' ' || c == '-') && n > 0 && j+1 < len(text) && isDigit(text[j+1]) && (sep == 0 || sep == c) {
-			sep = c
-			j++
-			continue
+		if dashOrSpace(c) && n > 0 {
+			k := j
+			for k < len(text) && k-j < maxSep && dashOrSpace(text[k]) {
+				k++
+			}
+			if k < len(text) && isDigit(text[k]) {
+				j = k
+				continue
+			}
 		}
 		break
 	}
-	if n < 13 || !endsWord(text, end) || !luhn(digits[:n]) || !issuer(digits[:n]) {
+	if n < 13 || !endsNumber(text, end) || !luhn(digits[:n]) || !issuer(digits[:n]) {
 		return 0
 	}
 	return end
@@ -335,30 +356,21 @@ func phone(text string, i int) int {
 			j++
 		}
 	} else {
-		if j+4 > len(text) || digitRun(text, j) != j+3 {
-			return 0
-		}
-		sep := text[j+3]
-		if sep != '-' && sep != '.' && sep != ' ' {
+		if j+4 > len(text) || digitRun(text, j) != j+3 || !phoneSep(text[j+3]) {
 			return 0
 		}
 		j += 4
-		if j+8 > len(text) || digitRun(text, j) != j+3 || text[j+3] != sep {
-			return 0
-		}
-		if digitRun(text, j+4) != j+8 || !endsWord(text, j+8) {
-			return 0
-		}
-		return j + 8
 	}
-	if j+8 > len(text) || digitRun(text, j) != j+3 || (text[j+3] != '-' && text[j+3] != '.' && text[j+3] != ' ') {
+	if j+8 > len(text) || digitRun(text, j) != j+3 || !phoneSep(text[j+3]) {
 		return 0
 	}
-	if digitRun(text, j+4) != j+8 || !endsWord(text, j+8) {
+	if digitRun(text, j+4) != j+8 || !endsNumber(text, j+8) {
 		return 0
 	}
 	return j + 8
 }
+
+func phoneSep(c byte) bool { return c == '-' || c == '.' || c == ' ' }
 
 func intlPhone(text string, i int) int {
 	j := i + 1
@@ -390,19 +402,25 @@ func intlPhone(text string, i int) int {
 		}
 		break
 	}
-	if n < 8 || n > 15 || end == 0 || !endsWord(text, end) {
+	if n < 8 || n > 15 || end == 0 || !endsNumber(text, end) {
 		return 0
 	}
 	return end
 }
 
 // email matches local@domain around the '@' at at: a local part of
-// letters, digits and ._%+- that does not start or end with a dot, and a
-// domain of at least two labels whose last is two or more letters.
+// letters (any script), digits and ._%+- that does not start or end with a
+// dot, and a domain of at least two labels of letters (any script), digits
+// and inner dashes whose last is two or more letters or an A-label
+// ("xn--p1ai"): internationalized addresses are addresses too.
 func email(text string, from, at int) Match {
 	start := at
-	for start > from && isLocal(text[start-1]) {
-		start--
+	for start > from {
+		r, n := utf8.DecodeLastRuneInString(text[from:start])
+		if !isLocal(r) {
+			break
+		}
+		start -= n
 	}
 	for start < at && text[start] == '.' {
 		start++
@@ -414,8 +432,12 @@ func email(text string, from, at int) Match {
 	labels, lastStart := 0, end
 	for {
 		k := end
-		for k < len(text) && (isDigit(text[k]) || isAlpha(text[k]) || text[k] == '-') {
-			k++
+		for k < len(text) {
+			r, n := utf8.DecodeRuneInString(text[k:])
+			if r != '-' && !isLabel(r) {
+				break
+			}
+			k += n
 		}
 		if k == end || text[end] == '-' || text[k-1] == '-' {
 			break
@@ -423,7 +445,7 @@ func email(text string, from, at int) Match {
 		labels++
 		lastStart = end
 		end = k
-		if k+1 < len(text) && text[k] == '.' && isWord(text[k+1]) {
+		if k+1 < len(text) && text[k] == '.' && (isWord(text[k+1]) || text[k+1] >= utf8.RuneSelf) {
 			end = k + 1
 			continue
 		}
@@ -432,17 +454,39 @@ func email(text string, from, at int) Match {
 	if end > 0 && text[end-1] == '.' {
 		end--
 	}
-	if labels < 2 || end-lastStart < 2 {
+	if labels < 2 || !topLevel(text[lastStart:end]) {
 		return Match{}
-	}
-	for k := lastStart; k < end; k++ {
-		if !isAlpha(text[k]) {
-			return Match{}
-		}
 	}
 	return Match{Email, start, end}
 }
 
-func isLocal(c byte) bool {
-	return isDigit(c) || isAlpha(c) || strings.IndexByte("._%+-", c) >= 0
+// topLevel accepts a top-level domain: two or more letters of any script,
+// or an A-label.
+func topLevel(tld string) bool {
+	if len(tld) > 4 && strings.EqualFold(tld[:4], "xn--") {
+		return true
+	}
+	n := 0
+	for _, r := range tld {
+		if !unicode.IsLetter(r) {
+			return false
+		}
+		n++
+	}
+	return n >= 2
+}
+
+func isLocal(r rune) bool {
+	if r < utf8.RuneSelf {
+		return isWord(byte(r)) || strings.IndexByte("._%+-", byte(r)) >= 0
+	}
+	return isLabel(r)
+}
+
+// isLabel: a character of a domain label other than '-'.
+func isLabel(r rune) bool {
+	if r < utf8.RuneSelf {
+		return isDigit(byte(r)) || isAlpha(byte(r))
+	}
+	return unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)
 }
