@@ -234,11 +234,19 @@ func (b *Body) textFieldBytes() int {
 // Texts calls fn for each string the model reads, for the guardrails, in
 // prompt order (system prompt and instructions, tool definitions, prompt
 // and suffix, input, messages) until fn returns false. Inside those fields
-// it visits strings, the strings in arrays, and in objects the values of
-// "text", "content", "name", "description", "thinking" and "output" at any
-// depth, and every string under "arguments" and "input" (tool calls and
-// their inputs are free-form JSON the model reads whole). Roles, types,
-// ids, URLs and base64 data are left alone.
+// it visits strings, the strings in arrays, and in objects, at any depth:
+//   - the values of the guardTextKey keys (text, content, name,
+//     description, thinking, output, Anthropic document title and
+//     context, JSON schema title, enum, const, examples and default);
+//   - every string under "arguments" and "input" (tool calls and their
+//     inputs are free-form JSON the model reads whole);
+//   - "data" when its object has "type":"text" (an Anthropic document
+//     source of plain text), whatever the key order; a data string that
+//     comes before its type is visited when its object ends.
+//
+// Roles, types, ids, URLs and base64 data (images, PDFs, audio) are left
+// alone: masking a base64 run that looks like a phone number would
+// corrupt the file.
 func (b *Body) Texts(fn func(Text) bool) {
 	b.walkTexts(textWalker{fn: fn, guard: true}, guardFields[:])
 }
@@ -272,11 +280,25 @@ type textWalker struct {
 	guard bool
 	// all: inside a guardTreeKey value, every string is read.
 	all bool
+	// data holds where the "data" strings are that came before their
+	// object's "type" "text" could be known, beyond the first of each
+	// object (kept by value): each is visited when its object ends if a
+	// type was "text". Looking ahead from each data key instead would
+	// scan the rest of the object once per enclosing object that has one,
+	// up to maxDepth times over; this keeps the walk linear. It stays
+	// empty (no allocation) unless an object repeats the data key.
+	data []int
 }
 
-// guardTextKey: the key's string values are text a model reads.
+// guardTextKey: the key's string values, and the strings in its arrays,
+// are text a model reads. title and context: an Anthropic document's
+// title and context, and a JSON schema's title. enum, const, examples and
+// default: chat templates render tool parameter schemas whole, so these
+// schema values reach the model as the descriptions do (read here rather
+// than passed as not text: a guardrail must see what the model sees).
 func guardTextKey(k []byte, escaped bool) bool {
-	for _, name := range [...]string{"text", "content", "name", "description", "thinking", "output"} {
+	for _, name := range [...]string{"text", "content", "name", "description", "thinking", "output",
+		"title", "context", "enum", "const", "examples", "default"} {
 		if keyIs(k, escaped, name) {
 			return true
 		}
@@ -323,6 +345,18 @@ func (w *textWalker) str() ([]byte, bool) {
 	return w.b[start:], escaped
 }
 
+// visitAt visits the string at start (guard mode), unless stopped.
+func (w *textWalker) visitAt(start int) {
+	if w.stop {
+		return
+	}
+	t := textWalker{b: w.b, i: start}
+	q, escaped := t.str()
+	if !w.fn(Text{Span: Span{start, t.i}, quoted: q, escaped: escaped}) {
+		w.stop = true
+	}
+}
+
 func (w *textWalker) value(collect bool) {
 	w.space()
 	if w.i >= len(w.b) || w.stop {
@@ -355,10 +389,21 @@ func (w *textWalker) value(collect bool) {
 		}
 	case '{':
 		w.i++
+		// isText: a "type" key of this object has the value "text";
+		// first, and w.data from more: where this object's data strings
+		// that wait for the end of it start.
+		isText, first, more := false, -1, len(w.data)
 		for !w.stop {
 			w.space()
 			if w.i >= len(w.b) || w.b[w.i] == '}' {
 				w.i++
+				if isText && first >= 0 {
+					w.visitAt(first)
+					for _, at := range w.data[more:] {
+						w.visitAt(at)
+					}
+				}
+				w.data = w.data[:more]
 				return
 			}
 			k, escaped := w.str()
@@ -373,6 +418,28 @@ func (w *textWalker) value(collect bool) {
 				w.all = true
 				w.value(true)
 				w.all = false
+			case keyIs(k, escaped, "type"):
+				w.space()
+				if w.i < len(w.b) && w.b[w.i] == '"' {
+					// Any type "text" counts: servers differ on which of
+					// repeated keys wins, and reading too much is safe.
+					q, qe := w.str()
+					isText = isText || keyIs(q, qe, "text")
+				} else {
+					w.value(false)
+				}
+			case keyIs(k, escaped, "data"):
+				w.space()
+				if isText || w.i >= len(w.b) || w.b[w.i] != '"' {
+					w.value(isText)
+					break
+				}
+				if first < 0 {
+					first = w.i
+				} else {
+					w.data = append(w.data, w.i)
+				}
+				w.str()
 			default:
 				// Objects are weighed key by key at every depth, whatever
 				// holds them: a tool's description sits under function,
@@ -384,6 +451,7 @@ func (w *textWalker) value(collect bool) {
 				w.i++
 			}
 		}
+		w.data = w.data[:more]
 	default: // number or literal: skip to the next delimiter
 		for w.i < len(w.b) && !strings.ContainsRune(",]} \t\n\r", rune(w.b[w.i])) {
 			w.i++

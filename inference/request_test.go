@@ -183,3 +183,101 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestTexts: the strings the guardrails read, in the order Texts visits
+// them, and what they leave alone.
+func TestTexts(t *testing.T) {
+	cases := []struct {
+		name, body string
+		want       []string
+	}{
+		{"chat roles and image URLs are not text",
+			`{"model":"m","messages":[{"role":"user","name":"bob","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x/a.png","detail":"high"}}]}]}`,
+			[]string{"bob", "hi"}},
+		{"tool definition and tool call arguments",
+			`{"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"string","description":"pd"}}}}}],"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]}]}`,
+			[]string{"f", "d", "pd", "f", `{"a":1}`}},
+		{"schema title, enum, const, examples and default",
+			`{"tools":[{"name":"t","input_schema":{"title":"T","type":"object","properties":{"u":{"type":"string","enum":["c","f",3],"const":"c","examples":["e1"],"default":"f","format":"date"}}}}]}`,
+			[]string{"t", "T", "c", "f", "c", "e1", "f"}},
+		{"document of plain text: data, title and context",
+			`{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc body"},"title":"Doc","context":"ctx"}]}]}`,
+			[]string{"doc body", "Doc", "ctx"}},
+		{"type after data",
+			`{"messages":[{"role":"user","content":[{"type":"document","source":{"data":"doc body","media_type":"text/plain","type":"text"},"title":"Doc"}]}]}`,
+			[]string{"doc body", "Doc"}},
+		{"data between other fields, type last, after a nested value",
+			`{"system":[{"data":"a","x":{"text":"inner"},"data":"b","type":"text"}]}`,
+			[]string{"inner", "a", "b"}},
+		{"escaped data, type and text keys and value",
+			`{"messages":[{"content":[{"source":{"d\u0061ta":"doc body","\u0074ype":"t\u0065xt"},"t\u0069tle":"Doc"}]}]}`,
+			[]string{"doc body", "Doc"}},
+		{"any repeated type of text counts",
+			`{"messages":[{"content":[{"source":{"type":"base64","data":"d","type":"text"}}]}]}`,
+			[]string{"d"}},
+		{"base64 document source is not read",
+			`{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0xLjQK5551234567"},"title":"Doc"}]}]}`,
+			[]string{"Doc"}},
+		{"base64 image, type after data, is not read",
+			`{"messages":[{"role":"user","content":[{"type":"image","source":{"data":"iVBORw0KGgo5551234567","media_type":"image/png","type":"base64"}}]}]}`,
+			nil},
+		{"url document source is not read",
+			`{"messages":[{"content":[{"type":"document","source":{"type":"url","url":"https://x/a.pdf"},"context":"c"}]}]}`,
+			[]string{"c"}},
+		{"data with no type is not read (input_audio)",
+			`{"messages":[{"content":[{"type":"input_audio","input_audio":{"data":"UklGRg","format":"wav"}}]}]}`,
+			nil},
+		{"a nested object's type does not make data text",
+			`{"messages":[{"content":[{"data":"d","source":{"type":"text"}}]}]}`,
+			nil},
+		{"content document source",
+			`{"messages":[{"content":[{"type":"document","source":{"type":"content","content":[{"type":"text","text":"part"}]},"title":"T"}]}]}`,
+			[]string{"part", "T"}},
+		{"non-string type and data",
+			`{"messages":[{"content":[{"type":{"text":"t"},"data":{"text":"x"}},{"type":"text","data":["a",{"text":"b"}]}]}]}`,
+			[]string{"t", "x", "a", "b"}},
+		{"thinking and tool_use input; signature not read",
+			`{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"sig"},{"type":"redacted_thinking","data":"enc"},{"type":"tool_use","id":"t","name":"run","input":{"cmd":"ls","data":"x"}}]}]}`,
+			[]string{"hm", "run", "ls", "x"}},
+		{"responses function_call_output",
+			`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"}],"instructions":"be brief"}`,
+			[]string{"be brief", "f", "{}", "42"}},
+		{"completion with suffix", `{"model":"m","prompt":"p","suffix":"s","metadata":{"text":"m"}}`, []string{"p", "s"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := Parse([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			b.Texts(func(tx Text) bool {
+				if string(b.Raw()[tx.Start:tx.End]) != string(tx.quoted) {
+					t.Errorf("span %v is %q, text %q", tx.Span, b.Raw()[tx.Start:tx.End], tx.quoted)
+				}
+				got = append(got, tx.Value())
+				return true
+			})
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestTextsStop: fn returning false stops the walk, also among the data
+// strings visited when their object ends.
+func TestTextsStop(t *testing.T) {
+	b, err := Parse([]byte(`{"system":[{"data":"a","data":"b","type":"text"},{"text":"c"}],"messages":[{"content":"d"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	b.Texts(func(tx Text) bool {
+		got = append(got, tx.Value())
+		return false
+	})
+	if !slices.Equal(got, []string{"a"}) {
+		t.Errorf("got %q", got)
+	}
+}
