@@ -6,9 +6,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/infergate/infergate/inference"
 	"github.com/infergate/infergate/inference/pii"
+	"github.com/infergate/infergate/inference/textnorm"
 )
 
 // Header names the processors set, and the reasons a rejection carries.
@@ -32,6 +34,7 @@ const (
 	ReasonInvalidModel     = "invalid-model"
 	ReasonDuplicateKey     = "duplicate-key"
 	ReasonTemplateOverride = "template-override"
+	ReasonUnreadText       = "unread-text"
 	ReasonModelNotAllowed  = "model-not-allowed"
 	ReasonModelNotFound    = "model-not-found"
 	ReasonPromptTooLarge   = "prompt-too-large"
@@ -62,6 +65,7 @@ type Policy struct {
 	base          map[string]string
 	rejectUnknown bool
 	allowTemplate bool
+	strictText    bool
 	allow         []string
 	kinds         pii.Set
 	ruleOfKind    [16]int
@@ -155,6 +159,11 @@ func (p *Policy) Apply(raw []byte) Result {
 	if !p.allowTemplate && body.HasChatTemplate() {
 		return reject(400, ReasonTemplateOverride, "allowChatTemplate", `"chat_template" would replace the server's prompt template; this gateway does not allow it`)
 	}
+	if p.strictText {
+		if path := body.UnreadText(); path != "" {
+			return reject(400, ReasonUnreadText, "strictText", "%s holds text the guardrails do not read; this gateway refuses such fields", cut(path))
+		}
+	}
 	model, err := body.Model()
 	if err != nil {
 		return reject(400, ReasonMissingModel, "", `the request body has no "model" string`)
@@ -198,16 +207,20 @@ func (p *Policy) Apply(raw []byte) Result {
 			return reject(413, ReasonPromptTooLong, "", "prompt of about %d tokens exceeds the limit of %d tokens", est, l)
 		}
 	}
-	for _, t := range texts {
-		if r := p.denied(t.value); r != nil {
-			return reject(403, ReasonDenied, r.name, "%s", r.message)
-		}
+	if len(p.deny) == 0 && len(p.pii) == 0 {
+		return p.finish(body, res, nil)
 	}
 
 	var edits []inference.Edit
 	var used uint64 // bit i: pii rule i masked something
 	for _, t := range texts {
-		masked, changed, rej := p.mask(t.value, &used)
+		// Rules match the text as a model reads it (textnorm), while
+		// masking rewrites the bytes the client sent.
+		folded := textnorm.Fold(t.value)
+		if r := p.denied(t.value, folded.S); r != nil {
+			return reject(403, ReasonDenied, r.name, "%s", r.message)
+		}
+		masked, changed, rej := p.mask(t.value, folded, &used)
 		if rej != nil {
 			return *rej
 		}
@@ -314,6 +327,19 @@ func excerpt(num []byte) string {
 	return string(num)
 }
 
+// cut shortens a client-chosen string (a field path) for a message.
+func cut(s string) string {
+	const maxLen = 200
+	if len(s) <= maxLen {
+		return s
+	}
+	i := maxLen
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
+
 // maxModelBytes bounds a model name: it goes on in a request header, and
 // proxies refuse a request whose headers outgrow their limit (Envoy's
 // default is 60 KiB) with an error the client cannot read as its own.
@@ -348,19 +374,30 @@ func (p *Policy) allowed(model string) bool {
 	return false
 }
 
-func (p *Policy) denied(text string) *denyRule {
-	lower := ""
+// denied returns the first deny rule text matches; folded is its
+// textnorm.Fold form.
+func (p *Policy) denied(text, folded string) *denyRule {
+	skeleton, latin := "", ""
 	if p.lowerText {
-		lower = strings.ToLower(text)
+		skeleton = textnorm.Skeleton(folded)
 	}
 	for i := range p.deny {
 		r := &p.deny[i]
 		for _, s := range r.contains {
-			if strings.Contains(lower, s) {
+			if strings.Contains(skeleton, s) {
 				return r
 			}
 		}
-		if r.re != nil && r.re.MatchString(text) {
+		if r.re == nil {
+			continue
+		}
+		if r.re.MatchString(text) {
+			return r
+		}
+		if latin == "" {
+			latin = textnorm.Latin(folded)
+		}
+		if latin != text && r.re.MatchString(latin) {
 			return r
 		}
 	}
@@ -377,10 +414,16 @@ type finding struct {
 // may itself match a rule.
 var errUnmaskable = errors.New("masking did not converge")
 
-// mask applies the PII rules to one text: a reject rule that finds
-// anything rejects; mask rules replace their findings. It repeats until
-// no rule finds anything, so no detected personal data survives.
-func (p *Policy) mask(text string, used *uint64) (string, bool, *Result) {
+// mask applies the PII rules to one text (folded is its textnorm.Fold
+// form): a reject rule that finds anything rejects; mask rules replace
+// their findings. It repeats until no rule finds anything, so no detected
+// personal data survives.
+//
+// Rules run on the folded text, and their findings are mapped back to the
+// original bytes; when folding changed the text they also run on the
+// original, where an invisible character that folding drops may be all
+// that separates a number from the next.
+func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64) (string, bool, *Result) {
 	if len(p.pii) == 0 {
 		return text, false, nil
 	}
@@ -388,22 +431,12 @@ func (p *Policy) mask(text string, used *uint64) (string, bool, *Result) {
 	var ms []pii.Match
 	var fs []finding
 	for pass := 0; ; pass++ {
-		fs = fs[:0]
-		if p.kinds != 0 {
-			ms = pii.Find(ms[:0], text, p.kinds)
-			for _, m := range ms {
-				fs = append(fs, finding{m.Start, m.End, p.ruleOfKind[m.Kind]})
-			}
+		if pass > 0 {
+			folded = textnorm.Fold(text)
 		}
-		for i, r := range p.pii {
-			if r.re == nil {
-				continue
-			}
-			for _, loc := range r.re.FindAllStringIndex(text, -1) {
-				if loc[1] > loc[0] {
-					fs = append(fs, finding{loc[0], loc[1], i})
-				}
-			}
+		fs, ms = p.find(fs[:0], ms, folded.S, folded.Span)
+		if folded.S != text {
+			fs, ms = p.find(fs, ms, text, nil)
 		}
 		if len(fs) == 0 {
 			return text, changed, nil
@@ -421,6 +454,34 @@ func (p *Policy) mask(text string, used *uint64) (string, bool, *Result) {
 		text = replace(text, fs, p.pii, used)
 		changed = true
 	}
+}
+
+// find appends the findings of every rule in s, their spans mapped to
+// the original text by span (nil: s is the original).
+func (p *Policy) find(fs []finding, ms []pii.Match, s string, span func(int, int) (int, int)) ([]finding, []pii.Match) {
+	add := func(start, end, rule int) {
+		if span != nil {
+			start, end = span(start, end)
+		}
+		fs = append(fs, finding{start, end, rule})
+	}
+	if p.kinds != 0 {
+		ms = pii.Find(ms[:0], s, p.kinds)
+		for _, m := range ms {
+			add(m.Start, m.End, p.ruleOfKind[m.Kind])
+		}
+	}
+	for i, r := range p.pii {
+		if r.re == nil {
+			continue
+		}
+		for _, loc := range r.re.FindAllStringIndex(s, -1) {
+			if loc[1] > loc[0] {
+				add(loc[0], loc[1], i)
+			}
+		}
+	}
+	return fs, ms
 }
 
 // replace rewrites the findings (sorted, overlaps merged into the first)

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/infergate/infergate/inference/pii"
+	"github.com/infergate/infergate/inference/textnorm"
 )
 
 // Config is the payload processor's configuration: a YAML file for the
@@ -30,6 +31,12 @@ type Config struct {
 	// drop the system prompt or reframe every message around the
 	// guardrails. Off by default: such requests get 400.
 	AllowChatTemplate bool `json:"allowChatTemplate,omitempty"`
+	// StrictText refuses a request holding a string under a field the
+	// guardrails neither read nor know to carry no text (an API extension,
+	// a newer field, a server-specific template variable), naming the
+	// field: 400 unread-text. Off by default, since clients send many
+	// harmless extensions; on when guardrails must see everything.
+	StrictText bool `json:"strictText,omitempty"`
 }
 
 // Models maps requested models to base models and says which may be asked for.
@@ -82,7 +89,11 @@ type PIIRule struct {
 }
 
 // DenyRule rejects a request whose prompt text contains any of the
-// phrases (case-insensitive) or matches the regular expression.
+// phrases or matches the regular expression. Phrases are compared after
+// folding both sides (inference/textnorm): case, Unicode compatibility
+// forms, invisible characters, runs of white space, dashes and look-alike
+// letters of other scripts do not matter. The expression is tried on the
+// text as sent and on its folded form (case kept, look-alikes made Latin).
 type DenyRule struct {
 	Name     string   `json:"name"`
 	Contains []string `json:"contains,omitempty"`
@@ -135,7 +146,7 @@ func DecodeJSON(data []byte) (*Config, error) {
 // Compile validates c and builds the Policy. Errors name the field, e.g.
 // "pii[2].action: ...".
 func Compile(c *Config) (*Policy, error) {
-	p := &Policy{limits: c.Limits, base: map[string]string{}, allowTemplate: c.AllowChatTemplate}
+	p := &Policy{limits: c.Limits, base: map[string]string{}, allowTemplate: c.AllowChatTemplate, strictText: c.StrictText}
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
@@ -272,7 +283,9 @@ func Compile(c *Config) (*Policy, error) {
 				fail("%s.contains[%d]: empty", field, j)
 				continue
 			}
-			dr.contains = append(dr.contains, strings.ToLower(s))
+			// Phrases are compared in the texts' folded form, so they are
+			// folded alike: "ignore  previous" matches "ignore previous".
+			dr.contains = append(dr.contains, textnorm.Skeleton(textnorm.Fold(s).S))
 		}
 		if r.Regex != "" {
 			re, err := regexp.Compile(r.Regex)
