@@ -66,7 +66,8 @@
 //	  TestRouterLocalReplies, TestPerRouteFilterConfig, TestHealthCheckFilter, TestHeaderMutationFilter
 //
 //	ext_proc: grpc_service.envoy_grpc.cluster_name (the cluster's first
-//	host, TLS from its transport socket), failure_mode_allow,
+//	host, TLS from its transport socket, one channel per address, TLS
+//	and client certificate), failure_mode_allow,
 //	processing_mode (bodies NONE, BUFFERED, FULL_DUPLEX_STREAMED),
 //	message_timeout, metadata_options (untyped receiving namespaces kept,
 //	forwarding namespaces sent from the stream's metadata), status_on_error,
@@ -100,13 +101,15 @@
 //	  TestRouteMatching, TestVirtualHostSelection, TestRouteRematchedAfterClearRouteCache
 //
 //	Route actions: cluster, weighted_clusters (by weight per request),
-//	direct_response, timeout (15s default, 0 none, within Timeouts.Route),
+//	direct_response (its body inline or a filename read when the update
+//	is built), timeout (15s default, 0 none, within Timeouts.Route),
 //	host_rewrite_literal, prefix_rewrite. request_headers_to_remove of the
 //	route, virtual host and route configuration is applied after the host
 //	is chosen, as Envoy's router chooses it (createConnPool) before
 //	finalizeRequestHeaders.
 //	  RouteAction, Route.request_headers_to_remove; router.cc
-//	  TestHeadersRemovedAfterTheHostChoice, TestRouterLocalReplies
+//	  TestHeadersRemovedAfterTheHostChoice, TestRouterLocalReplies,
+//	  TestDirectResponseBodySources
 //
 //	Local replies of the router: no route 404 (empty), cluster not found
 //	503 (empty), "no healthy upstream" 503, connection failure 503, upstream
@@ -130,9 +133,24 @@
 //
 //	EDS from ADS, or, for a cluster whose eds_config is an api_config_source
 //	(GRPC, one envoy_grpc cluster), over an EDS stream of its own to that
-//	cluster's server; routes only over ADS.
+//	cluster's server (with the cluster's TLS and client certificate);
+//	routes only over ADS.
 //	  ConfigSource, ApiConfigSource; TestEndpointsFromAnotherEDSServer,
+//	  TestEDSStreamPresentsTheClientCertificate,
 //	  test/envoygateway TestTrafficThroughEnvoyGatewayXDS (scale-out)
+//
+//	Upstream TLS to ext_proc and EDS clusters: UpstreamTlsContext with an
+//	empty validation context (any server certificate accepted, sni
+//	ignored) and the client certificate of
+//	common_tls_context.tls_certificates (one entry: certificate_chain and
+//	private_key, each inline_bytes, inline_string or a filename read when
+//	the update is built), presented when the server asks for one (mutual
+//	TLS, e.g. a processor run with --client-ca-file). A file that cannot
+//	be read or a pair that does not parse NACKs the update.
+//	  UpstreamTlsContext, CommonTlsContext.tls_certificates, TlsCertificate,
+//	  DataSource; TestMutualTLSToProcessors, TestClusterClientCertificate,
+//	  TestConnPoolKeysByCertificate, TestBuildNACKsWhatItDoesNotReproduce,
+//	  extproctest TestTLS
 //
 //	ORIGINAL_DST with original_dst_lb_config: metadata_key (a string, or
 //	the first element of a list), then the first instance of
@@ -160,7 +178,10 @@
 // HTTP3); retries (retry_policy), hedging, redirects, request_headers_to_add;
 // query-parameter, runtime, grpc and metadata route matches; ring hash,
 // maglev and subset load balancing; TLS to model servers; certificate
-// validation (validation_context); ext_proc body modes STREAMED,
+// validation (validation_context); more than one tls_certificates entry
+// (Envoy picks among them by the server's accepted algorithms), private
+// key passwords, PKCS#12, private key providers and watched directories;
+// DataSource environment_variable; ext_proc body modes STREAMED,
 // BUFFERED_PARTIAL and GRPC, observability_mode, request and response
 // attributes, forward_rules, non-default mutation_rules, google_grpc and
 // http_service; any HTTP filter type not listed above.

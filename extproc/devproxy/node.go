@@ -2,7 +2,6 @@ package devproxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -266,7 +265,7 @@ type sideStream struct {
 // Callers hold n.mu.
 func (n *Node) syncSide(want map[string]*sideSource) {
 	for src, ss := range n.side {
-		if w, ok := want[src]; !ok || w.target != ss.target {
+		if w, ok := want[src]; !ok || !w.target.same(ss.target) {
 			ss.cancel()
 			delete(n.side, src)
 		}
@@ -277,8 +276,9 @@ func (n *Node) syncSide(want map[string]*sideSource) {
 			cfg := n.cfg.XDS
 			cfg.Service, cfg.Server, cfg.TLS = xdsclient.EndpointService, w.target.addr, nil
 			if w.target.tls {
-				// As for ext_proc clusters: TLS that accepts the server's certificate.
-				cfg.TLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see above
+				// As for ext_proc clusters: TLS that accepts the server's
+				// certificate and presents the cluster's client certificate.
+				cfg.TLS = extproctest.TLSConfig(w.target.cert)
 			}
 			c, err := xdsclient.New(cfg, xdsclient.HandlerFunc(func(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
 				return n.applySide(src, typeURL, version, rs)
@@ -480,9 +480,13 @@ type connPool struct {
 	live  map[connKey]bool // referenced by the tables serving now
 }
 
+// connKey tells channels apart: two clusters at one address share a
+// channel only if they dial it the same way, with the same client
+// certificate (certID).
 type connKey struct {
 	target string
 	tls    bool
+	cert   string
 }
 
 type pooledConn struct {
@@ -496,7 +500,7 @@ func newConnPool(grace time.Duration) *connPool {
 
 // client makes a client for cfg over the pooled channel to cfg.Target.
 func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, error) {
-	k := connKey{cfg.Target, cfg.TLS}
+	k := connKey{cfg.Target, cfg.TLS, certID(cfg.ClientCert)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.conns[k]
@@ -504,7 +508,7 @@ func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, er
 		pc = nil // closed already
 	}
 	if pc == nil {
-		conn, err := extproctest.Dial(cfg.Target, cfg.TLS)
+		conn, err := extproctest.Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
 		if err != nil {
 			return nil, err
 		}

@@ -1,9 +1,14 @@
 package devproxy
 
 import (
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -170,10 +175,35 @@ func build(res *resources, env buildEnv) (*built, error) {
 	return out, nil
 }
 
-// grpcTarget is where an ext_proc filter naming a cluster connects.
+// grpcTarget is where an ext_proc filter (or an EDS stream) naming a
+// cluster connects, and how.
 type grpcTarget struct {
 	addr string // "" when the cluster has no endpoint
 	tls  bool
+	// cert is the client certificate of the cluster's tls_certificates
+	// (nil: none), certID its certID.
+	cert   *tls.Certificate
+	certID string
+}
+
+// same reports whether t and o connect the same way: the same address,
+// transport and client certificate (each build parses certificates anew).
+func (t grpcTarget) same(o grpcTarget) bool {
+	return t.addr == o.addr && t.tls == o.tls && t.certID == o.certID
+}
+
+// certID identifies a client certificate by the SHA-256 of its chain (the
+// leaf's DER first); "" for none.
+func certID(c *tls.Certificate) string {
+	if c == nil {
+		return ""
+	}
+	h := sha256.New()
+	for _, der := range c.Certificate {
+		_ = binary.Write(h, binary.BigEndian, uint32(len(der)))
+		h.Write(der)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func buildListener(l *listenerv3.Listener, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv) (*builtListener, error) {
@@ -525,7 +555,7 @@ func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcT
 		// healthy host); the filter's failure mode decides.
 		tgt = grpcTarget{addr: missingClusterTarget}
 	}
-	cfg.Target, cfg.TLS = tgt.addr, tgt.tls
+	cfg.Target, cfg.TLS, cfg.ClientCert = tgt.addr, tgt.tls, tgt.cert
 	c, err := env.clientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc filter %q (cluster %q): %w", p.name, cluster, err)
@@ -597,14 +627,14 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 		}
 	case *routev3.Route_DirectResponse:
 		dr := a.DirectResponse
-		if err := checkAll(where+".direct_response", dr, dr.GetBody()); err != nil {
+		if err := checkFields(where+".direct_response", dr); err != nil {
 			return nil, err
 		}
-		body := dr.GetBody().GetInlineString()
-		if b := dr.GetBody().GetInlineBytes(); b != nil {
-			body = string(b)
+		body, err := dataSource(where+".direct_response.body", dr.GetBody())
+		if err != nil {
+			return nil, err
 		}
-		out.direct = &directResponse{status: int(dr.GetStatus()), body: body}
+		out.direct = &directResponse{status: int(dr.GetStatus()), body: string(body)}
 	default:
 		return nil, fmt.Errorf("%s: only route and direct_response actions are implemented by the stand-in", where)
 	}
@@ -891,11 +921,11 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	if d := c.GetConnectTimeout(); d != nil {
 		out.connectTimeout = d.AsDuration()
 	}
-	tls, err := clusterTLS(c.GetTransportSocket())
+	useTLS, cert, err := clusterTLS(c.GetTransportSocket())
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
-	out.tls = tls
+	out.tls = useTLS
 	var eds edsRef
 	var cla *endpointv3.ClusterLoadAssignment
 	switch c.GetType() {
@@ -961,7 +991,7 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	if len(eps) > 0 {
 		// A gRPC client of this cluster connects to its first host: one
 		// endpoint picker Service per cluster, as the integrations render.
-		tgt = grpcTarget{addr: eps[0], tls: tls}
+		tgt = grpcTarget{addr: eps[0], tls: useTLS, cert: cert, certID: certID(cert)}
 	}
 	return out, tgt, eds, nil
 }
@@ -1112,29 +1142,95 @@ func metadataKeyOf(where string, k *metadatav3.MetadataKey) (*metadataKey, error
 
 // clusterTLS reads the cluster's transport socket: none, or TLS that
 // accepts any server certificate (how the integrations reach endpoint
-// pickers, which serve self-signed certificates).
-func clusterTLS(ts *corev3.TransportSocket) (bool, error) {
+// pickers, which serve self-signed certificates), presenting the client
+// certificate of common_tls_context.tls_certificates if there is one
+// (processors run with --client-ca-file require it).
+func clusterTLS(ts *corev3.TransportSocket) (bool, *tls.Certificate, error) {
 	if ts == nil {
-		return false, nil
+		return false, nil, nil
 	}
 	if err := checkFields("transport_socket", ts); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if ts.GetTypedConfig().GetTypeUrl() != upstreamTLSType {
-		return false, fmt.Errorf("transport_socket %s is not implemented by the stand-in", ts.GetTypedConfig().GetTypeUrl())
+		return false, nil, fmt.Errorf("transport_socket %s is not implemented by the stand-in", ts.GetTypedConfig().GetTypeUrl())
 	}
 	utc := &tlsv3.UpstreamTlsContext{}
 	if err := ts.GetTypedConfig().UnmarshalTo(utc); err != nil {
-		return false, fmt.Errorf("transport_socket: %w", err)
+		return false, nil, fmt.Errorf("transport_socket: %w", err)
 	}
 	ctc := utc.GetCommonTlsContext()
 	if err := checkAll("transport_socket", utc, ctc); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if vc := ctc.GetValidationContext(); vc != nil && proto.Size(vc) > 0 {
-		return false, errors.New("transport_socket: certificate validation (validation_context) is not implemented by the stand-in; it accepts any certificate, as with an empty validation context")
+		return false, nil, errors.New("transport_socket: certificate validation (validation_context) is not implemented by the stand-in; it accepts any certificate, as with an empty validation context")
 	}
-	return true, nil
+	cert, err := clientCertificate("transport_socket.common_tls_context.tls_certificates", ctc.GetTlsCertificates())
+	if err != nil {
+		return false, nil, err
+	}
+	return true, cert, nil
+}
+
+// clientCertificate reads CommonTlsContext.tls_certificates: nil for none.
+// Envoy presents the first certificate whose algorithm the server accepts;
+// the stand-in takes the first, and since its choice among several could
+// differ from Envoy's, it NACKs more than one. The chain and key are read
+// when the update is built (a file changed later is read again with the
+// next update) and must parse as a PEM pair.
+func clientCertificate(where string, tcs []*tlsv3.TlsCertificate) (*tls.Certificate, error) {
+	switch len(tcs) {
+	case 0:
+		return nil, nil
+	case 1:
+	default:
+		return nil, fmt.Errorf("%s: %d certificates; the stand-in presents one and does not implement Envoy's choice among several (the first whose algorithm the server accepts)", where, len(tcs))
+	}
+	tc := tcs[0]
+	where += "[0]"
+	if err := checkFields(where, tc); err != nil {
+		return nil, err
+	}
+	chain, err := dataSource(where+".certificate_chain", tc.GetCertificateChain())
+	if err != nil {
+		return nil, err
+	}
+	key, err := dataSource(where+".private_key", tc.GetPrivateKey())
+	if err != nil {
+		return nil, err
+	}
+	if len(chain) == 0 || len(key) == 0 {
+		return nil, fmt.Errorf("%s: certificate_chain and private_key are both required", where)
+	}
+	cert, err := tls.X509KeyPair(chain, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: certificate_chain and private_key: %w", where, err)
+	}
+	return &cert, nil
+}
+
+// dataSource reads a DataSource as Envoy does when it loads the
+// configuration: inline_bytes, inline_string, or the file named by
+// filename, read now. Unset is empty; environment_variable and
+// watched_directory are NACKed (xdsRules).
+func dataSource(where string, ds *corev3.DataSource) ([]byte, error) {
+	if err := checkAll(where, ds); err != nil {
+		return nil, err
+	}
+	switch s := ds.GetSpecifier().(type) {
+	case *corev3.DataSource_InlineBytes:
+		return s.InlineBytes, nil
+	case *corev3.DataSource_InlineString:
+		return []byte(s.InlineString), nil
+	case *corev3.DataSource_Filename:
+		b, err := os.ReadFile(s.Filename)
+		if err != nil {
+			return nil, fmt.Errorf("%s.filename: %w", where, err)
+		}
+		return b, nil
+	}
+	return nil, nil
 }
 
 // clusterEndpoints lists the hosts the normal load balancer uses (the

@@ -37,6 +37,7 @@ import (
 	"github.com/infergate/infergate/extproc/devproxy/xdstest"
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/internal/testcert"
 )
 
 // xbPool is the InferencePool both gateway shapes are rendered for.
@@ -107,7 +108,7 @@ func xbEnv(t *testing.T, resolve func(string) (string, error)) buildEnv {
 		resolve: resolve,
 		log:     logr.Discard(),
 		clientFor: func(cfg extproctest.FilterConfig) (*extproctest.Client, error) {
-			conn, err := extproctest.Dial(cfg.Target, cfg.TLS)
+			conn, err := extproctest.Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
 			if err != nil {
 				return nil, err
 			}
@@ -211,6 +212,12 @@ func xbHeaders(authority, path string, kv ...string) extproctest.Headers {
 
 func xbGrpc(cluster string) *corev3.GrpcService {
 	return &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cluster}}}
+}
+
+// xbClientPEM is a fresh client certificate of a fresh CA, PEM-encoded.
+func xbClientPEM(t *testing.T) (chain, key []byte) {
+	t.Helper()
+	return pemPair(t, testcert.NewCA(t, "gateway CA").Client(t, "gateway"))
 }
 
 func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
@@ -319,6 +326,88 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 				}
 			},
 			want: []string{"validation_context", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster tls_certificates chain that is not PEM", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				_, key := xbClientPEM(t)
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(inlineCert([]byte("not a certificate"), key))
+			},
+			want: []string{"tls_certificates[0]: certificate_chain and private_key", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster tls_certificates key of another certificate", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				chain, _ := xbClientPEM(t)
+				_, other := xbClientPEM(t)
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(inlineCert(chain, other))
+			},
+			want: []string{"tls_certificates[0]: certificate_chain and private_key", "does not match", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster tls_certificates file missing", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(fileCert("/nonexistent/infergate/tls.crt", "/nonexistent/infergate/tls.key"))
+			},
+			want: []string{"tls_certificates[0].certificate_chain.filename", "/nonexistent/infergate/tls.crt", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster tls_certificates without private_key", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				chain, _ := xbClientPEM(t)
+				tc := inlineCert(chain, nil)
+				tc.PrivateKey = nil
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(tc)
+			},
+			want: []string{"tls_certificates[0]: certificate_chain and private_key are both required", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster two tls_certificates", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				chain, key := xbClientPEM(t)
+				r.clusters[xdstest.IstioEPPCluster].TransportSocket = tlsSocket(inlineCert(chain, key), inlineCert(chain, key))
+			},
+			want: []string{"tls_certificates: 2 certificates", `cluster "` + xdstest.IstioEPPCluster + `"`},
+		},
+		{
+			name: "cluster tls_certificate_sds_secret_configs", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				ts := tlsSocket()
+				ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: xdstest.Any(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+					TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{{Name: "gateway-client-cert"}},
+				}})}
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = ts
+			},
+			want: []string{"CommonTlsContext.tls_certificate_sds_secret_configs", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster TlsCertificate password", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				chain, key := xbClientPEM(t)
+				tc := inlineCert(chain, key)
+				tc.Password = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "secret"}}
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(tc)
+			},
+			want: []string{"TlsCertificate.password", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster TlsCertificate watched_directory", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				tc := fileCert("/certs/tls.crt", "/certs/tls.key")
+				tc.WatchedDirectory = &corev3.WatchedDirectory{Path: "/certs"}
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(tc)
+			},
+			want: []string{"TlsCertificate.watched_directory", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster private_key from environment_variable", shape: eg,
+			mutate: func(t *testing.T, r *resources) {
+				chain, _ := xbClientPEM(t)
+				tc := inlineCert(chain, nil)
+				tc.PrivateKey = &corev3.DataSource{Specifier: &corev3.DataSource_EnvironmentVariable{EnvironmentVariable: "TLS_KEY"}}
+				r.clusters[xdstest.EGEPPCluster].TransportSocket = tlsSocket(tc)
+			},
+			want: []string{"tls_certificates[0].private_key", "DataSource.environment_variable", `cluster "` + xdstest.EGEPPCluster + `"`},
 		},
 		{
 			name: "load assignment policy.drop_overloads", shape: istio,
@@ -630,6 +719,24 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 				r.clusters[xdstest.EGOtherCluster].TransportSocket = xdstest.AcceptAnyTLS()
 			},
 			want: []string{"upstream TLS", `cluster "` + xdstest.EGOtherCluster + `"`, `listener "` + xdstest.EGListener + `"`},
+		},
+		{
+			name: "direct_response body file missing", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbIstioRoute(r).Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+					Status: 200, Body: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: "/nonexistent/infergate/body.txt"}},
+				}}
+			},
+			want: []string{"direct_response.body.filename", "/nonexistent/infergate/body.txt", `routes[1] "default.llm-route.0"`},
+		},
+		{
+			name: "direct_response body environment_variable", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbIstioRoute(r).Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+					Status: 200, Body: &corev3.DataSource{Specifier: &corev3.DataSource_EnvironmentVariable{EnvironmentVariable: "BODY"}},
+				}}
+			},
+			want: []string{"direct_response.body", "DataSource.environment_variable"},
 		},
 		{
 			name: "safe_regex that does not compile", shape: istio,

@@ -239,7 +239,9 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		reads: []string{"status", "body"},
 	},
 	"envoy.config.core.v3.DataSource": {
-		reads: []string{"inline_string", "inline_bytes"},
+		// Read by dataSource; filename when the update is built.
+		// environment_variable and watched_directory are not implemented.
+		reads: []string{"inline_string", "inline_bytes", "filename"},
 	},
 	"envoy.config.route.v3.FilterConfig": {
 		reads:   []string{"config", "disabled"},
@@ -347,7 +349,15 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.extensions.transport_sockets.tls.v3.CommonTlsContext": {
-		reads: []string{"validation_context", "alpn_protocols"},
+		// validation_context only empty; tls_certificates at most one
+		// (checked where read).
+		reads: []string{"validation_context", "alpn_protocols", "tls_certificates"},
+	},
+	"envoy.extensions.transport_sockets.tls.v3.TlsCertificate": {
+		// The client certificate presented to the cluster's servers. A
+		// password, PKCS#12, a private key provider and a watched directory
+		// are not implemented.
+		reads: []string{"certificate_chain", "private_key"},
 	},
 }
 

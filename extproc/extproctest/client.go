@@ -3,6 +3,7 @@ package extproctest
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"time"
 
@@ -29,7 +30,7 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := Dial(cfg.Target, cfg.TLS)
+	conn, err := Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc filter %q: %w", cfg.Name, err)
 	}
@@ -38,7 +39,7 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 
 // NewClientConn is NewClient over a channel the caller owns and may share
 // between filters (as Envoy shares a cluster's connections); Close leaves it
-// open. cfg.Target and cfg.TLS only label the filter.
+// open. cfg.Target, cfg.TLS and cfg.ClientCert only label the filter.
 func NewClientConn(cfg FilterConfig, conn *grpc.ClientConn) (*Client, error) {
 	if cfg.Target == "" {
 		cfg.Target = conn.Target()
@@ -52,14 +53,18 @@ func NewClientConn(cfg FilterConfig, conn *grpc.ClientConn) (*Client, error) {
 
 // Dial prepares a gRPC channel to an ext_proc server the way an Envoy
 // cluster of HTTP/2 connections behaves. It does not connect: a server that
-// is down shows up as a stream error when an exchange opens.
-func Dial(target string, useTLS bool) (*grpc.ClientConn, error) {
+// is down shows up as a stream error when an exchange opens. useTLS dials
+// with TLSConfig(cert): cert (nil for none) is the client certificate
+// presented in the handshake, as an Envoy cluster's
+// common_tls_context.tls_certificates. A certificate without TLS is an
+// error: there is no handshake to present it in.
+func Dial(target string, useTLS bool, cert *tls.Certificate) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
-	if useTLS {
-		// Endpoint pickers serve self-signed certificates by default and
-		// gateways skip verification for them (e.g. Istio's DestinationRule
-		// insecureSkipVerify, agentgateway's INSECURE_ALL).
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // see above
+	switch {
+	case useTLS:
+		creds = credentials.NewTLS(TLSConfig(cert))
+	case cert != nil:
+		return nil, errors.New("a client certificate needs TLS")
 	}
 	return grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),
@@ -77,6 +82,22 @@ func Dial(target string, useTLS bool) (*grpc.ClientConn, error) {
 			MinConnectTimeout: 2 * time.Second,
 		}),
 	)
+}
+
+// TLSConfig is the TLS of an Envoy cluster whose UpstreamTlsContext has an
+// empty validation context: any server certificate is accepted, since
+// endpoint pickers serve self-signed certificates by default and gateways
+// skip verification for them (e.g. Istio's DestinationRule
+// insecureSkipVerify, agentgateway's INSECURE_ALL). cert, when not nil, is
+// presented whenever the server asks for a client certificate (a processor
+// run with --client-ca-file requires one), whatever CAs the server names,
+// as Envoy presents its configured certificate.
+func TLSConfig(cert *tls.Certificate) *tls.Config {
+	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see above
+	if cert != nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return cfg
 }
 
 // envoyWindow is Envoy's default HTTP/2 flow-control window.

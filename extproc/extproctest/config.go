@@ -1,6 +1,7 @@
 package extproctest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -39,6 +40,12 @@ type FilterConfig struct {
 	// pickers serve self-signed certificates by default; gateways configure
 	// their EPP clusters the same way. False dials plaintext.
 	TLS bool
+	// ClientCert, when not nil, is presented in the TLS handshake when TLS
+	// is on, as an Envoy cluster's common_tls_context.tls_certificates
+	// (a processor run with --client-ca-file requires one). Setting it
+	// without TLS is an error. It must not be modified once the filter is
+	// configured.
+	ClientCert *tls.Certificate
 	// FailureModeAllow is Envoy's failure_mode_allow.
 	FailureModeAllow bool
 	// ProcessingMode defaults to DefaultProcessingMode(). Body modes NONE,
@@ -95,6 +102,14 @@ func (c FilterConfig) normalize() (FilterConfig, error) {
 	}
 	if c.Target == "" {
 		return c, fmt.Errorf("ext_proc filter %q: target address is required", c.Name)
+	}
+	if c.ClientCert != nil {
+		if !c.TLS {
+			return c, fmt.Errorf("ext_proc filter %q: a client certificate needs TLS", c.Name)
+		}
+		if len(c.ClientCert.Certificate) == 0 {
+			return c, fmt.Errorf("ext_proc filter %q: the client certificate holds no certificate", c.Name)
+		}
 	}
 	if c.ProcessingMode == nil {
 		c.ProcessingMode = DefaultProcessingMode()

@@ -2,10 +2,12 @@ package extproctest
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,9 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/internal/testcert"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -516,11 +521,73 @@ func TestBufferedMode(t *testing.T) {
 	}
 }
 
+// TestTLS: TLS accepts the server's certificate whoever signed it; the
+// client certificate (an Envoy cluster's tls_certificates) is presented
+// when the server asks for one. A server that requires one signed by its CA
+// fails the stream when none or another is presented, and the filter's
+// failure mode decides (500 failing closed).
 func TestTLS(t *testing.T) {
-	fs := fakeproc.StartTLS(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "10.0.0.1:8000"}))
-	res, err := newClient(t, FilterConfig{Target: fs.Addr, TLS: true}).Run(fakeproc.Ctx(t), Request{})
-	if err != nil || res.LocalReply != nil || res.Headers.Get(wire.DestinationEndpointKey) != "10.0.0.1:8000" {
-		t.Fatalf("TLS exchange: %+v %v", res, err)
+	gatewayCA, strangerCA := testcert.NewCA(t, "gateway CA"), testcert.NewCA(t, "someone else")
+	gateway, stranger := gatewayCA.Client(t, "gateway"), strangerCA.Client(t, "intruder")
+	var (
+		mu   sync.Mutex
+		seen []string // client certificate names the mTLS server saw
+	)
+	epp := fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "10.0.0.1:8000"})
+	serverTLS := fakeproc.StartTLS(t, epp)
+	mutualTLS := fakeproc.StartMTLS(t, gatewayCA.Pool, func(c *fakeproc.Conn) error {
+		if p, ok := peer.FromContext(c.Context()); ok {
+			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+				mu.Lock()
+				seen = append(seen, ti.State.PeerCertificates[0].Subject.CommonName)
+				mu.Unlock()
+			}
+		}
+		return epp(c)
+	})
+	for _, tc := range []struct {
+		name       string
+		server     *fakeproc.Server
+		cert       *tls.Certificate
+		failOpen   bool
+		wantStatus int  // 0: the picker answered
+		failedOpen bool // the request went on without the picker
+	}{
+		{name: "server TLS without a client certificate", server: serverTLS},
+		{name: "server TLS, certificate not asked for", server: serverTLS, cert: &gateway},
+		{name: "mutual TLS with the gateway's certificate", server: mutualTLS, cert: &gateway},
+		{name: "mutual TLS without a certificate fails closed", server: mutualTLS, wantStatus: 500},
+		{name: "mutual TLS with another CA's certificate fails closed", server: mutualTLS, cert: &stranger, wantStatus: 500},
+		{name: "mutual TLS without a certificate fails open", server: mutualTLS, failOpen: true, failedOpen: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			seen = nil
+			mu.Unlock()
+			res, err := newClient(t, FilterConfig{Target: tc.server.Addr, TLS: true, ClientCert: tc.cert, FailureModeAllow: tc.failOpen}).Run(fakeproc.Ctx(t), Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.wantStatus != 0:
+				if res.LocalReply == nil || res.LocalReply.Status != tc.wantStatus || !errors.Is(res.LocalReply, ErrStream) {
+					t.Fatalf("local reply %v, want %d for a stream error", res.LocalReply, tc.wantStatus)
+				}
+			case tc.failedOpen:
+				if res.LocalReply != nil || res.FailedOpen == nil || res.Headers.Get(wire.DestinationEndpointKey) != "" {
+					t.Fatalf("want the request to fail open: %+v", res)
+				}
+			default:
+				if res.LocalReply != nil || res.Headers.Get(wire.DestinationEndpointKey) != "10.0.0.1:8000" {
+					t.Fatalf("TLS exchange: %+v", res)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if tc.server == mutualTLS && tc.wantStatus == 0 && !tc.failedOpen && !slices.Equal(seen, []string{"gateway"}) {
+				t.Errorf("the server saw client certificates %q, want the gateway's", seen)
+			}
+		})
 	}
 }
 
@@ -580,6 +647,8 @@ func TestFilterConfigChecks(t *testing.T) {
 		{"no target", FilterConfig{Name: "x"}},
 		{"duplex needs trailers", FilterConfig{Name: "x", Target: "127.0.0.1:1", ProcessingMode: badTrailer}},
 		{"streamed not reproduced", FilterConfig{Name: "x", Target: "127.0.0.1:1", ProcessingMode: streamedMode}},
+		{"client certificate without TLS", FilterConfig{Name: "x", Target: "127.0.0.1:1", ClientCert: &tls.Certificate{Certificate: [][]byte{{1}}}}},
+		{"client certificate holding no certificate", FilterConfig{Name: "x", Target: "127.0.0.1:1", TLS: true, ClientCert: &tls.Certificate{}}},
 	} {
 		if _, err := NewClient(tc.fc); err == nil {
 			t.Errorf("%s: want an error", tc.name)

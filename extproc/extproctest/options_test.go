@@ -126,7 +126,7 @@ func TestStatusOnError(t *testing.T) {
 
 func TestSharedConn(t *testing.T) {
 	fs := fakeproc.Start(t, metadataServer)
-	conn, err := Dial(fs.Addr, false)
+	conn, err := Dial(fs.Addr, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

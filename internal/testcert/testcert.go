@@ -63,6 +63,19 @@ func (ca *CA) Client(t testing.TB, name string) tls.Certificate {
 	return ca.issue(t, name, x509.ExtKeyUsageClientAuth)
 }
 
+// ClientPEM issues a client certificate named name as PEM files' contents:
+// the certificate and its PKCS #8 key.
+func (ca *CA) ClientPEM(t testing.TB, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	c := ca.Client(t, name)
+	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})
+}
+
 func (ca *CA) issue(t testing.TB, name string, usage x509.ExtKeyUsage, ips ...net.IP) tls.Certificate {
 	t.Helper()
 	key := newKey(t)

@@ -41,8 +41,9 @@ type Server struct {
 	stop  func()
 }
 
-// Start serves an empty snapshot cache until the test ends.
-func Start(t testing.TB) *Server {
+// Start serves an empty snapshot cache until the test ends; opts configure
+// the gRPC server (e.g. grpc.Creds for TLS).
+func Start(t testing.TB, opts ...grpc.ServerOption) *Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -52,7 +53,7 @@ func Start(t testing.TB) *Server {
 	// go-control-plane's stream loops end only with this context; GracefulStop
 	// would wait on open streams forever.
 	ctx, cancel := context.WithCancel(context.Background())
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	xds := serverv3.NewServer(ctx, s.cache, nil)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, xds)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(g, xds)

@@ -9,6 +9,7 @@ package fakeproc
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -104,6 +105,17 @@ func StartTLS(t testing.TB, handle func(*Conn) error) *Server {
 	t.Helper()
 	cert := testcert.NewCA(t, "epp").Server(t)
 	return Start(t, handle, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
+}
+
+// StartMTLS is StartTLS for a server that requires a client certificate
+// signed by one of clientCAs, as a processor run with --client-ca-file: a
+// client without one fails its handshake.
+func StartMTLS(t testing.TB, clientCAs *x509.CertPool, handle func(*Conn) error) *Server {
+	t.Helper()
+	cert := testcert.NewCA(t, "epp").Server(t)
+	return Start(t, handle, grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{cert}, ClientCAs: clientCAs, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12,
+	})))
 }
 
 // ClosedAddr returns a loopback address nobody listens on.
