@@ -14,6 +14,7 @@ import (
 func newEGExtCommand() *cobra.Command {
 	var (
 		bind, certFile, keyFile, kube, namespace, edsAddr, payloadAddr, controller string
+		clientCertFile, clientKeyFile                                              string
 		port                                                                       int
 		payloadTLS, payloadFailOpen                                                bool
 		logs                                                                       logFlags
@@ -36,6 +37,9 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			if (certFile == "") != (keyFile == "") {
 				return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
 			}
+			if (clientCertFile == "") != (clientKeyFile == "") {
+				return fmt.Errorf("--processor-client-cert-file and --processor-client-key-file go together")
+			}
 			var pl *envoygateway.Payload
 			if payloadAddr != "" {
 				if _, _, err := net.SplitHostPort(payloadAddr); err != nil {
@@ -53,7 +57,8 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			return envoygateway.Run(cmd.Context(), envoygateway.Options{
 				Addr: net.JoinHostPort(bind, strconv.Itoa(port)), CertFile: certFile, KeyFile: keyFile,
-				EDSAddress: edsAddr, Payload: pl, Kube: cfg, Namespace: namespace, ControllerName: controller, Logger: log,
+				EDSAddress: edsAddr, Payload: pl, ClientCertFile: clientCertFile, ClientKeyFile: clientKeyFile,
+				Kube: cfg, Namespace: namespace, ControllerName: controller, Logger: log,
 			})
 		},
 	}
@@ -70,6 +75,8 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	f.StringVar(&payloadAddr, "payload-address", "", "host:port of the payload processor (its Service) to run before the pools' pickers on every listener that serves a pool")
 	f.BoolVar(&payloadTLS, "payload-tls", true, "reach the payload processor over TLS, accepting its self-signed certificate")
 	f.BoolVar(&payloadFailOpen, "payload-fail-open", false, "let requests through when the payload processor cannot be reached (failure_mode_allow)")
+	f.StringVar(&clientCertFile, "processor-client-cert-file", "", "PEM certificate Envoy presents to the pickers and the payload processor over TLS, for processors run with --client-ca-file")
+	f.StringVar(&clientKeyFile, "processor-client-key-file", "", "PEM key of --processor-client-cert-file")
 	logs.register(f)
 	return cmd
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
@@ -46,6 +47,11 @@ type Options struct {
 	// Payload, when set, is the payload processor to run before the pools'
 	// pickers on every listener that serves a pool.
 	Payload *Payload
+	// ClientCertFile and ClientKeyFile, when set, are the PEM certificate
+	// and key Envoy presents to the pickers and the payload processor, for
+	// processors that require client certificates (--client-ca-file). Read
+	// at start-up.
+	ClientCertFile, ClientKeyFile string
 	// ControllerName is Envoy Gateway's GatewayClass controller
 	// (default DefaultControllerName): pool status is written for its Gateways.
 	ControllerName string
@@ -87,17 +93,22 @@ func Run(ctx context.Context, o Options) error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	}
+	cfg := Config{Payload: o.Payload}
+	if o.ClientCertFile != "" || o.ClientKeyFile != "" {
+		if cfg.ClientCert, err = LoadClientCert(o.ClientCertFile, o.ClientKeyFile); err != nil {
+			return fmt.Errorf("envoygateway: %w", err)
+		}
+	}
 	g := grpc.NewServer(opts...)
-	var eds *EDSServer
 	if o.EDSAddress != "" {
-		eds = &EDSServer{Address: o.EDSAddress, TLS: o.CertFile != ""}
+		cfg.EDS = &EDSServer{Address: o.EDSAddress, TLS: o.CertFile != ""}
 		cache := newEndpointCache()
 		if err := setUpEndpoints(mgr, cache, o.Logger.WithName("eds")); err != nil {
 			return fmt.Errorf("envoygateway: endpoints controller: %w", err)
 		}
 		endpointservice.RegisterEndpointDiscoveryServiceServer(g, serverv3.NewServer(ctx, cache, nil))
 	}
-	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, eds, o.Payload, o.Logger).Register(g)
+	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, cfg, o.Logger).Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	ln := o.Listener
@@ -143,4 +154,25 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools/status"}, Verbs: []string{"get", "update", "patch"}},
 		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
+}
+
+// LoadClientCert reads a PEM certificate chain and key for ClientCert,
+// checking that they form a pair: a bad pair would otherwise surface only
+// as every Envoy failing its handshakes with the processors.
+func LoadClientCert(certFile, keyFile string) (*ClientCert, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("a client certificate needs both a certificate file and a key file")
+	}
+	chain, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate key: %w", err)
+	}
+	if _, err := tls.X509KeyPair(chain, key); err != nil {
+		return nil, fmt.Errorf("client certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return &ClientCert{ChainPEM: chain, KeyPEM: key}, nil
 }

@@ -26,18 +26,17 @@ type Endpoints interface {
 type Server struct {
 	pb.UnimplementedEnvoyGatewayExtensionServer
 	endpoints Endpoints
-	eds       *EDSServer
-	payload   *Payload
+	cfg       Config
 	log       logr.Logger
 }
 
-// NewServer returns the service over an endpoint source. With eds set, the
-// pools' clusters take their endpoints from the extension's EDS service at
-// that address (and endpoints is not read); without, they are written into
-// each cluster at translation time. With payload set, the payload
-// processor runs before the pools' pickers.
-func NewServer(endpoints Endpoints, eds *EDSServer, payload *Payload, log logr.Logger) *Server {
-	return &Server{endpoints: endpoints, eds: eds, payload: payload, log: log}
+// NewServer returns the service over an endpoint source. With cfg.EDS set,
+// the pools' clusters take their endpoints from the extension's EDS
+// service at that address (and endpoints is not read); without, they are
+// written into each cluster at translation time. With cfg.Payload set, the
+// payload processor runs before the pools' pickers.
+func NewServer(endpoints Endpoints, cfg Config, log logr.Logger) *Server {
+	return &Server{endpoints: endpoints, cfg: cfg, log: log}
 }
 
 // Register adds the service to a gRPC server.
@@ -89,14 +88,14 @@ func (s *Server) PostClusterModify(ctx context.Context, req *pb.PostClusterModif
 		return &pb.PostClusterModifyResponse{Cluster: req.GetCluster()}, nil
 	}
 	var eps []string
-	if s.eds == nil {
+	if s.cfg.EDS == nil {
 		var err error
 		if eps, err = s.endpoints.Endpoints(ctx, p); err != nil {
 			// Envoy Gateway keeps its previous configuration when a hook fails.
 			return nil, status.Errorf(codes.Unavailable, "endpoints of pool %s: %v", p.Key(), err)
 		}
 	}
-	c, err := ModifyCluster(req.GetCluster(), p, eps, s.eds)
+	c, err := ModifyCluster(req.GetCluster(), p, eps, s.cfg.EDS)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "cluster %q: %v", req.GetCluster().GetName(), err)
 	}
@@ -106,7 +105,7 @@ func (s *Server) PostClusterModify(ctx context.Context, req *pb.PostClusterModif
 
 // PostTranslateModify adds each pool's picker cluster and filter.
 func (s *Server) PostTranslateModify(_ context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
-	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes(), s.eds, s.payload)
+	clusters, listeners, err := ModifyTranslation(req.GetClusters(), req.GetListeners(), req.GetRoutes(), s.cfg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "translation: %v", err)
 	}

@@ -218,11 +218,33 @@ func hostPort(ep string) (*corev3.Address, error) {
 	return socketAddress(host, uint32(n)), nil
 }
 
+// Config is what the extension adds to a translation besides the pools'
+// pickers. The zero Config adds nothing else.
+type Config struct {
+	// EDS, when set, serves the pools' endpoints (see EDSServer).
+	EDS *EDSServer
+	// Payload, when set, runs before the pickers on every listener that
+	// serves a pool.
+	Payload *Payload
+	// ClientCert, when set, is presented to the pickers and the payload
+	// processor over TLS, for processors that require client certificates
+	// (--client-ca-file).
+	ClientCert *ClientCert
+}
+
+// ClientCert is a PEM certificate chain and its private key. It travels
+// inline in the clusters' TLS context; Envoy redacts private keys (a
+// sensitive field) from its config dumps.
+type ClientCert struct {
+	ChainPEM, KeyPEM []byte
+}
+
 // ModifyTranslation adds, for every pool some route serves, the picker's
 // cluster and its ext_proc filter: disabled on the listener and enabled
 // only by the pool's routes (ModifyRoute), inserted just before the router
 // so that every other filter, the payload processor's included, runs first.
-func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, eds *EDSServer, payload *Payload) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, cfg Config) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+	eds, payload := cfg.EDS, cfg.Payload
 	// Pools by route configuration.
 	byRC := map[string][]*Pool{}
 	pools := map[string]*Pool{}
@@ -257,21 +279,22 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 	slices.Sort(keys)
 	outClusters := slices.Clone(clusters)
 	for _, k := range keys {
-		outClusters = append(outClusters, eppCluster(pools[k]))
+		outClusters = append(outClusters, eppCluster(pools[k], cfg.ClientCert))
 	}
 	for _, srv := range []struct {
 		name string
 		addr string
 		tls  bool
 		on   bool
+		cert *ClientCert // the extension's own EDS server asks for none
 	}{
-		{EDSClusterName, eds.address(), eds != nil && eds.TLS, eds != nil},
-		{PayloadClusterName, payload.address(), payload != nil && payload.TLS, payload != nil},
+		{EDSClusterName, eds.address(), eds != nil && eds.TLS, eds != nil, nil},
+		{PayloadClusterName, payload.address(), payload != nil && payload.TLS, payload != nil, cfg.ClientCert},
 	} {
 		if !srv.on {
 			continue
 		}
-		c, err := serverCluster(srv.name, srv.addr, srv.tls)
+		c, err := serverCluster(srv.name, srv.addr, srv.tls, srv.cert)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -410,7 +433,7 @@ func eppHost(p *Pool) string {
 
 // serverCluster reaches a gRPC server of the extension's setup (its own
 // EDS service, the payload processor) at host:port over HTTP/2.
-func serverCluster(name, addr string, useTLS bool) (*clusterv3.Cluster, error) {
+func serverCluster(name, addr string, useTLS bool, cert *ClientCert) (*clusterv3.Cluster, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
@@ -419,7 +442,7 @@ func serverCluster(name, addr string, useTLS bool) (*clusterv3.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
 	}
-	return grpcCluster(name, host, uint32(n), useTLS, host), nil
+	return grpcCluster(name, host, uint32(n), useTLS, host, cert), nil
 }
 
 // Payload is the payload processor the extension puts in front of the
@@ -471,13 +494,14 @@ func payloadFilter(p *Payload) *extprocv3.ExternalProcessor {
 // eppCluster reaches the picker Service by its DNS name over HTTP/2, with
 // TLS that accepts its self-signed certificate unless the pool says
 // plaintext.
-func eppCluster(p *Pool) *clusterv3.Cluster {
-	return grpcCluster(EPPClusterName(p), eppHost(p), p.EPPPort, !p.Plaintext, eppHost(p))
+func eppCluster(p *Pool, cert *ClientCert) *clusterv3.Cluster {
+	return grpcCluster(EPPClusterName(p), eppHost(p), p.EPPPort, !p.Plaintext, eppHost(p), cert)
 }
 
 // grpcCluster is a STRICT_DNS cluster of one gRPC server over HTTP/2, with
-// TLS that accepts the server's certificate when useTLS.
-func grpcCluster(name, host string, port uint32, useTLS bool, sni string) *clusterv3.Cluster {
+// TLS that accepts the server's certificate when useTLS, presenting cert
+// when set.
+func grpcCluster(name, host string, port uint32, useTLS bool, sni string, cert *ClientCert) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
@@ -497,11 +521,18 @@ func grpcCluster(name, host string, port uint32, useTLS bool, sni string) *clust
 		},
 	}
 	if useTLS {
+		ctc := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}}
+		if cert != nil {
+			ctc.TlsCertificates = []*tlsv3.TlsCertificate{{
+				CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cert.ChainPEM}},
+				PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cert.KeyPEM}},
+			}}
+		}
 		c.TransportSocket = &corev3.TransportSocket{
 			Name: "envoy.transport_sockets.tls",
 			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
 				Sni:              sni,
-				CommonTlsContext: &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}},
+				CommonTlsContext: ctc,
 			})},
 		}
 	}

@@ -125,7 +125,7 @@ func TestTranslationShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, nil, nil)
+	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestTranslationShape(t *testing.T) {
 	}
 	// Translating again (Envoy Gateway calls the hook on every
 	// translation, with its own fresh resources) adds nothing twice.
-	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, nil, nil)
+	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, Config{})
 	if err != nil || !proto.Equal(again[0], listeners[0]) {
 		t.Fatalf("second translation changed the listener: %v", err)
 	}

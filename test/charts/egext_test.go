@@ -33,7 +33,9 @@ func TestEgextChart(t *testing.T) {
 		{"one namespace, no EDS", `egext: {watchNamespace: models, eds: false}`, []string{"--namespace=models"}, []string{"--eds-address"}, "Role"},
 		{"payload processor", `egext: {payload: {address: "infergate-payload.infergate.svc.cluster.local:9004", failOpen: true}}`,
 			[]string{"--payload-address=infergate-payload.infergate.svc.cluster.local:9004", "--payload-tls=true", "--payload-fail-open=true"}, nil, "ClusterRole"},
-		{"TLS", `egext: {tlsSecretName: egext-tls}`, []string{"--tls-cert-file=/certs/tls.crt", "--tls-key-file=/certs/tls.key"}, nil, "ClusterRole"},
+		{"TLS", `egext: {tlsSecretName: egext-tls}`, []string{"--tls-cert-file=/certs/tls.crt", "--tls-key-file=/certs/tls.key"}, []string{"--processor-client"}, "ClusterRole"},
+		{"client certificate to the processors", `egext: {processorClientCertSecretName: processor-client}`,
+			[]string{"--processor-client-cert-file=/client-cert/tls.crt", "--processor-client-key-file=/client-cert/tls.key"}, []string{"--tls-cert-file"}, "ClusterRole"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace(t, "charts-egext")

@@ -601,6 +601,13 @@ func checkPodMonitor(t *testing.T, objs []*unstructured.Unstructured, dep *appsv
 
 func checkDestinationRule(t *testing.T, objs []*unstructured.Unstructured, host string) {
 	t.Helper()
+	checkDestinationRuleTLS(t, objs, host, "SIMPLE", "")
+}
+
+// checkDestinationRuleTLS: the DestinationRule for host originates TLS in
+// mode, presenting the credential named (MUTUAL) or none.
+func checkDestinationRuleTLS(t *testing.T, objs []*unstructured.Unstructured, host, wantMode, wantCredential string) {
+	t.Helper()
 	dr := only(objs, "DestinationRule")[0]
 	if dr.GetAPIVersion() != "networking.istio.io/v1" {
 		t.Errorf("DestinationRule apiVersion %s", dr.GetAPIVersion())
@@ -608,8 +615,10 @@ func checkDestinationRule(t *testing.T, objs []*unstructured.Unstructured, host 
 	got, _, _ := unstructured.NestedString(dr.Object, "spec", "host")
 	mode, _, _ := unstructured.NestedString(dr.Object, "spec", "trafficPolicy", "tls", "mode")
 	skip, _, _ := unstructured.NestedBool(dr.Object, "spec", "trafficPolicy", "tls", "insecureSkipVerify")
-	if got != host || mode != "SIMPLE" || !skip {
-		t.Errorf("DestinationRule host %q tls %q insecureSkipVerify %t; want %q, SIMPLE, true", got, mode, skip, host)
+	cred, _, _ := unstructured.NestedString(dr.Object, "spec", "trafficPolicy", "tls", "credentialName")
+	if got != host || mode != wantMode || !skip || cred != wantCredential {
+		t.Errorf("DestinationRule host %q tls %q credentialName %q insecureSkipVerify %t; want %q, %s, %q, true",
+			got, mode, cred, skip, host, wantMode, wantCredential)
 	}
 }
 

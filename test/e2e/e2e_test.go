@@ -72,9 +72,11 @@ type eppProc struct {
 	stop func() // stops the picker and waits for it
 }
 
-func startEPP(t testing.TB, poolFile string) *eppProc {
+// startEPP runs a picker over poolFile on loopback until the test ends;
+// edits change its configuration first.
+func startEPP(t testing.TB, poolFile string, edits ...func(*epp.Config)) *eppProc {
 	t.Helper()
-	s, err := epp.NewService(epp.Config{
+	cfg := epp.Config{
 		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
 			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: 2 * time.Second},
 		PoolFile:         poolFile,
@@ -82,7 +84,11 @@ func startEPP(t testing.TB, poolFile string) *eppProc {
 		MetricsStaleness: 2 * time.Second,
 		EmitScores:       true,
 		Logger:           logr.Discard(),
-	})
+	}
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	s, err := epp.NewService(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

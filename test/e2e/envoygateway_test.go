@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,10 +22,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/internal/testcert"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -130,14 +134,10 @@ func poolFixture(t *testing.T, sims []simProc, eppAddr, failureMode string) (sta
 	return eps, byAddr, poolJSON
 }
 
-func startExtension(t *testing.T, endpoints envoygateway.Endpoints, payload ...*envoygateway.Payload) pb.EnvoyGatewayExtensionClient {
+func startExtension(t *testing.T, endpoints envoygateway.Endpoints, cfg envoygateway.Config) pb.EnvoyGatewayExtensionClient {
 	t.Helper()
 	g := grpc.NewServer()
-	var p *envoygateway.Payload
-	if len(payload) > 0 {
-		p = payload[0]
-	}
-	envoygateway.NewServer(endpoints, nil, p, logr.Discard()).Register(g)
+	envoygateway.NewServer(endpoints, cfg, logr.Discard()).Register(g)
 	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)
@@ -161,7 +161,7 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 			sims, pool := newPool(t, 3)
 			e := startEPP(t, pool)
 			eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), failureMode)
-			rs := egRendered(t, startExtension(t, eps), poolJSON)
+			rs := egRendered(t, startExtension(t, eps, envoygateway.Config{}), poolJSON)
 			srv := xdstest.Start(t)
 			srv.Set(t, "1", rs...)
 			n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
@@ -194,21 +194,9 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
 	sims, pool := newPool(t, 2)
 	e := startEPP(t, pool)
-	proc, err := payload.New(payload.Config{
-		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
-		Logger: logr.Discard(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(context.Background())
-	pdone := make(chan error, 1)
-	go func() { pdone <- proc.Run(pctx) }()
-	t.Cleanup(func() { pcancel(); <-pdone })
-
+	proc := startPayload(t, server.TLSOptions{Enabled: true})
 	eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), "FailClose")
-	ext := startExtension(t, eps, &envoygateway.Payload{Address: proc.GRPCAddr(), TLS: true})
+	ext := startExtension(t, eps, envoygateway.Config{Payload: &envoygateway.Payload{Address: proc.GRPCAddr(), TLS: true}})
 	byModel := []*routev3.HeaderMatcher{{Name: "x-gateway-base-model-name", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
 		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "meta-llama/Llama-3.1-8B-Instruct"}},
 	}}}
@@ -222,6 +210,73 @@ func TestEnvoyGatewayExtensionWithPayloadProcessor(t *testing.T) {
 		t.Fatalf("a model no rule serves: %v %d %q", err, r.status, r.body)
 	}
 	requireNoNACK(t, n)
+}
+
+// startPayload runs a payload processor with the default policy on
+// loopback until the test ends.
+func startPayload(t *testing.T, tlsOpts server.TLSOptions) *payload.Service {
+	t.Helper()
+	proc, err := payload.New(payload.Config{
+		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: tlsOpts, DrainTimeout: time.Second},
+		Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- proc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return proc
+}
+
+// TestEnvoyGatewayMutualTLS: with the picker and the payload processor
+// both requiring client certificates from one CA, the clusters egext
+// renders present the certificate it was given and every request reaches
+// the picker's choice; rendered without one, the handshakes fail and the
+// FailClose pool answers 500.
+func TestEnvoyGatewayMutualTLS(t *testing.T) {
+	ca := testcert.NewCA(t, "processors")
+	dir := t.TempDir()
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	certPEM, keyPEM := ca.ClientPEM(t, "envoy-gateway")
+	for file, data := range map[string][]byte{caFile: ca.PEM, certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mtls := server.TLSOptions{Enabled: true, ClientCAFile: caFile}
+	sims, pool := newPool(t, 2)
+	e := startEPP(t, pool, func(c *epp.Config) { c.Server.TLS = mtls })
+	proc := startPayload(t, mtls)
+	eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), "FailClose")
+	cert, err := envoygateway.LoadClientCert(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cert *envoygateway.ClientCert
+	}{{"with the certificate", cert}, {"without", nil}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ext := startExtension(t, eps, envoygateway.Config{
+				Payload: &envoygateway.Payload{Address: proc.GRPCAddr(), TLS: true}, ClientCert: tc.cert,
+			})
+			srv := xdstest.Start(t)
+			srv.Set(t, "1", egRendered(t, ext, poolJSON)...)
+			n, base := startNodeResolving(t, srv, "default/eg/http", map[string]string{"llama-epp.default.svc.cluster.local": "127.0.0.1"})
+			requireNoNACK(t, n)
+			if tc.cert != nil {
+				followsPicks(t, base, byAddr, 10)
+				return
+			}
+			r, err := post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"hi"}`)
+			if err != nil || r.status != 500 || r.pod != "" {
+				t.Fatalf("without a client certificate: %v status %d pod %q, want 500 from the gateway", err, r.status, r.pod)
+			}
+		})
+	}
 }
 
 // followsPicks sends n completions and checks each was answered 200 by the

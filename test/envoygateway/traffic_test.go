@@ -269,7 +269,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	c := startCluster(t)
 	eps := &flakyEndpoints{inner: envoygateway.KubeEndpoints{Reader: c.client}}
 	g := grpc.NewServer()
-	envoygateway.NewServer(eps, nil, nil, logr.Discard()).Register(g)
+	envoygateway.NewServer(eps, envoygateway.Config{}, logr.Discard()).Register(g)
 	ext := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)
