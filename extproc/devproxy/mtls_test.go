@@ -192,15 +192,7 @@ func TestEDSStreamPresentsTheClientCertificate(t *testing.T) {
 				ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12,
 			})))
 			side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
-			pool := xdstest.EDSCluster("pool-cluster")
-			pool.EdsClusterConfig.ServiceName = "pool"
-			pool.EdsClusterConfig.EdsConfig = &corev3.ConfigSource{
-				ResourceApiVersion: corev3.ApiVersion_V3,
-				ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
-					ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
-					GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "eds-server"}}}},
-				}},
-			}
+			pool := xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server")
 			srv := xdstest.Start(t)
 			srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), xdstest.CatchAllRoutes("r", "pool-cluster"), pool,
 				withSocket(xdstest.StaticCluster("eds-server", side.Addr), tc.socket))

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -449,15 +448,7 @@ func TestEndpointsFromAnotherEDSServer(t *testing.T) {
 	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
 	side := xdstest.Start(t)
 	side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
-	pool := xdstest.EDSCluster("pool-cluster")
-	pool.EdsClusterConfig.ServiceName = "pool"
-	pool.EdsClusterConfig.EdsConfig = &corev3.ConfigSource{
-		ResourceApiVersion: corev3.ApiVersion_V3,
-		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
-			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
-			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "eds-server"}}}},
-		}},
-	}
+	pool := xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server")
 	routes := xdstest.CatchAllRoutes("r", "pool-cluster")
 	srv := xdstest.Start(t)
 	srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), routes, pool, xdstest.StaticCluster("eds-server", side.Addr))

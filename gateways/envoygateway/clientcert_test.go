@@ -61,20 +61,7 @@ func TestLoadClientCert(t *testing.T) {
 // and the payload processor's clusters, which Envoy validates, and not to
 // the extension's own EDS cluster, whose server asks for none.
 func TestClientCertOnProcessorClusters(t *testing.T) {
-	p, err := ParsePool(poolJSON(t, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, rc, c := egInput()
-	r, err := ModifyRoute(rc.VirtualHosts[0].Routes[0], p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.VirtualHosts[0].Routes[0] = r
-	nc, err := ModifyCluster(c, p, []string{"10.0.0.1:8000"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, l, rc, nc := poolTranslation(t, "10.0.0.1:8000")
 	certFile, keyFile := writePair(t, testcert.NewCA(t, "processors"), "gateway")
 	cc, err := LoadClientCert(certFile, keyFile)
 	if err != nil {

@@ -110,7 +110,11 @@ func egInput() (*listenerv3.Listener, *routev3.RouteConfiguration, *clusterv3.Cl
 	return l, rc, c
 }
 
-func TestTranslationShape(t *testing.T) {
+// poolTranslation is Envoy Gateway's input for one pool's route after the
+// route and cluster hooks, over endpoints: the pool, the listener, the
+// modified route configuration and cluster.
+func poolTranslation(t *testing.T, endpoints ...string) (*Pool, *listenerv3.Listener, *routev3.RouteConfiguration, *clusterv3.Cluster) {
+	t.Helper()
 	p, err := ParsePool(poolJSON(t, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -121,10 +125,15 @@ func TestTranslationShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.VirtualHosts[0].Routes[0] = r
-	nc, err := ModifyCluster(c, p, []string{"10.0.0.1:8000", "10.0.0.2:8000"}, nil)
+	nc, err := ModifyCluster(c, p, endpoints, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return p, l, rc, nc
+}
+
+func TestTranslationShape(t *testing.T) {
+	p, l, rc, nc := poolTranslation(t, "10.0.0.1:8000", "10.0.0.2:8000")
 	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +166,7 @@ func TestTranslationShape(t *testing.T) {
 		t.Fatalf("ext_proc %v", ep)
 	}
 	pr := &extprocv3.ExtProcPerRoute{}
-	if err := r.GetTypedPerFilterConfig()[FilterName(p)].UnmarshalTo(pr); err != nil {
+	if err := rc.VirtualHosts[0].Routes[0].GetTypedPerFilterConfig()[FilterName(p)].UnmarshalTo(pr); err != nil {
 		t.Fatalf("the pool's route does not configure its filter: %v", err)
 	}
 	m := pr.GetOverrides().GetProcessingMode()

@@ -311,6 +311,22 @@ func EDSCluster(name string) *clusterv3.Cluster {
 	}
 }
 
+// EDSClusterFrom is an EDS cluster whose load assignment serviceName comes
+// from the EDS server that cluster source reaches (an api_config_source),
+// not over ADS.
+func EDSClusterFrom(name, serviceName, source string) *clusterv3.Cluster {
+	c := EDSCluster(name)
+	c.EdsClusterConfig.ServiceName = serviceName
+	c.EdsClusterConfig.EdsConfig = &corev3.ConfigSource{
+		ResourceApiVersion: corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: source}}}},
+		}},
+	}
+	return c
+}
+
 // Assignment is a ClusterLoadAssignment of ip:port endpoints.
 func Assignment(name string, endpoints ...string) *endpointv3.ClusterLoadAssignment {
 	var les []*endpointv3.LbEndpoint
