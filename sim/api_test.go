@@ -63,7 +63,7 @@ func TestGenerateJSON(t *testing.T) {
 			} else if c.Text != nil {
 				text = *c.Text
 			}
-			if want := outputText(tt.completionTokens); text != want {
+			if want := outputText(ts.tok, tt.completionTokens); text != want {
 				t.Errorf("text = %q, want %q", text, want)
 			}
 			u := r.Usage
@@ -150,7 +150,7 @@ func TestGenerateStream(t *testing.T) {
 					text.WriteString(*ch.Text)
 				}
 			}
-			if want := outputText(maxTokens); text.String() != want {
+			if want := outputText(ts.tok, maxTokens); text.String() != want {
 				t.Errorf("streamed text = %q, want %q", text.String(), want)
 			}
 			if finished != 1 {

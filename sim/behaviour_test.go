@@ -32,6 +32,8 @@ func TestMetricsNamesAndLabels(t *testing.T) {
 		"vllm:kv_cache_usage_perc":        0,
 		"vllm:prefix_cache_queries_total": 2 * 48,
 		"vllm:prefix_cache_hits_total":    48,
+		"vllm:prompt_tokens_total":        2 * 48,
+		"vllm:generation_tokens_total":    2 * 2,
 		"vllm:request_success_total":      2,
 		"vllm:cache_config_info":          1,
 	} {
@@ -185,7 +187,7 @@ func TestPrefixCacheHits(t *testing.T) {
 			if got := r.Usage.PromptTokensDetails.CachedTokens; got != tt.wantCached {
 				t.Errorf("cached_tokens = %d, want %d", got, tt.wantCached)
 			}
-			queried += uint64(countTokens(tt.prompt))
+			queried += uint64(ts.tok.count(tt.prompt))
 			hits += uint64(tt.wantCached)
 			if st := ts.Stats(); st.PrefixQueriedTokens != queried || st.PrefixHitTokens != hits {
 				t.Errorf("Stats = %+v, want queried %d hits %d", st, queried, hits)
@@ -267,7 +269,7 @@ func TestOutputBlocksCached(t *testing.T) {
 			t.Fatalf("status %d: %s", resp.StatusCode, body)
 		}
 		r := decode[wireResponse](t, body)
-		if want := countTokens(prompt) + maxTokens; r.Usage.TotalTokens != want || countTokens(*r.Choices[0].Text) != maxTokens {
+		if want := ts.tok.count(prompt) + maxTokens; r.Usage.TotalTokens != want || ts.tok.count(*r.Choices[0].Text) != maxTokens {
 			t.Fatalf("usage %+v for %d generated tokens of text %q", r.Usage, maxTokens, *r.Choices[0].Text)
 		}
 		return r.Usage.PromptTokensDetails.CachedTokens
@@ -275,7 +277,7 @@ func TestOutputBlocksCached(t *testing.T) {
 	if got := cachedOf(prompt, 9); got != 0 {
 		t.Fatalf("first turn: cached_tokens = %d, want 0", got)
 	}
-	next := prompt + outputText(9) + strings.Repeat("q", 40)
+	next := prompt + outputText(ts.tok, 9) + strings.Repeat("q", 40)
 	if got := cachedOf(next, 1); got != 16 {
 		t.Errorf("next turn: cached_tokens = %d, want 16 (prompt and answer)", got)
 	}
@@ -357,24 +359,25 @@ func TestAdmissionWaitsForKVCache(t *testing.T) {
 }
 
 func TestSequenceBlocks(t *testing.T) {
-	for i := range fillerWords {
-		if tok := outputToken(i); len(tok) != bytesPerToken {
-			t.Errorf("output token %q is not %d bytes", tok, bytesPerToken)
+	tk := newTokenizer(Config{}.WithDefaults())
+	for i := range fillerWords[DefaultBytesPerToken-1] {
+		if tok := tk.outputToken(i); len(tok) != DefaultBytesPerToken {
+			t.Errorf("output token %q is not %d bytes", tok, DefaultBytesPerToken)
 		}
 	}
 	prompt := strings.Repeat("x", 4*16*3+8) // 3 full blocks and 2 tokens
-	seq := sequenceBlocks(base, prompt, 30, 16, 100)
-	if want := blockHashes(base, prompt, 16); !slices.Equal(seq.prompt, want) {
+	seq := sequenceBlocks(tk, base, prompt, 30, 16, 100)
+	if want := blockHashes(tk, base, prompt, 16); !slices.Equal(seq.prompt, want) {
 		t.Errorf("prompt hashes differ from the prompt's own block hashes")
 	}
 	// 50 prompt tokens and 30 generated: 79 with KV, 4 full blocks, 5 held.
 	if len(seq.output) != 1 || seq.total != 5 {
 		t.Errorf("output blocks %d, total %d; want 1 and 5", len(seq.output), seq.total)
 	}
-	if want := blockHashes(base, prompt+outputText(30), 16)[3]; seq.output[0] != want {
+	if want := blockHashes(tk, base, prompt+outputText(tk, 30), 16)[3]; seq.output[0] != want {
 		t.Error("output hash does not continue the chain over prompt and answer")
 	}
-	if seq := sequenceBlocks(base, prompt, 1<<30, 16, 10); len(seq.output) != 10 || seq.total < 1<<26 {
+	if seq := sequenceBlocks(tk, base, prompt, 1<<30, 16, 10); len(seq.output) != 10 || seq.total < 1<<26 {
 		t.Errorf("huge max_tokens: %d output hashes (want the limit, 10), total %d", len(seq.output), seq.total)
 	}
 }
@@ -496,6 +499,15 @@ func TestConfigValidate(t *testing.T) {
 		{name: "duplicate adapter", cfg: Config{LoRAAdapters: []string{"x", "x"}}, want: `"x"`},
 		{name: "adapter named like base", cfg: Config{Model: "m", LoRAAdapters: []string{"m"}}, want: "LoRAAdapters"},
 		{name: "empty adapter", cfg: Config{LoRAAdapters: []string{""}}, want: "empty"},
+		{name: "words tokenizer", cfg: Config{Tokenizer: TokenizerWords}},
+		{name: "words with the default bytes per token", cfg: Config{Tokenizer: TokenizerWords, BytesPerToken: 4}},
+		{name: "2 bytes a token", cfg: Config{Tokenizer: TokenizerBytes, BytesPerToken: 2}},
+		{name: "8 bytes a token", cfg: Config{BytesPerToken: 8}},
+		{name: "unknown tokenizer", cfg: Config{Tokenizer: "bpe"}, want: `Tokenizer: must be "bytes" or "words", got "bpe"`},
+		{name: "1 byte a token", cfg: Config{BytesPerToken: 1}, want: "BytesPerToken: must be within 2..8, got 1"},
+		{name: "9 bytes a token", cfg: Config{BytesPerToken: 9}, want: "BytesPerToken: must be within 2..8, got 9"},
+		{name: "negative bytes a token", cfg: Config{BytesPerToken: -4}, want: "BytesPerToken"},
+		{name: "bytes per token with words", cfg: Config{Tokenizer: TokenizerWords, BytesPerToken: 3}, want: `BytesPerToken: applies to Tokenizer "bytes" only`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -519,7 +531,8 @@ func TestConfigValidate(t *testing.T) {
 	}
 	d := Config{}.WithDefaults()
 	if d.MaxNumSeqs != 256 || d.MaxLoRAs != 1 || d.MaxWaitingQueue != 1000 || d.DefaultMaxTokens != 16 ||
-		d.KVCacheTokens != 163472 || d.BlockSize != 16 || d.TimeScale != 1 || d.Model == "" || d.Name == "" {
+		d.KVCacheTokens != 163472 || d.BlockSize != 16 || d.TimeScale != 1 || d.Model == "" || d.Name == "" ||
+		d.Tokenizer != TokenizerBytes || d.BytesPerToken != 4 {
 		t.Errorf("defaults = %+v", d)
 	}
 }

@@ -142,7 +142,7 @@ func replayPrefixWorkload(t *testing.T, prefixes, repeats int, seed uint64) (flo
 // calText returns tokens sim tokens of text that starts with label and goes
 // on with random letters, so that texts with distinct labels are distinct.
 func calText(rng *rand.Rand, label string, tokens int) string {
-	b := make([]byte, tokens*bytesPerToken)
+	b := make([]byte, tokens*DefaultBytesPerToken)
 	n := copy(b, label)
 	for i := n; i < len(b); i++ {
 		b[i] = 'a' + byte(rng.IntN(26))

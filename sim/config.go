@@ -37,6 +37,25 @@ const (
 	DefaultKVCacheTokens   = 163472
 	DefaultBlockSize       = 16
 	DefaultTimeScale       = 1.0
+	DefaultTokenizer       = TokenizerBytes
+	DefaultBytesPerToken   = 4
+)
+
+// Tokenizers the simulator offers (Config.Tokenizer).
+const (
+	// TokenizerBytes makes every BytesPerToken bytes of text one token.
+	TokenizerBytes = "bytes"
+	// TokenizerWords makes a run of white space and the word after it one
+	// token, a word longer than 8 bytes one token per 8 bytes: about 5
+	// bytes a token on English prose, 5.7 on words of 2 to 9 letters.
+	TokenizerWords = "words"
+)
+
+// Bounds of Config.BytesPerToken: real tokenizers range from about 2 bytes
+// a token (code, CJK, numbers) to 6 or more (long English words).
+const (
+	MinBytesPerToken = 2
+	MaxBytesPerToken = 8
 )
 
 // Latency defaults for a small model (Qwen3-0.6B) on one GPU. They are not
@@ -95,6 +114,16 @@ type Config struct {
 	KVCacheTokens int
 	// BlockSize is the number of tokens per KV cache block.
 	BlockSize int
+
+	// Tokenizer is how the server cuts text into tokens: TokenizerBytes
+	// (the default) or TokenizerWords. Prompt token counts (queueing,
+	// prefill time, usage, metrics) and the prefix cache's blocks follow
+	// it, and generated text is one token of it per generated token.
+	Tokenizer string
+	// BytesPerToken is the token size of TokenizerBytes, from 2 to 8
+	// (default 4, the figure the defaults above are calibrated with). Only
+	// the default is accepted with TokenizerWords.
+	BytesPerToken int
 }
 
 // WithDefaults returns a copy of c with zero-valued fields set to defaults.
@@ -125,6 +154,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
+	}
+	if c.Tokenizer == "" {
+		c.Tokenizer = DefaultTokenizer
+	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = DefaultBytesPerToken
 	}
 	c.LoRAAdapters = append([]string(nil), c.LoRAAdapters...)
 	return c
@@ -182,6 +217,18 @@ func (c Config) Validate() error {
 		bad("KVCacheTokens", "must be positive, got %d", c.KVCacheTokens)
 	} else if c.BlockSize > 0 && c.KVCacheTokens < c.BlockSize {
 		bad("KVCacheTokens", "must hold at least one block of %d tokens, got %d", c.BlockSize, c.KVCacheTokens)
+	}
+	switch c.Tokenizer {
+	case TokenizerBytes:
+		if c.BytesPerToken < MinBytesPerToken || c.BytesPerToken > MaxBytesPerToken {
+			bad("BytesPerToken", "must be within %d..%d, got %d", MinBytesPerToken, MaxBytesPerToken, c.BytesPerToken)
+		}
+	case TokenizerWords:
+		if c.BytesPerToken != DefaultBytesPerToken {
+			bad("BytesPerToken", "applies to Tokenizer %q only, got %d with %q", TokenizerBytes, c.BytesPerToken, TokenizerWords)
+		}
+	default:
+		bad("Tokenizer", "must be %q or %q, got %q", TokenizerBytes, TokenizerWords, c.Tokenizer)
 	}
 	return errors.Join(errs...)
 }

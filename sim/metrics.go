@@ -16,13 +16,25 @@ var ttftBuckets = []float64{
 // metrics holds the vLLM-named series of one Server. Counters and the
 // histogram are updated as requests run; gauges are read at scrape time by
 // Collect so that fake values can stand in for them.
+//
+// The token counters count tokens of the server's tokenizer, as vLLM's
+// count the model's: the prefix-cache queries and hits when a request is
+// admitted (all its prompt tokens, and those of its leading blocks found
+// cached), the prompt tokens when its prefill is done (all of them, cached
+// or not, as vLLM V1 counts them when a request's first token comes out),
+// and the generation tokens as they become due: the first with the end of
+// prefill, the others of a streamed answer one per inter-token latency,
+// those of an answer written at once when its last one is due. A request
+// whose client leaves early counts the tokens due before it left.
 type metrics struct {
 	registry *prometheus.Registry
 
-	prefixQueries  prometheus.Counter
-	prefixHits     prometheus.Counter
-	requestSuccess prometheus.Counter
-	ttft           prometheus.Histogram
+	prefixQueries    prometheus.Counter
+	prefixHits       prometheus.Counter
+	promptTokens     prometheus.Counter
+	generationTokens prometheus.Counter
+	requestSuccess   prometheus.Counter
+	ttft             prometheus.Histogram
 
 	gauges *gaugeCollector
 }
@@ -41,6 +53,16 @@ func newMetrics(s *Server) *metrics {
 			Help:        "Prompt tokens found in the prefix cache.",
 			ConstLabels: labels,
 		}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "vllm:prompt_tokens_total",
+			Help:        "Number of prefill tokens processed.",
+			ConstLabels: labels,
+		}),
+		generationTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "vllm:generation_tokens_total",
+			Help:        "Number of generation tokens processed.",
+			ConstLabels: labels,
+		}),
 		// Generation always stops at the token limit, hence the one reason.
 		requestSuccess: prometheus.NewCounter(prometheus.CounterOpts{
 			Name:        "vllm:request_success_total",
@@ -55,7 +77,8 @@ func newMetrics(s *Server) *metrics {
 		}),
 		gauges: newGaugeCollector(s, labels),
 	}
-	m.registry.MustRegister(m.prefixQueries, m.prefixHits, m.requestSuccess, m.ttft, m.gauges)
+	m.registry.MustRegister(m.prefixQueries, m.prefixHits, m.promptTokens, m.generationTokens,
+		m.requestSuccess, m.ttft, m.gauges)
 	return m
 }
 

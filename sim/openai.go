@@ -152,8 +152,8 @@ func (s *Server) handleGenerate(chat bool) http.HandlerFunc {
 // When the client goes away the deferred releases free the slot and blocks.
 func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 	arrival := time.Now()
-	promptTokens := countTokens(j.prompt)
-	seq := sequenceBlocks(j.model, j.prompt, j.maxTokens, s.cfg.BlockSize, s.cache.capacity)
+	seq := sequenceBlocks(s.tok, j.model, j.prompt, j.maxTokens, s.cfg.BlockSize, s.cache.capacity)
+	promptTokens := seq.promptTokens
 
 	t, err := s.sched.acquire(ctx, j.model, seq)
 	if err != nil {
@@ -188,6 +188,10 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 	// multiplied by TimeScale would otherwise swamp short prefills.
 	queued := time.Duration(float64(admitted.Sub(arrival)) * s.cfg.TimeScale)
 	s.metrics.ttft.Observe((queued + prefill).Seconds())
+	// Prefill is done and has produced the first token.
+	s.promptTokens.Add(uint64(promptTokens))
+	s.metrics.promptTokens.Add(float64(promptTokens))
+	s.countGenerated(1)
 
 	prefix := "cmpl"
 	if j.chat {
@@ -200,13 +204,21 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 		TotalTokens:         promptTokens + j.maxTokens,
 		PromptTokensDetails: &promptTokensDetails{CachedTokens: cached},
 	}
-	r := responder{w: w, id: id, model: j.model, created: arrival.Unix(), chat: j.chat}
+	r := responder{w: w, tok: s.tok, id: id, model: j.model, created: arrival.Unix(), chat: j.chat}
 	if j.stream {
-		if !r.stream(ctx, j, first, itl, u, func() { release(true) }) {
+		if !r.stream(ctx, j, first, itl, u, func() { s.countGenerated(1) }, func() { release(true) }) {
 			return
 		}
 	} else {
-		if !sleepUntil(ctx, first.Add(time.Duration(j.maxTokens-1)*itl)) {
+		// The answer is written at once: its tokens after the first count
+		// when the last is due, or those due by then if the client leaves.
+		ok := sleepUntil(ctx, first.Add(time.Duration(j.maxTokens-1)*itl))
+		due := j.maxTokens
+		if !ok && itl > 0 {
+			due = min(max(int(time.Since(first)/itl)+1, 1), j.maxTokens)
+		}
+		s.countGenerated(due - 1)
+		if !ok {
 			return
 		}
 		release(true)
@@ -214,6 +226,12 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, j job) {
 	}
 	s.served.Add(1)
 	s.metrics.requestSuccess.Inc()
+}
+
+// countGenerated counts n more generated tokens.
+func (s *Server) countGenerated(n int) {
+	s.generationTokens.Add(uint64(n))
+	s.metrics.generationTokens.Add(float64(n))
 }
 
 // sleepUntil waits for t and reports false if ctx ended first.
@@ -275,6 +293,7 @@ type chatContent struct {
 // responder writes OpenAI-shaped responses for one request.
 type responder struct {
 	w       http.ResponseWriter
+	tok     tokenizer
 	id      string
 	model   string
 	created int64
@@ -296,7 +315,7 @@ func (r responder) envelope(chunk bool, choices any, u *usage) response {
 }
 
 func (r responder) whole(j job, u *usage) {
-	text, reason := outputText(j.maxTokens), finishLength
+	text, reason := outputText(r.tok, j.maxTokens), finishLength
 	var choices any = []completionChoice{{Text: text, FinishReason: &reason}}
 	if r.chat {
 		choices = []chatChoice{{Message: &chatContent{Role: "assistant", Content: &text}, FinishReason: &reason}}
@@ -304,10 +323,10 @@ func (r responder) whole(j job, u *usage) {
 	writeJSON(r.w, http.StatusOK, r.envelope(false, choices, u))
 }
 
-// stream sends one SSE event per token as it becomes due, calls generated
-// once the last token is sent, and reports whether the client received
-// everything.
-func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.Duration, u *usage, generated func()) bool {
+// stream sends one SSE event per token as it becomes due, calls due as
+// each token after the first becomes due and generated once the last token
+// is sent, and reports whether the client received everything.
+func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.Duration, u *usage, due, generated func()) bool {
 	h := r.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -333,7 +352,10 @@ func (r responder) stream(ctx context.Context, j job, first time.Time, itl time.
 		if !sleepUntil(ctx, first.Add(time.Duration(i)*itl)) {
 			return false
 		}
-		tok := outputToken(i)
+		if i > 0 {
+			due()
+		}
+		tok := r.tok.outputToken(i)
 		var choices any = []completionChoice{{Text: tok}}
 		if r.chat {
 			choices = []chatChoice{{Delta: &chatContent{Content: &tok}}}

@@ -28,16 +28,19 @@ const shutdownGrace = 2 * time.Second
 // use.
 type Server struct {
 	cfg     Config
+	tok     tokenizer
 	models  map[string]bool
 	sched   *scheduler
 	cache   *prefixCache
 	metrics *metrics
 	handler http.Handler
 
-	served        atomic.Uint64
-	queriedTokens atomic.Uint64
-	hitTokens     atomic.Uint64
-	nextID        atomic.Uint64
+	served           atomic.Uint64
+	queriedTokens    atomic.Uint64
+	hitTokens        atomic.Uint64
+	promptTokens     atomic.Uint64
+	generationTokens atomic.Uint64
+	nextID           atomic.Uint64
 
 	fakeMu      sync.Mutex
 	fake        *FakeMetrics
@@ -53,6 +56,7 @@ func New(cfg Config) (*Server, error) {
 	cache := newPrefixCache(cfg.KVCacheTokens / cfg.BlockSize)
 	s := &Server{
 		cfg:    cfg,
+		tok:    newTokenizer(cfg),
 		models: map[string]bool{cfg.Model: true},
 		sched:  newScheduler(cfg, cache),
 		cache:  cache,
@@ -108,8 +112,12 @@ type Stats struct {
 	// in and found in the prefix cache.
 	PrefixQueriedTokens uint64
 	PrefixHitTokens     uint64
-	Waiting             int
-	Running             int
+	// PromptTokens counts the prompt tokens of requests whose prefill is
+	// done, GenerationTokens the tokens generated; see metrics.
+	PromptTokens     uint64
+	GenerationTokens uint64
+	Waiting          int
+	Running          int
 	// KVCacheUsage is the fraction of KV cache blocks held by running
 	// requests.
 	KVCacheUsage float64
@@ -122,6 +130,8 @@ func (s *Server) Stats() Stats {
 		RequestsServed:      s.served.Load(),
 		PrefixQueriedTokens: s.queriedTokens.Load(),
 		PrefixHitTokens:     s.hitTokens.Load(),
+		PromptTokens:        s.promptTokens.Load(),
+		GenerationTokens:    s.generationTokens.Load(),
 		Waiting:             st.waiting,
 		Running:             st.running,
 		KVCacheUsage:        s.cache.usage(),

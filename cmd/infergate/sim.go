@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/infergate/infergate/sim"
 )
@@ -34,6 +35,8 @@ type simOptions struct {
 	timeScale           float64
 	kvCacheTokens       int
 	blockSize           int
+	tokenizer           string
+	bytesPerToken       int
 }
 
 func newSimCommand() *cobra.Command {
@@ -49,7 +52,12 @@ vLLM's Prometheus metrics, for tests, benchmarks and demos without GPUs.`,
 			return runSim(cmd.Context(), o)
 		},
 	}
-	f := cmd.Flags()
+	o.register(cmd.Flags())
+	return cmd
+}
+
+// register declares the flags that set o.
+func (o *simOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.address, "address", "127.0.0.1", "address to listen on")
 	f.IntVar(&o.port, "port", 8000, "port of the first server; rank i listens on port+i (0 picks free ports)")
 	f.IntVar(&o.dataParallelSize, "data-parallel-size", 1, "number of servers, each on its own port")
@@ -65,7 +73,8 @@ vLLM's Prometheus metrics, for tests, benchmarks and demos without GPUs.`,
 	f.Float64Var(&o.timeScale, "time-scale", sim.DefaultTimeScale, "speed-up of simulated time: 100 runs 100x faster")
 	f.IntVar(&o.kvCacheTokens, "kv-cache-tokens", sim.DefaultKVCacheTokens, "KV cache capacity in tokens")
 	f.IntVar(&o.blockSize, "block-size", sim.DefaultBlockSize, "tokens per KV cache block")
-	return cmd
+	f.StringVar(&o.tokenizer, "tokenizer", sim.DefaultTokenizer, "tokenizer of token counts, usage, metrics and KV blocks: bytes (a token every --bytes-per-token bytes) or words (white space and a word, long words cut every 8 bytes: about 5-6 bytes a token on English)")
+	f.IntVar(&o.bytesPerToken, "bytes-per-token", sim.DefaultBytesPerToken, "token size of --tokenizer bytes, 2 to 8; real tokenizers make about 2 (code, CJK, numbers) to 6 (long English words)")
 }
 
 // check rejects flag values before they reach sim.Config, whose zero values
@@ -107,6 +116,18 @@ func (o simOptions) check() error {
 		}
 		seen[a] = true
 	}
+	switch o.tokenizer {
+	case sim.TokenizerBytes:
+		if o.bytesPerToken < sim.MinBytesPerToken || o.bytesPerToken > sim.MaxBytesPerToken {
+			errs = append(errs, fmt.Errorf("--bytes-per-token must be within %d..%d, got %d", sim.MinBytesPerToken, sim.MaxBytesPerToken, o.bytesPerToken))
+		}
+	case sim.TokenizerWords:
+		if o.bytesPerToken != sim.DefaultBytesPerToken {
+			errs = append(errs, fmt.Errorf("--bytes-per-token applies to --tokenizer %s only, got %d with --tokenizer %s", sim.TokenizerBytes, o.bytesPerToken, sim.TokenizerWords))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--tokenizer must be %s or %s, got %q", sim.TokenizerBytes, sim.TokenizerWords, o.tokenizer))
+	}
 	if o.blockSize > 0 && o.kvCacheTokens < o.blockSize {
 		errs = append(errs, fmt.Errorf("--kv-cache-tokens (%d) must hold at least one block of --block-size (%d)", o.kvCacheTokens, o.blockSize))
 	}
@@ -131,7 +152,17 @@ func (o simOptions) config(rank int) sim.Config {
 		TimeScale:           o.timeScale,
 		KVCacheTokens:       o.kvCacheTokens,
 		BlockSize:           o.blockSize,
+		Tokenizer:           o.tokenizer,
+		BytesPerToken:       o.bytesPerToken,
 	}
+}
+
+// tokenizerName is how the log shows the tokenizer: bytes/4, words.
+func tokenizerName(cfg sim.Config) string {
+	if cfg.Tokenizer == sim.TokenizerBytes {
+		return fmt.Sprintf("%s/%d", cfg.Tokenizer, cfg.BytesPerToken)
+	}
+	return cfg.Tokenizer
 }
 
 func (o simOptions) adapters() []string {
@@ -192,7 +223,7 @@ func runSim(ctx context.Context, o simOptions) error {
 		cfg := s.Config()
 		log.Info("sim server listening", "name", cfg.Name, "address", listeners[i].Addr().String(),
 			"model", cfg.Model, "lora_adapters", strings.Join(cfg.LoRAAdapters, ","),
-			"max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale)
+			"max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale, "tokenizer", tokenizerName(cfg))
 		wg.Go(func() {
 			if errs[i] = s.Serve(ctx, listeners[i]); errs[i] != nil {
 				cancel() // one rank failing takes the others down

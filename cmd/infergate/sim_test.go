@@ -1,0 +1,95 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/infergate/infergate/sim"
+)
+
+func TestSimTokenizerFlags(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string // substring of the error
+	}{
+		{"unknown tokenizer", []string{"--tokenizer", "bpe"}, `--tokenizer must be bytes or words, got "bpe"`},
+		{"bytes per token too small", []string{"--bytes-per-token", "1"}, "--bytes-per-token must be within 2..8, got 1"},
+		{"bytes per token too large", []string{"--tokenizer", "bytes", "--bytes-per-token", "9"}, "--bytes-per-token must be within 2..8, got 9"},
+		{"bytes per token with words", []string{"--tokenizer", "words", "--bytes-per-token", "3"}, "--bytes-per-token applies to --tokenizer bytes only, got 3 with --tokenizer words"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := execute(append([]string{"sim", "--port", "0"}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+
+	valid := []struct {
+		args          []string
+		tokenizer     string
+		bytesPerToken int
+	}{
+		{nil, sim.TokenizerBytes, 4},
+		{[]string{"--bytes-per-token", "2"}, sim.TokenizerBytes, 2},
+		{[]string{"--bytes-per-token", "8"}, sim.TokenizerBytes, 8},
+		{[]string{"--tokenizer", "words"}, sim.TokenizerWords, 4},
+		{[]string{"--tokenizer", "words", "--bytes-per-token", "4"}, sim.TokenizerWords, 4},
+	}
+	for _, v := range valid {
+		var o simOptions
+		f := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+		o.register(f)
+		if err := f.Parse(v.args); err != nil {
+			t.Fatalf("%v: %v", v.args, err)
+		}
+		if err := o.check(); err != nil {
+			t.Fatalf("%v: check: %v", v.args, err)
+		}
+		s, err := sim.New(o.config(0))
+		if err != nil {
+			t.Fatalf("%v: sim.New: %v", v.args, err)
+		}
+		if c := s.Config(); c.Tokenizer != v.tokenizer || c.BytesPerToken != v.bytesPerToken {
+			t.Errorf("%v: config has tokenizer %q, %d bytes a token; want %q, %d", v.args, c.Tokenizer, c.BytesPerToken, v.tokenizer, v.bytesPerToken)
+		}
+	}
+}
+
+// TestSimHelp checks that the help documents the tokenizer flags and still
+// gives the defaults that bench/routing reads from it (parseSimHelp there).
+func TestSimHelp(t *testing.T) {
+	out, err := execute("sim", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaultRE := regexp.MustCompile(`--([a-z-]+) \S+ .*\(default ([^)]+)\)`)
+	defs := map[string]string{}
+	for line := range strings.SplitSeq(out, "\n") {
+		if m := defaultRE.FindStringSubmatch(line); m != nil {
+			defs[m[1]] = m[2]
+		}
+	}
+	for flag, want := range map[string]string{
+		"tokenizer":              `"bytes"`,
+		"bytes-per-token":        "4",
+		"prefill-overhead":       "5ms",
+		"prefill-time-per-token": "15µs",
+		"inter-token-latency":    "8ms",
+		"max-num-seqs":           "256",
+	} {
+		if defs[flag] != want {
+			t.Errorf("--%s default in help = %q, want %q\n%s", flag, defs[flag], want, out)
+		}
+	}
+	for _, doc := range []string{"words", "--bytes-per-token bytes", "2 to 8"} {
+		if !strings.Contains(out, doc) {
+			t.Errorf("help lacks %q", doc)
+		}
+	}
+}
