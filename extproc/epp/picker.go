@@ -17,7 +17,6 @@ import (
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
-	"github.com/infergate/infergate/extproc/epp/prefix"
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference"
@@ -87,6 +86,9 @@ func New(opts Options) (*Picker, error) {
 		}
 		if o, ok := pl.(scheduling.ServedObserver); ok {
 			p.served = append(p.served, o)
+		}
+		if l, ok := pl.(scheduling.Logging); ok {
+			l.SetLogger(opts.Logger.WithName(pl.Name()))
 		}
 		// Plugins with state worth watching (the prefix index) export it.
 		if c, ok := pl.(prometheus.Collector); ok {
@@ -199,10 +201,11 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		o.Picked(ctx, req, res)
 	}
 	// Until the next scrape shows it, account for the KV this request
-	// will take, estimating its tokens from its prompt's bytes: the whole
+	// will take, estimating its tokens from its prompt's bytes (the whole
 	// body would let padding in any other field make idle servers look
-	// saturated and shed sheddable traffic.
-	targets[0].AddPending(len(req.Prompt()) / prefix.BytesPerToken)
+	// saturated and shed sheddable traffic) with the server's own
+	// tokenizer ratio, learned by the prefix producer.
+	targets[0].AddPending(int(float64(len(req.Prompt())) / targets[0].BytesPerToken()))
 	value := strings.Join(x.picked, ",")
 	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
 	if p.opts.EmitScores {

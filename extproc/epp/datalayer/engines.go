@@ -36,6 +36,9 @@ type intSignal struct {
 type mapping struct {
 	waiting, running, kvUsage signal
 	blockSize, numGPUBlocks   intSignal
+	// promptTokens, prefixQueries and prefixHits are cumulative counters
+	// in the server's tokens (optional; nil when the engine has none).
+	promptTokens, prefixQueries, prefixHits signal
 	// lora names an info gauge with labels max_lora, running_lora_adapters
 	// and waiting_lora_adapters whose value is the time of the last change;
 	// "" when the engine does not report LoRA.
@@ -69,6 +72,11 @@ var engines = map[string]mapping{
 		blockSize:    infoLabel("vllm:cache_config_info", "block_size"),
 		numGPUBlocks: infoLabel("vllm:cache_config_info", "num_gpu_blocks"),
 		lora:         "vllm:lora_requests_info",
+		promptTokens: gauge("vllm:prompt_tokens_total", "vllm:prompt_tokens"),
+		// vLLM V1 counts prefix-cache lookups in tokens; early V1 releases
+		// named them gpu_prefix_cache_*.
+		prefixQueries: gauge("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries"),
+		prefixHits:    gauge("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits"),
 	},
 	datastore.EngineSGLang: {
 		waiting:      gauge("sglang:num_queue_reqs"),
@@ -76,6 +84,7 @@ var engines = map[string]mapping{
 		kvUsage:      gauge("sglang:token_usage"),
 		blockSize:    infoLabel("sglang:cache_config_info", "page_size"),
 		numGPUBlocks: infoLabel("sglang:cache_config_info", "num_pages"),
+		promptTokens: gauge("sglang:prompt_tokens_total", "sglang:prompt_tokens"),
 	},
 	datastore.EngineTRTLLMServe: {
 		waiting:      gauge("trtllm_num_requests_waiting"),
@@ -128,6 +137,11 @@ func (m mapping) extract(fams map[string]*dto.MetricFamily) (*datastore.Metrics,
 		KVCacheUsage:     min(max(usage, 0), 1),
 		BlockSize:        m.blockSize.get(fams),
 		NumGPUBlocks:     m.numGPUBlocks.get(fams),
+		Tokens: datastore.TokenCounters{
+			Prompt:        counter(m.promptTokens, fams),
+			PrefixQueries: counter(m.prefixQueries, fams),
+			PrefixHits:    counter(m.prefixHits, fams),
+		},
 	}
 	if m.lora != "" {
 		if s := newest(gauge(m.lora).series(fams)); s != nil {
@@ -191,6 +205,15 @@ func value(s *dto.Metric) (float64, bool) {
 		return 0, false
 	}
 	return v, !math.IsNaN(v)
+}
+
+// counter sums a cumulative counter's series (one per model or engine
+// rank); -1 when the server reports none.
+func counter(sig signal, fams map[string]*dto.MetricFamily) float64 {
+	if v, ok := sum(sig.series(fams)); ok {
+		return v
+	}
+	return -1
 }
 
 func sum(series []*dto.Metric) (float64, bool) {

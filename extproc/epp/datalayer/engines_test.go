@@ -33,6 +33,7 @@ func TestEngineMappings(t *testing.T) {
 				MaxActiveAdapters: 4,
 				ActiveAdapters:    set("sql-lora", "chat-lora"),
 				WaitingAdapters:   set("tweet-lora"),
+				Tokens: datastore.TokenCounters{Prompt: 48213, PrefixQueries: 48213, PrefixHits: 30112},
 			},
 		},
 		{
@@ -41,23 +42,26 @@ func TestEngineMappings(t *testing.T) {
 				WaitingQueueSize: 3, RunningRequests: 7, KVCacheUsage: 0.5,
 				BlockSize: 16, NumGPUBlocks: 27197, MaxActiveAdapters: 4,
 				ActiveAdapters: set("sql-lora", "chat-lora"), WaitingAdapters: set("tweet-lora"),
+				Tokens: datastore.TokenCounters{Prompt: 48213, PrefixQueries: 48213, PrefixHits: 30112},
 			},
 		},
 		{
 			name: "older vllm falls back to gpu_cache_usage_perc", engine: datastore.EngineVLLM, fixture: "vllm_old.txt",
-			want: datastore.Metrics{WaitingQueueSize: 0, RunningRequests: 1, KVCacheUsage: 0.0625},
+			want: datastore.Metrics{WaitingQueueSize: 0, RunningRequests: 1, KVCacheUsage: 0.0625, Tokens: datastore.NoTokenCounters},
 		},
 		{
 			name: "sglang", engine: datastore.EngineSGLang, fixture: "sglang.txt",
-			want: datastore.Metrics{WaitingQueueSize: 8, RunningRequests: 11, KVCacheUsage: 0.71, BlockSize: 1, NumGPUBlocks: 412345},
+			want: datastore.Metrics{WaitingQueueSize: 8, RunningRequests: 11, KVCacheUsage: 0.71, BlockSize: 1, NumGPUBlocks: 412345,
+				// Counters of several ranks add up.
+				Tokens: datastore.TokenCounters{Prompt: 3500, PrefixQueries: -1, PrefixHits: -1}},
 		},
 		{
 			name: "trtllm-serve", engine: datastore.EngineTRTLLMServe, fixture: "trtllm_serve.txt",
-			want: datastore.Metrics{WaitingQueueSize: 12, RunningRequests: 64, KVCacheUsage: 0.8125, BlockSize: 32, NumGPUBlocks: 8192},
+			want: datastore.Metrics{WaitingQueueSize: 12, RunningRequests: 64, KVCacheUsage: 0.8125, BlockSize: 32, NumGPUBlocks: 8192, Tokens: datastore.NoTokenCounters},
 		},
 		{
 			name: "triton tensorrt-llm", engine: datastore.EngineTritonTensorRTLLM, fixture: "triton_trtllm.txt",
-			want: datastore.Metrics{WaitingQueueSize: 7, RunningRequests: 11, KVCacheUsage: 0.29296875, BlockSize: 64, NumGPUBlocks: 4096},
+			want: datastore.Metrics{WaitingQueueSize: 7, RunningRequests: 11, KVCacheUsage: 0.29296875, BlockSize: 64, NumGPUBlocks: 4096, Tokens: datastore.NoTokenCounters},
 		},
 	}
 	for _, tc := range cases {

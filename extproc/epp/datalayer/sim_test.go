@@ -37,6 +37,8 @@ func TestScrapeSimulator(t *testing.T) {
 				BlockSize: sim.DefaultBlockSize, NumGPUBlocks: sim.DefaultKVCacheTokens / sim.DefaultBlockSize,
 				MaxActiveAdapters: sim.DefaultMaxLoRAs,
 				ActiveAdapters:    set(), WaitingAdapters: set(),
+				// The sim reports all three token counters, at zero while idle.
+				Tokens: datastore.TokenCounters{Prompt: 0, PrefixQueries: 0, PrefixHits: 0},
 			},
 		},
 		{

@@ -6,6 +6,7 @@ package datastore
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -81,8 +82,24 @@ type Metrics struct {
 	// BlockSize and NumGPUBlocks describe the KV cache, 0 when unreported.
 	BlockSize    int
 	NumGPUBlocks int
-	UpdatedAt    time.Time
+	// Tokens are the server's cumulative token counters, from which the
+	// picker learns the server's tokenizer and checks its prefix index.
+	Tokens    TokenCounters
+	UpdatedAt time.Time
 }
+
+// TokenCounters are cumulative counters a server reports in its own
+// tokens. A counter the server does not report is negative.
+type TokenCounters struct {
+	// Prompt counts the prompt tokens of the requests it took.
+	Prompt float64
+	// PrefixQueries and PrefixHits count the prompt tokens looked up in
+	// its prefix cache and those found there.
+	PrefixQueries, PrefixHits float64
+}
+
+// NoTokenCounters reports none.
+var NoTokenCounters = TokenCounters{Prompt: -1, PrefixQueries: -1, PrefixHits: -1}
 
 // Endpoint is one ip:port of the pool. Its identity fields never change;
 // metrics are swapped atomically by the data layer.
@@ -93,7 +110,27 @@ type Endpoint struct {
 	// pending counts the estimated KV tokens of requests routed here since
 	// the last scrape, which the scraped figures cannot show yet.
 	pending atomic.Int64
+	// bytesPerToken is the server's learned tokenizer ratio (float64
+	// bits); 0 until learned.
+	bytesPerToken atomic.Uint64
 }
+
+// DefaultBytesPerToken is the prompt bytes per token assumed of a server
+// until its own counters say otherwise: about right for English text
+// with the common tokenizers.
+const DefaultBytesPerToken = 4.0
+
+// BytesPerToken is how many prompt bytes make one of the server's tokens:
+// learned from its counters, else DefaultBytesPerToken.
+func (e *Endpoint) BytesPerToken() float64 {
+	if v := math.Float64frombits(e.bytesPerToken.Load()); v > 0 {
+		return v
+	}
+	return DefaultBytesPerToken
+}
+
+// SetBytesPerToken records the learned ratio; 0 returns to the default.
+func (e *Endpoint) SetBytesPerToken(v float64) { e.bytesPerToken.Store(math.Float64bits(max(v, 0))) }
 
 // AddPending records a request routed here before the next scrape.
 func (e *Endpoint) AddPending(tokens int) { e.pending.Add(int64(tokens)) }

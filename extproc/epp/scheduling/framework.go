@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/go-logr/logr"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -110,6 +111,12 @@ type PickObserver interface {
 // pick after a retry or failover.
 type ServedObserver interface {
 	Served(ctx context.Context, req *Request, picked []string, served string)
+}
+
+// Logging is implemented by plugins that log; the picker gives them its
+// logger when it is built.
+type Logging interface {
+	SetLogger(log logr.Logger)
 }
 
 // ProfileHandler chooses the profiles to run and the primary result.

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/infergate/infergate/extproc/epp/calibrate"
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/prefix"
 )
@@ -62,16 +65,34 @@ func prefixMatchOf(req *Request) *PrefixMatch {
 // of requests sharing a prefix sticks together before any response), and
 // the endpoint the proxy reports as having served learns it too when it
 // differs (a retry or failover moved the request).
+//
+// It also learns each server's tokenizer (calibrate): the index is sized
+// in the server's own KV blocks, converted to prompt bytes with the bytes
+// per token the server's counters show, so that it forgets a prefix about
+// when the server evicts it, whatever the tokenizer.
 type prefixProducer struct {
 	named
 	blockTokens int
 	maxBlocks   int
 	autoTune    bool
 	index       *prefix.Index
+	learner     *calibrate.Learner
+	log         logr.Logger
 
 	mu         sync.Mutex
 	capacities map[string]int
-	lastPrune  time.Time
+	// observed is the scrape last given to the learner, per endpoint;
+	// told is what was last logged about it.
+	observed  map[string]*datastore.Metrics
+	told      map[string]told
+	lastPrune time.Time
+}
+
+// told is what the producer last logged about an endpoint's calibration.
+type told struct {
+	uncounted     bool
+	bytesPerToken float64
+	drift         time.Time
 }
 
 func newPrefixProducer(name string, params json.RawMessage) (Plugin, error) {
@@ -95,9 +116,15 @@ func newPrefixProducer(name string, params json.RawMessage) (Plugin, error) {
 		maxBlocks:   p.MaxPrefixBlocksToMatch,
 		autoTune:    p.AutoTune == nil || *p.AutoTune,
 		index:       prefix.NewIndex(p.LRUCapacityPerServer),
+		learner:     calibrate.New(),
+		log:         logr.Discard(),
 		capacities:  map[string]int{},
+		observed:    map[string]*datastore.Metrics{},
+		told:        map[string]told{},
 	}, nil
 }
+
+func (p *prefixProducer) SetLogger(log logr.Logger) { p.log = log }
 
 func (p *prefixProducer) Produce(_ context.Context, req *Request, eps []Endpoint) {
 	m := &PrefixMatch{BlockTokens: p.blockTokens, Blocks: make(map[string]int, len(eps))}
@@ -112,20 +139,78 @@ func (p *prefixProducer) Produce(_ context.Context, req *Request, eps []Endpoint
 	p.maybePrune()
 }
 
-// tune sizes an endpoint's memory like its real KV cache once the server
-// publishes block size and count, so the index forgets about when the
-// server evicts.
+// tune gives a new scrape of the endpoint to the learner, and sizes the
+// endpoint's memory like its real KV cache once the server publishes block
+// size and count: the server's tokens, at its learned bytes per token, in
+// the index's blocks of blockTokens × prefix.BytesPerToken bytes. The
+// index then forgets about when the server evicts.
 func (p *prefixProducer) tune(e Endpoint) {
-	if !p.autoTune || e.Metrics == nil || e.Metrics.BlockSize <= 0 || e.Metrics.NumGPUBlocks <= 0 {
+	if e.Metrics == nil {
 		return
 	}
-	blocks := e.Metrics.BlockSize * e.Metrics.NumGPUBlocks / p.blockTokens
+	p.mu.Lock()
+	fresh := p.observed[e.Address] != e.Metrics
+	p.observed[e.Address] = e.Metrics
+	p.mu.Unlock()
+	if fresh {
+		est, taken := p.learner.Observe(e.Address, e.Metrics.Tokens, e.Metrics.UpdatedAt)
+		if taken {
+			e.SetBytesPerToken(est.BytesPerToken)
+			p.report(e.Address, est)
+		}
+	}
+	if !p.autoTune || e.Metrics.BlockSize <= 0 || e.Metrics.NumGPUBlocks <= 0 {
+		return
+	}
+	serverTokens := float64(e.Metrics.BlockSize) * float64(e.Metrics.NumGPUBlocks)
+	blocks := int(serverTokens * e.BytesPerToken() / float64(p.blockTokens*prefix.BytesPerToken))
 	p.mu.Lock()
 	changed := p.capacities[e.Address] != blocks
 	p.capacities[e.Address] = blocks
 	p.mu.Unlock()
 	if changed {
 		p.index.SetCapacity(e.Address, blocks)
+	}
+}
+
+// driftTolerance is how far the index's expected hit rate may be from the
+// server's before it is logged; driftLogEvery spaces those lines.
+const (
+	driftTolerance = 0.15
+	driftLogEvery  = 5 * time.Minute
+)
+
+// report logs what calibration found out about an endpoint, once each:
+// that it reports no prompt-token counter (the default ratio holds), a
+// newly learned ratio, and an index whose expected hits stray from the
+// server's real ones (the index is sized wrong, or traffic reaches the
+// server past this picker).
+func (p *prefixProducer) report(addr string, est calibrate.Estimate) {
+	p.mu.Lock()
+	t := p.told[addr]
+	var logUncounted, logRatio, logDrift bool
+	if !est.Counted && !t.uncounted {
+		t.uncounted, logUncounted = true, true
+	}
+	if r := est.BytesPerToken; r > 0 && (t.bytesPerToken == 0 || math.Abs(r-t.bytesPerToken)/t.bytesPerToken > 0.1) {
+		t.bytesPerToken, logRatio = r, true
+	}
+	drift := est.PredictedHitRate >= 0 && est.ServerHitRate >= 0 && math.Abs(est.PredictedHitRate-est.ServerHitRate) > driftTolerance
+	if now := time.Now(); drift && now.Sub(t.drift) > driftLogEvery {
+		t.drift, logDrift = now, true
+	}
+	p.told[addr] = t
+	p.mu.Unlock()
+	switch {
+	case logUncounted:
+		p.log.Info("the server reports no prompt-token counter; its tokenizer is assumed to make the default bytes per token",
+			"endpoint", addr, "bytesPerToken", datastore.DefaultBytesPerToken)
+	case logRatio:
+		p.log.Info("learned the server's tokenizer ratio; the prefix index is sized with it", "endpoint", addr, "bytesPerToken", est.BytesPerToken)
+	}
+	if logDrift {
+		p.log.Info("the prefix index expects a hit rate far from the server's own", "endpoint", addr,
+			"indexHitRate", est.PredictedHitRate, "serverHitRate", est.ServerHitRate)
 	}
 }
 
@@ -140,36 +225,84 @@ func (p *prefixProducer) maybePrune() {
 	p.mu.Unlock()
 	if due {
 		p.index.Prune(now.Add(-10 * time.Minute))
+		p.learner.Prune(now.Add(-10 * time.Minute))
 	}
 }
 
 func (p *prefixProducer) Picked(_ context.Context, req *Request, res *Result) {
 	m := prefixMatchOf(req)
-	if m == nil || len(m.Hashes) == 0 {
+	t := res.Targets()
+	if m == nil || len(t) == 0 {
 		return
 	}
-	if t := res.Targets(); len(t) > 0 {
+	p.routed(req, m, t[0].Address, 1)
+	if len(m.Hashes) > 0 {
 		p.index.Add(t[0].Address, m.Hashes)
 	}
 }
 
-func (p *prefixProducer) Served(_ context.Context, req *Request, picked []string, served string) {
-	m := prefixMatchOf(req)
-	if m == nil || len(m.Hashes) == 0 || (len(picked) > 0 && picked[0] == served) {
+// routed tells the learner about a request's prompt sent to addr (sign
+// 1), or taken back from it (-1).
+func (p *prefixProducer) routed(req *Request, m *PrefixMatch, addr string, sign int) {
+	if req.Body == nil {
 		return
 	}
-	p.index.Add(served, m.Hashes)
+	p.learner.Routed(addr, sign*len(req.Prompt()), sign*m.Blocks[addr]*m.BlockTokens*prefix.BytesPerToken)
 }
 
-var prefixBlocksDesc = prometheus.NewDesc("infergate_epp_prefix_index_blocks",
-	"Prompt blocks the prefix index remembers, per endpoint (bounded by the endpoint's KV-cache size).",
-	[]string{"endpoint"}, nil)
+func (p *prefixProducer) Served(_ context.Context, req *Request, picked []string, served string) {
+	m := prefixMatchOf(req)
+	if m == nil || (len(picked) > 0 && picked[0] == served) {
+		return
+	}
+	// Another endpoint took the request: its prompt counts there.
+	if len(picked) > 0 {
+		p.routed(req, m, picked[0], -1)
+	}
+	p.routed(req, m, served, 1)
+	if len(m.Hashes) > 0 {
+		p.index.Add(served, m.Hashes)
+	}
+}
 
-func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) { ch <- prefixBlocksDesc }
+var (
+	prefixBlocksDesc = prometheus.NewDesc("infergate_epp_prefix_index_blocks",
+		"Prompt blocks the prefix index remembers, per endpoint (bounded by the endpoint's KV-cache size).",
+		[]string{"endpoint"}, nil)
+	bytesPerTokenDesc = prometheus.NewDesc("infergate_epp_server_bytes_per_token",
+		"Prompt bytes per token of the endpoint's tokenizer, learned from its prompt-token counter (4, the default, until learned).",
+		[]string{"endpoint"}, nil)
+	calibratedDesc = prometheus.NewDesc("infergate_epp_server_tokenizer_calibrated",
+		"1 when the endpoint's bytes per token were learned from its counters, 0 while the default holds.",
+		[]string{"endpoint"}, nil)
+	hitRateDesc = prometheus.NewDesc("infergate_epp_prefix_hit_rate",
+		"Share of the prompt found in the endpoint's prefix cache, recently: as the prefix index expected it (source=index) and as the server counted it (source=server).",
+		[]string{"endpoint", "source"}, nil)
+)
+
+func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) {
+	ch <- prefixBlocksDesc
+	ch <- bytesPerTokenDesc
+	ch <- calibratedDesc
+	ch <- hitRateDesc
+}
 
 func (p *prefixProducer) Collect(ch chan<- prometheus.Metric) {
 	for addr, n := range p.index.Stats() {
 		ch <- prometheus.MustNewConstMetric(prefixBlocksDesc, prometheus.GaugeValue, float64(n), addr)
+	}
+	for addr, est := range p.learner.Estimates() {
+		ratio, calibrated := est.BytesPerToken, 1.0
+		if ratio == 0 {
+			ratio, calibrated = datastore.DefaultBytesPerToken, 0
+		}
+		ch <- prometheus.MustNewConstMetric(bytesPerTokenDesc, prometheus.GaugeValue, ratio, addr)
+		ch <- prometheus.MustNewConstMetric(calibratedDesc, prometheus.GaugeValue, calibrated, addr)
+		for source, rate := range map[string]float64{"index": est.PredictedHitRate, "server": est.ServerHitRate} {
+			if rate >= 0 {
+				ch <- prometheus.MustNewConstMetric(hitRateDesc, prometheus.GaugeValue, rate, addr, source)
+			}
+		}
 	}
 }
 

@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 )
@@ -174,5 +178,120 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 	s.Score(ctx, warm, eps, scores)
 	if scores[0] != 0.5 || scores[1] != 0.5 || scores[2] != 0.5 {
 		t.Fatalf("warm request scores %v, want neutral", scores)
+	}
+}
+
+// serveAndScrape plays a model server behind the producer: each request
+// is picked for the one endpoint, the server counts its prompt tokens at
+// ratio bytes per token one scrape late (still in prefill when a scrape is
+// made) and finds hitShare of them in its prefix cache, and every
+// perScrape requests a new scrape is published. It returns the endpoint.
+func serveAndScrape(t *testing.T, p *prefixProducer, ratio, hitShare float64, counters bool, prompts func(i int) []byte, requests, perScrape int) Endpoint {
+	t.Helper()
+	ctx := context.Background()
+	e := ep("10.0.0.1:8000", nil, nil)
+	var counted, inFlight float64
+	at := time.Unix(1000, 0)
+	scrape := func() {
+		at = at.Add(time.Second)
+		tc := datastore.TokenCounters{Prompt: counted, PrefixQueries: counted, PrefixHits: counted * hitShare}
+		if !counters {
+			tc = datastore.NoTokenCounters
+		}
+		e.Metrics = &datastore.Metrics{BlockSize: 16, NumGPUBlocks: 10217, Tokens: tc, UpdatedAt: at}
+	}
+	scrape()
+	for i := range requests {
+		req := &Request{Model: "m", Body: prompts(i)}
+		p.Produce(ctx, req, []Endpoint{e})
+		p.Picked(ctx, req, resultFor(e.Address))
+		inFlight += float64(len(req.Prompt())) / ratio
+		if (i+1)%perScrape == 0 {
+			scrape()
+			counted += inFlight
+			inFlight = 0
+		}
+	}
+	return e
+}
+
+func distinctPrompts(i int) []byte { return promptBody(fmt.Sprintf("request %05d ", i), 2048) }
+
+// TestPrefixProducerLearnsTheServersTokenizer: the bytes per token of the
+// server's counters are learned, the picker's pending-KV estimate uses
+// them, and the index is sized in the server's own KV blocks at that
+// ratio (16 × 10,217 tokens × ratio bytes, in 64-byte index blocks).
+func TestPrefixProducerLearnsTheServersTokenizer(t *testing.T) {
+	for _, ratio := range []float64{2, 4, 7} {
+		t.Run(fmt.Sprint(ratio), func(t *testing.T) {
+			p := build(t, PrefixProducerType, "").(*prefixProducer)
+			e := serveAndScrape(t, p, ratio, 0, true, distinctPrompts, 200, 4)
+			if got := e.BytesPerToken(); got < ratio*0.97 || got > ratio*1.03 {
+				t.Fatalf("learned %v bytes per token, want %v", got, ratio)
+			}
+			want := 16 * 10217 * ratio / 64
+			p.mu.Lock()
+			got := float64(p.capacities[e.Address])
+			p.mu.Unlock()
+			if got < want*0.97 || got > want*1.03 {
+				t.Fatalf("index capacity %v blocks, want about %v", got, want)
+			}
+		})
+	}
+}
+
+// logLines collects a logger's messages.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger() logr.Logger {
+	return funcr.New(func(_, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, args)
+	}, funcr.Options{})
+}
+
+func (l *logLines) count(substr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestPrefixProducerFallsBackWithoutCounters(t *testing.T) {
+	var logs logLines
+	p := build(t, PrefixProducerType, "").(*prefixProducer)
+	p.SetLogger(logs.logger())
+	e := serveAndScrape(t, p, 7, 0, false, distinctPrompts, 100, 4)
+	if got := e.BytesPerToken(); got != datastore.DefaultBytesPerToken {
+		t.Fatalf("bytes per token %v without counters, want the default", got)
+	}
+	if n := logs.count("reports no prompt-token counter"); n != 1 {
+		t.Fatalf("%d log lines about the missing counter, want 1: %q", n, logs.lines)
+	}
+}
+
+// TestPrefixProducerLogsHitRateDrift: the index expects every repeat of a
+// prompt to hit, the server finds none of them: one log line says so.
+func TestPrefixProducerLogsHitRateDrift(t *testing.T) {
+	var logs logLines
+	p := build(t, PrefixProducerType, "").(*prefixProducer)
+	p.SetLogger(logs.logger())
+	same := func(int) []byte { return promptBody("the same prompt ", 2048) }
+	serveAndScrape(t, p, 4, 0, true, same, 200, 4)
+	if n := logs.count("hit rate far from the server's"); n != 1 {
+		t.Fatalf("%d drift lines, want 1: %q", n, logs.lines)
+	}
+	est := p.learner.Estimates()["10.0.0.1:8000"]
+	if est.PredictedHitRate < 0.9 || est.ServerHitRate != 0 {
+		t.Fatalf("estimate %+v, want the index near 1 and the server at 0", est)
 	}
 }
