@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -269,6 +270,9 @@ var (
 	prefixBlocksDesc = prometheus.NewDesc("infergate_epp_prefix_index_blocks",
 		"Prompt blocks the prefix index remembers, per endpoint (bounded by the endpoint's KV-cache size).",
 		[]string{"endpoint"}, nil)
+	prefixCapacityDesc = prometheus.NewDesc("infergate_epp_prefix_index_capacity_blocks",
+		"Prompt blocks the prefix index may remember for the endpoint: its KV cache (block size × blocks, in its tokens) at its bytes per token, in the index's blocks.",
+		[]string{"endpoint"}, nil)
 	bytesPerTokenDesc = prometheus.NewDesc("infergate_epp_server_bytes_per_token",
 		"Prompt bytes per token of the endpoint's tokenizer, learned from its prompt-token counter (4, the default, until learned).",
 		[]string{"endpoint"}, nil)
@@ -282,6 +286,7 @@ var (
 
 func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- prefixBlocksDesc
+	ch <- prefixCapacityDesc
 	ch <- bytesPerTokenDesc
 	ch <- calibratedDesc
 	ch <- hitRateDesc
@@ -290,6 +295,12 @@ func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) {
 func (p *prefixProducer) Collect(ch chan<- prometheus.Metric) {
 	for addr, n := range p.index.Stats() {
 		ch <- prometheus.MustNewConstMetric(prefixBlocksDesc, prometheus.GaugeValue, float64(n), addr)
+	}
+	p.mu.Lock()
+	capacities := maps.Clone(p.capacities)
+	p.mu.Unlock()
+	for addr, n := range capacities {
+		ch <- prometheus.MustNewConstMetric(prefixCapacityDesc, prometheus.GaugeValue, float64(n), addr)
 	}
 	for addr, est := range p.learner.Estimates() {
 		ratio, calibrated := est.BytesPerToken, 1.0
