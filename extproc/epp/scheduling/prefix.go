@@ -227,6 +227,14 @@ func (p *prefixProducer) maybePrune() {
 	if due {
 		p.index.Prune(now.Add(-10 * time.Minute))
 		p.learner.Prune(now.Add(-10 * time.Minute))
+		// What is known of endpoints the learner forgot goes with them.
+		known := p.learner.Estimates()
+		gone := func(addr string) bool { _, ok := known[addr]; return !ok }
+		p.mu.Lock()
+		maps.DeleteFunc(p.capacities, func(addr string, _ int) bool { return gone(addr) })
+		maps.DeleteFunc(p.observed, func(addr string, _ *datastore.Metrics) bool { return gone(addr) })
+		maps.DeleteFunc(p.told, func(addr string, _ told) bool { return gone(addr) })
+		p.mu.Unlock()
 	}
 }
 
