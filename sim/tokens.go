@@ -41,6 +41,14 @@ func newTokenizer(cfg Config) tokenizer {
 	return newBytesTokenizer(cfg.BytesPerToken)
 }
 
+// CountTokens returns how many tokens text makes under the tokenizer that
+// a Config's Tokenizer and BytesPerToken name (zero values for the
+// defaults), as a server so configured counts a prompt. The configuration
+// must be one that Config.Validate accepts.
+func CountTokens(tokenizer string, bytesPerToken int, text string) int {
+	return newTokenizer(Config{Tokenizer: tokenizer, BytesPerToken: bytesPerToken}.WithDefaults()).count(text)
+}
+
 // bytesTokenizer makes every n bytes one token, a trailing partial token
 // counting as one.
 type bytesTokenizer struct {

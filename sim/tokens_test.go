@@ -412,3 +412,36 @@ func TestGenerationTokensOfAbortedRequest(t *testing.T) {
 		t.Errorf("Stats = %+v, want 4 prompt tokens and no request served", st)
 	}
 }
+
+func TestCountTokensCountsAsTheServer(t *testing.T) {
+	for _, tc := range []struct {
+		tokenizer string
+		n         int
+		text      string
+		want      int
+	}{
+		{"", 0, "abcdefghi", 3},         // the default: 4 bytes a token
+		{TokenizerBytes, 2, "abcde", 3}, // a partial token counts
+		{TokenizerBytes, 7, "abcdefghijklmn", 2},
+		{TokenizerWords, 0, " hello internationalization", 4}, // " hello", " internat", "ionaliza", "tion"
+		{TokenizerWords, 4, "a b ", 3},                        // trailing white space is a token
+	} {
+		if got := CountTokens(tc.tokenizer, tc.n, tc.text); got != tc.want {
+			t.Errorf("CountTokens(%q, %d, %q) = %d, want %d", tc.tokenizer, tc.n, tc.text, got, tc.want)
+		}
+	}
+	// It is the count a server so configured reports.
+	const prompt = "Tokenizers differ from about 2 bytes a token to 6 or more on longwinded words. "
+	for _, tk := range tokenizers {
+		cfg := tk.cfg
+		cfg.TimeScale = 1000
+		ts := start(t, cfg)
+		resp, body := ts.post(t, context.Background(), "/v1/completions", completionBody(base, prompt, 1))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", tk.name, resp.StatusCode, body)
+		}
+		if got, want := CountTokens(tk.cfg.Tokenizer, tk.cfg.BytesPerToken, prompt), decode[wireResponse](t, body).Usage.PromptTokens; got != want {
+			t.Errorf("%s: CountTokens %d, the server's usage %d", tk.name, got, want)
+		}
+	}
+}

@@ -18,10 +18,15 @@ import (
 
 // result is what one request measured. Durations are wall clock.
 type result struct {
-	status   int
-	err      error
+	status int
+	err    error
+	// pod is the sim that served the request, as its x-inference-pod
+	// header names it.
 	pod      string
 	streamed bool
+	// group is the request's (request.Group); promptBytes the length of
+	// the prompt text the sim tokenizes.
+	group, promptBytes int
 	// ttft runs from sending the request to the first SSE data event;
 	// decode from that event to the last one.
 	ttft, decode time.Duration
@@ -92,6 +97,12 @@ var (
 
 // do sends r to its target and reads the whole stream.
 func (c *client) do(ctx context.Context, to target, r request) result {
+	res := c.send(ctx, to, r)
+	res.group, res.promptBytes = r.Group, len(r.promptText())
+	return res
+}
+
+func (c *client) send(ctx context.Context, to target, r request) result {
 	raw, path, err := c.encode(r)
 	if err != nil {
 		return result{err: err}
@@ -253,16 +264,17 @@ feed:
 }
 
 // warmUp sends rounds × n concurrent short requests of text no workload
-// shares (max_tokens 2), so that the measured requests find connections
+// shares (max_tokens 2), of the sims' tokenizer tok, so that the measured requests find connections
 // open and processes past their first-request costs (without it round
 // robin's p99 in (a) was 61–79 ms, with it 43–50). Any failure fails the
 // run: a stack that cannot answer these cannot be measured.
-func (c *client) warmUp(ctx context.Context, route router, n, rounds int) error {
+func (c *client) warmUp(ctx context.Context, route router, tok tokenizer, n, rounds int) error {
 	g := newTextGen(0x3a93)
+	g.tok = tok
 	for range rounds {
 		reqs := make([]request, n)
 		for i := range reqs {
-			reqs[i] = request{Prompt: g.text(warmUpTokens), MaxTokens: 2, Group: -1}
+			reqs[i] = request{Prompt: g.text(warmUpTokens), MaxTokens: 2, Group: -1, Tokenizer: tok}
 		}
 		var wg sync.WaitGroup
 		errs := make([]error, n)

@@ -8,7 +8,8 @@
 // two vLLM pods, 128 distinct 2,048-token prefixes × 8 repeats reached only
 // 39–43% prefix-cache hits under every router, while splitting the prefixes
 // by hand between the pods reached 77.5%, +13.6% throughput and a p99 TTFT
-// of 690 ms instead of 1,584 ms.
+// of 690 ms instead of 1,584 ms. Workload (t) repeats (a) with sims whose
+// tokenizer differs from the picker's 4-byte assumption.
 //
 // Every simulator, the picker and the dev proxy run as separate processes
 // of the infergate binary, fresh for every (workload, configuration) run so
@@ -52,7 +53,8 @@ const defaultTimeScale = 1
 
 func main() {
 	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims, picker and dev proxy)")
-	workloads := flag.String("workloads", "a,b,c,d", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour); keys or names")
+	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers); keys or names")
+	tokenizers := flag.String("tokenizers", "2,4,7,words", "the sims' tokenizers of workload t: bytes per token (2 to 8) or words")
 	configs := flag.String("configs", strings.Join(allConfigs, ","), "routing configurations to compare")
 	scale := flag.Float64("time-scale", defaultTimeScale, "speed-up of simulated time, passed to every sim; latencies and throughput are reported in simulated time")
 	seed := flag.Uint64("seed", 1, "seed of the workload generator")
@@ -67,7 +69,7 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
-	if err := run(ctx, *binary, *workloads, *configs, *scale, *seed, *logDir, *repeat); err != nil {
+	if err := run(ctx, *binary, *workloads, *configs, *tokenizers, *scale, *seed, *logDir, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "routing:", err)
 		stop()
 		cancel()
@@ -75,7 +77,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, seed uint64, logDir string, repeat int) error {
+func run(ctx context.Context, binary, wlFlag, cfgFlag, tokFlag string, scale float64, seed uint64, logDir string, repeat int) error {
 	if !(scale > 0) {
 		return fmt.Errorf("--time-scale %g: want a positive number", scale)
 	}
@@ -90,6 +92,10 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, see
 		return err
 	}
 	cfgs, err := parseConfigs(cfgFlag)
+	if err != nil {
+		return err
+	}
+	toks, err := parseTokenizers(tokFlag)
 	if err != nil {
 		return err
 	}
@@ -108,7 +114,7 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag string, scale float64, see
 	if err := copyFile(binary, snapshot); err != nil {
 		return fmt.Errorf("copy %s: %w", binary, err)
 	}
-	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}}
+	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks}
 
 	began := time.Now()
 	version, _ := exec.Command(snapshot, "version").Output()
@@ -162,6 +168,10 @@ func (e *env) runWorkloads(ctx context.Context, keys, cfgs []string, seed uint64
 			}
 		case "d":
 			if err := e.noisyTable(ctx, defaultNoisy, seed, cfgs); err != nil {
+				return err
+			}
+		case "t":
+			if err := e.tokenizerTable(ctx, defaultMeasured, seed, cfgs); err != nil {
 				return err
 			}
 		}
@@ -220,7 +230,7 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour"}
+var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour", "t": "tokenizers"}
 
 func parseWorkloads(s string) ([]string, error) {
 	var keys []string
@@ -233,7 +243,7 @@ func parseWorkloads(s string) ([]string, error) {
 			}
 		}
 		if key == "" {
-			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d or measured, multi-turn, no-sharing, noisy-neighbour)", f)
+			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d, t or measured, multi-turn, no-sharing, noisy-neighbour, tokenizers)", f)
 		}
 		if !slices.Contains(keys, key) {
 			keys = append(keys, key)
@@ -323,6 +333,16 @@ type runStats struct {
 	// answer (infergate_epp_decision_duration_seconds), wall clock; zero
 	// without a picker.
 	decision time.Duration
+	// split of groups: the shared prefixes (request groups) answered, and
+	// how many of them more than one pod served.
+	split, groups int
+	// Per pod: the prompt bytes of the requests it answered, and the
+	// prompt tokens it counted (vllm:prompt_tokens_total) since the
+	// baseline.
+	promptBytes, promptTokens []float64
+	// endpoints are the picker's prefix figures per pod; nil without a
+	// picker or when its metrics could not be read.
+	endpoints []endpointFigures
 }
 
 // overhead is the client's mean TTFT minus the sims' own.
@@ -506,7 +526,7 @@ func imbalance(perPod []int) string {
 func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg string) (*runStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.runTimeout(reqs, w.pods, w.concurrency))
 	defer cancel()
-	st, err := e.startStack(ctx, cfg, w.pods, nil, w.key+"-"+cfg)
+	st, err := e.startStack(ctx, cfg, w.pods, w.tok, nil, w.runName(cfg))
 	defer st.procs.stop()
 	if err != nil {
 		return nil, err
@@ -527,8 +547,12 @@ func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg st
 		return nil, err
 	}
 	r.cores, r.cpuBy = cores, cpuBy
-	e.itls = append(e.itls, itlSample{"(" + w.key + ") " + cfg, r.itl, cores})
-	fmt.Fprintf(os.Stderr, "(%s) %-17s %d requests in %s wall, hit rate %s, cores: %s\n", w.key, cfg, len(results), wall.Round(time.Millisecond), pctString(r.hitRate()), cpuBy)
+	label := "(" + w.key + ")"
+	if w.tok != (tokenizer{}) {
+		label += " " + w.tok.String()
+	}
+	e.itls = append(e.itls, itlSample{label + " " + cfg, r.itl, cores})
+	fmt.Fprintf(os.Stderr, "%s %-17s %d requests in %s wall, hit rate %s, cores: %s\n", label, cfg, len(results), wall.Round(time.Millisecond), pctString(r.hitRate()), cpuBy)
 	return r, nil
 }
 
@@ -549,7 +573,7 @@ func (e *env) ramp(reqs []request) time.Duration {
 // warmUp readies a fresh stack for measuring (see client.warmUp) and marks
 // the counters the run's figures start from.
 func (e *env) warmUp(ctx context.Context, st *stack, c *client, inFlight int) error {
-	if err := c.warmUp(ctx, st.router(), inFlight, 2); err != nil {
+	if err := c.warmUp(ctx, st.router(), st.tok, inFlight, 2); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	return st.markBaseline(ctx)
@@ -576,8 +600,11 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 		ttftCount += m["vllm:time_to_first_token_seconds_count"]
 		r.hits = append(r.hits, m["vllm:prefix_cache_hits_total"])
 		r.queries = append(r.queries, m["vllm:prefix_cache_queries_total"])
+		r.promptTokens = append(r.promptTokens, m["vllm:prompt_tokens_total"])
 	}
 	r.perPod = make([]int, len(st.sims))
+	r.promptBytes = make([]float64, len(st.sims))
+	r.split, r.groups = splitGroups(results)
 	var decode time.Duration
 	gaps := 0
 	for _, res := range results {
@@ -586,6 +613,7 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 		}
 		if i, ok := idx[res.pod]; ok {
 			r.perPod[i]++
+			r.promptBytes[i] += float64(res.promptBytes)
 		}
 		r.outTokens += res.completion
 		if !res.streamed {
@@ -613,9 +641,14 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	}
 	if st.metrics != "" {
 		r.prefixIndexExplored = true
-		if m, err := pickerMetrics(ctx, st.metrics); err == nil {
-			r.prefixIndex = prefixIndexSize(m)
-			r.decision = decisionMean(m, st.decisionBase)
+		if b, err := getBody(ctx, "http://"+st.metrics+"/metrics"); err == nil {
+			if m, err := promSamples(bytes.NewReader(b)); err == nil {
+				r.prefixIndex = prefixIndexSize(m)
+				r.decision = decisionMean(m, st.decisionBase)
+			}
+			if series, err := promSeries(bytes.NewReader(b), endpointMetrics...); err == nil {
+				r.endpoints = endpointsOf(series, st.sims)
+			}
 		}
 	}
 	return r, nil
@@ -640,7 +673,7 @@ func simCounters(ctx context.Context, s simInfo) (map[string]float64, error) {
 		return nil, fmt.Errorf("%s metrics: %w", s.name, err)
 	}
 	return promSamples(bytes.NewReader(b), "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
+		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count", "vllm:prompt_tokens_total")
 }
 
 // pickerMetrics reads every sample the picker exports, summed per name.
@@ -822,7 +855,7 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 		name = "d-" + cfg + "-with-a"
 	}
 	objectives := []objective{{spec.BObjective, spec.BPriority}, {spec.AObjective, spec.APriority}}
-	st, err := e.startStack(ctx, cfg, spec.Pods, objectives, name)
+	st, err := e.startStack(ctx, cfg, spec.Pods, tokenizer{}, objectives, name)
 	defer st.procs.stop()
 	if err != nil {
 		return nil, err

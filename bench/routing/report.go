@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"io"
 	"math"
 	"slices"
@@ -151,6 +153,44 @@ func promSamples(r io.Reader, wanted ...string) (map[string]float64, error) {
 		out[name] += v
 	}
 	return out, sc.Err()
+}
+
+// series is one sample of Prometheus text exposition with its labels.
+type series struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+// promSeries parses Prometheus text exposition into its gauge, counter
+// and untyped samples of the names wanted, labels and all.
+func promSeries(r io.Reader, wanted ...string) ([]series, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation) // vLLM names have colons
+	fams, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
+	var out []series
+	for _, name := range wanted {
+		for _, m := range fams[name].GetMetric() {
+			s := series{name: name, labels: map[string]string{}}
+			for _, l := range m.GetLabel() {
+				s.labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case m.GetGauge() != nil:
+				s.value = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				s.value = m.GetCounter().GetValue()
+			case m.GetUntyped() != nil:
+				s.value = m.GetUntyped().GetValue()
+			default:
+				continue
+			}
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // bytesString formats a byte count.

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"io"
 	"math"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/sim"
 )
 
 const blockBytes = 16 * bytesPerToken // one KV-cache block of the sims' default size
@@ -420,5 +423,232 @@ func TestDecisionMeanCountsOnlySinceTheBase(t *testing.T) {
 		if got := decisionMean(tc.m, base); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// testTokenizers are the sims' tokenizers the generator is tested with.
+var testTokenizers = []tokenizer{{}, bytesTokenizer(2), bytesTokenizer(4), bytesTokenizer(7), bytesTokenizer(8), wordsTokenizer}
+
+func TestTextHasExactTokenCountsUnderEveryTokenizer(t *testing.T) {
+	for _, tok := range testTokenizers {
+		g := newTextGen(7)
+		g.tok = tok
+		var prev string
+		for _, n := range []int{1, 2, 16, 17, 128, 2048} {
+			for range 20 {
+				s := g.text(n)
+				kind := tok.kind
+				if kind == "" {
+					kind = sim.TokenizerBytes
+				}
+				if got := sim.CountTokens(kind, tok.bytes(), s); got != n {
+					t.Fatalf("%s: text(%d) is %d tokens: %q", tok, n, got, s)
+				}
+				if !tok.words() && len(s) != n*tok.bytes() {
+					t.Fatalf("%s: text(%d) has %d bytes, want %d", tok, n, len(s), n*tok.bytes())
+				}
+				if strings.Trim(s, "abcdefghijklmnopqrstuvwxyz ") != "" {
+					t.Fatalf("%s: text(%d) has characters other than lower-case words: %q", tok, n, s)
+				}
+				// Texts put together are as many tokens as apart, so a
+				// prefix's blocks are those of every prompt it starts.
+				if prev != "" {
+					if got, want := tok.count(prev+s), tok.count(prev)+n; got != want {
+						t.Fatalf("%s: two texts together are %d tokens, apart %d", tok, got, want)
+					}
+				}
+				prev = s
+			}
+		}
+	}
+	// The words tokenizer makes about 5.7 bytes a token of such words.
+	g := newTextGen(7)
+	g.tok = wordsTokenizer
+	if b := float64(len(g.text(2048))) / 2048; b < 5.2 || b > 6.2 {
+		t.Fatalf("words: %.2f bytes a token", b)
+	}
+	// The default makes the text it always made.
+	a, b := newTextGen(3), newTextGen(3)
+	b.tok = bytesTokenizer(4)
+	for range 10 {
+		if x, y := a.text(100), b.text(100); x != y {
+			t.Fatalf("the zero tokenizer and bytes/4 generate different text: %q, %q", x, y)
+		}
+	}
+}
+
+func TestTokenizerWorkloadKeepsPrefixesShared(t *testing.T) {
+	for _, tok := range []tokenizer{bytesTokenizer(2), bytesTokenizer(4), bytesTokenizer(7), wordsTokenizer} {
+		s := defaultMeasured
+		s.Tokenizer = tok
+		w := measuredWorkload(s, 1)
+		if w.requests() != 1024 || w.tok != tok {
+			t.Fatalf("%s: %d requests, tokenizer %s", tok, w.requests(), w.tok)
+		}
+		// The prefixes, made as measuredWorkload makes them.
+		g := newTextGen(1 ^ 0xa)
+		g.tok = tok
+		prefixes := make([]string, s.Prefixes)
+		total := 0
+		for i := range prefixes {
+			prefixes[i] = g.text(s.PrefixTokens)
+			total += len(prefixes[i])
+		}
+		if got := float64(total) / float64(len(prefixes)); got != w.prefixBytes {
+			t.Fatalf("%s: prefixBytes %.0f, the prefixes average %.0f", tok, w.prefixBytes, got)
+		}
+		if !tok.words() && w.prefixBytes != float64(s.PrefixTokens*tok.bytes()) {
+			t.Fatalf("%s: prefixes of %.0f bytes, want %d", tok, w.prefixBytes, s.PrefixTokens*tok.bytes())
+		}
+		firsts := map[string]int{}
+		for i, p := range prefixes {
+			if other, ok := firsts[p[:16]]; ok {
+				t.Fatalf("%s: prefixes %d and %d start alike", tok, i, other)
+			}
+			firsts[p[:16]] = i
+		}
+		suffixStarts := map[int]map[string]bool{}
+		for _, ss := range w.sessions {
+			r := ss[0]
+			if r.Tokenizer != tok {
+				t.Fatalf("%s: request made for %s", tok, r.Tokenizer)
+			}
+			if got := r.promptTokens(); got != s.PrefixTokens+s.SuffixTokens {
+				t.Fatalf("%s: prompt of %d tokens, want %d", tok, got, s.PrefixTokens+s.SuffixTokens)
+			}
+			p := prefixes[r.Group]
+			suffix, ok := strings.CutPrefix(r.Prompt, p)
+			if !ok {
+				t.Fatalf("%s: a request of prefix %d does not start with it", tok, r.Group)
+			}
+			// The prefix ends on a token boundary of the whole prompt: its
+			// 2,048 tokens (128 blocks) are the prompt's first.
+			if a, b := tok.count(p), tok.count(suffix); a != s.PrefixTokens || b != s.SuffixTokens {
+				t.Fatalf("%s: prefix %d and suffix %d tokens, want %d and %d", tok, a, b, s.PrefixTokens, s.SuffixTokens)
+			}
+			if suffixStarts[r.Group] == nil {
+				suffixStarts[r.Group] = map[string]bool{}
+			}
+			if suffixStarts[r.Group][suffix[:16]] {
+				t.Fatalf("%s: two repeats of prefix %d start their suffix alike", tok, r.Group)
+			}
+			suffixStarts[r.Group][suffix[:16]] = true
+		}
+		if len(suffixStarts) != s.Prefixes {
+			t.Fatalf("%s: %d prefixes used, want %d", tok, len(suffixStarts), s.Prefixes)
+		}
+		for g, m := range suffixStarts {
+			if len(m) != s.Repeats {
+				t.Fatalf("%s: prefix %d used %d times, want %d", tok, g, len(m), s.Repeats)
+			}
+		}
+	}
+}
+
+func TestTokenizerFlagsAndNames(t *testing.T) {
+	for _, tc := range []struct {
+		tok  tokenizer
+		name string
+		args []string
+	}{
+		{tokenizer{}, "bytes/4", nil},
+		{bytesTokenizer(4), "bytes/4", []string{"--tokenizer", "bytes", "--bytes-per-token", "4"}},
+		{bytesTokenizer(7), "bytes/7", []string{"--tokenizer", "bytes", "--bytes-per-token", "7"}},
+		{wordsTokenizer, "words", []string{"--tokenizer", "words"}},
+	} {
+		if tc.tok.String() != tc.name || !reflect.DeepEqual(tc.tok.simArgs(), tc.args) {
+			t.Errorf("%+v: %q %q, want %q %q", tc.tok, tc.tok.String(), tc.tok.simArgs(), tc.name, tc.args)
+		}
+	}
+	got, err := parseTokenizers("2, 4,bytes/7,words,2")
+	if want := []tokenizer{bytesTokenizer(2), bytesTokenizer(4), bytesTokenizer(7), wordsTokenizer}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("parseTokenizers: %v %v", got, err)
+	}
+	for _, bad := range []string{"1", "9", "bpe", ""} {
+		if _, err := parseTokenizers(bad); err == nil {
+			t.Errorf("--tokenizers %q accepted", bad)
+		}
+	}
+	if k, err := parseWorkloads("tokenizers,a"); err != nil || !reflect.DeepEqual(k, []string{"a", "t"}) {
+		t.Fatalf("workloads %v %v", k, err)
+	}
+	w := &workload{key: "t", tok: bytesTokenizer(2)}
+	if got := w.runName(cfgOracle); got != "t-bytes2-oracle" {
+		t.Fatalf("run name %q", got)
+	}
+	if got := (&workload{key: "a"}).runName(cfgOracle); got != "a-oracle" {
+		t.Fatalf("run name %q", got)
+	}
+}
+
+func TestSplitGroupsCountsPrefixesServedByMoreThanOnePod(t *testing.T) {
+	ok := func(group int, pod string) result { return result{status: 200, pod: pod, group: group} }
+	results := []result{
+		ok(0, "pod-0"), ok(0, "pod-0"), ok(0, "pod-0"), // one pod
+		ok(1, "pod-0"), ok(1, "pod-1"), // split
+		ok(2, "pod-1"),
+		{status: 429, group: 2}, {err: io.EOF, pod: "pod-0", group: 2}, // not served: not counted
+		{status: 200, pod: "pod-0", group: 2, err: nil}, // split
+		ok(3, "pod-1"), ok(3, ""), // no pod named: not counted
+		ok(-1, "pod-0"), ok(-1, "pod-1"), // no group
+		{status: 503, group: 4}, // a group never answered
+	}
+	split, groups := splitGroups(results)
+	if split != 2 || groups != 4 {
+		t.Fatalf("%d of %d groups split, want 2 of 4", split, groups)
+	}
+	if got := splitShare(&runStats{split: split, groups: groups}); got != 0.5 {
+		t.Fatalf("share %v", got)
+	}
+	if !math.IsNaN(splitShare(&runStats{})) {
+		t.Fatal("no groups should give NaN")
+	}
+}
+
+func TestPickerEndpointFigures(t *testing.T) {
+	text := `# TYPE infergate_epp_server_bytes_per_token gauge
+infergate_epp_server_bytes_per_token{endpoint="127.0.0.1:1"} 2.0003
+infergate_epp_server_bytes_per_token{endpoint="127.0.0.1:2"} 4
+infergate_epp_server_tokenizer_calibrated{endpoint="127.0.0.1:1"} 1
+infergate_epp_server_tokenizer_calibrated{endpoint="127.0.0.1:2"} 0
+infergate_epp_prefix_hit_rate{endpoint="127.0.0.1:1",source="index"} 0.75
+infergate_epp_prefix_hit_rate{source="server",endpoint="127.0.0.1:1"} 0.7
+infergate_epp_prefix_index_blocks{endpoint="127.0.0.1:1"} 9000
+infergate_epp_prefix_index_blocks{endpoint="127.0.0.1:9"} 5
+infergate_epp_decision_duration_seconds_sum 3
+`
+	ss, err := promSeries(strings.NewReader(text), endpointMetrics...)
+	if err != nil || len(ss) != 8 {
+		t.Fatalf("%d series, %v", len(ss), err)
+	}
+	if ss[5].labels["source"] != "server" || ss[5].labels["endpoint"] != "127.0.0.1:1" {
+		t.Fatalf("labels %v", ss[5].labels)
+	}
+	r := &runStats{pods: []string{"pod-0", "pod-1"}, endpoints: endpointsOf(ss, []simInfo{{name: "pod-0", addr: "127.0.0.1:1"}, {name: "pod-1", addr: "127.0.0.1:2"}}),
+		promptBytes: []float64{4000, 0}, promptTokens: []float64{2000, 0}}
+	if got := learnedString(r); got != "2.00 / default" {
+		t.Fatalf("learned %q", got)
+	}
+	if got := trueString(r); got != "2.00 / -" {
+		t.Fatalf("true %q", got)
+	}
+	if got, want := prefixFigures(r), "pod-0 9000 index blocks, hit rate index 75.0% / server 70.0%; pod-1 - index blocks, hit rate index - / server -"; got != want {
+		t.Fatalf("prefix figures %q, want %q", got, want)
+	}
+}
+
+func TestTokenizerGoalsInSummary(t *testing.T) {
+	gs := goals{}
+	gs.record(goalTokSplit(wordsTokenizer), 0.125)
+	gs.record(goalTokHitRate(bytesTokenizer(2)), 0.97)
+	gs.record(goalTokSplit(bytesTokenizer(2)), 0)
+	gs.record(goalHitRate, 0.99)
+	want := "| goal | figure per run | met |\n|---|---|---:|\n" +
+		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |\n" +
+		"| (t) bytes/2: infergate-default / oracle hit rate ≥ 0.95 | 0.97 | 1 of 1 |\n" +
+		"| (t) bytes/2: prefixes infergate-default split between pods ≤ 10% | 0.0% | 1 of 1 |\n" +
+		"| (t) words: prefixes infergate-default split between pods ≤ 10% | 12.5% | 0 of 1 |\n"
+	if got := gs.summary(); got != want {
+		t.Fatalf("summary:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -168,6 +168,7 @@ type simInfo struct {
 // stack is everything one (workload, config) run talks to.
 type stack struct {
 	cfg     string
+	tok     tokenizer // the sims'
 	procs   *procs
 	sims    []simInfo
 	base    string // dev proxy URL
@@ -191,17 +192,19 @@ type env struct {
 	model  simModel
 	itls   []itlSample // one per run, for the machine check
 	goals  goals       // the goals, one figure per run
+	// tokenizers are the sims' tokenizers of workload t.
+	tokenizers []tokenizer
 }
 
-// startStack starts pods fresh simulators and, depending on cfg, the picker
-// and the dev proxy in front of them. The caller must stop st.procs, also
-// when an error is returned.
-func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives []objective, runName string) (*stack, error) {
+// startStack starts pods fresh simulators with tokenizer tok and, depending
+// on cfg, the picker and the dev proxy in front of them. The caller must
+// stop st.procs, also when an error is returned.
+func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenizer, objectives []objective, runName string) (*stack, error) {
 	dir := filepath.Join(e.dir, runName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	st := &stack{cfg: cfg, procs: &procs{dir: dir}}
+	st := &stack{cfg: cfg, tok: tok, procs: &procs{dir: dir}}
 	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
 	for i := range pods {
 		name := fmt.Sprintf("pod-%d", i)
@@ -210,7 +213,8 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, objectives [
 			return st, err
 		}
 		_, port, _ := net.SplitHostPort(addr)
-		p, err := st.procs.start(name, e.binary, nil, "sim", "--name", name, "--port", port, "--time-scale", scale)
+		args := append([]string{"sim", "--name", name, "--port", port, "--time-scale", scale}, tok.simArgs()...)
+		p, err := st.procs.start(name, e.binary, nil, args...)
 		if err != nil {
 			return st, err
 		}

@@ -3,11 +3,89 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/infergate/infergate/sim"
 )
 
-// bytesPerToken is the simulator's tokenizer: 4 bytes of text are one token.
-const bytesPerToken = 4
+// bytesPerToken is the simulator's default tokenizer: 4 bytes of text are
+// one token.
+const bytesPerToken = sim.DefaultBytesPerToken
+
+// tokenizer is the sims' tokenizer in a run: kind sim.TokenizerBytes with n
+// bytes a token, or sim.TokenizerWords. The zero value is the sims'
+// default (4 bytes a token) and starts them without tokenizer flags.
+type tokenizer struct {
+	kind string
+	n    int
+}
+
+func bytesTokenizer(n int) tokenizer { return tokenizer{sim.TokenizerBytes, n} }
+
+var wordsTokenizer = tokenizer{kind: sim.TokenizerWords}
+
+func (t tokenizer) words() bool { return t.kind == sim.TokenizerWords }
+
+// bytes is the bytes tokenizer's token size (4 for words, the sims' own
+// default for the flag it ignores).
+func (t tokenizer) bytes() int {
+	if t.n == 0 || t.words() {
+		return bytesPerToken
+	}
+	return t.n
+}
+
+// String names the tokenizer as the sims log it: bytes/4, words.
+func (t tokenizer) String() string {
+	if t.words() {
+		return sim.TokenizerWords
+	}
+	return sim.TokenizerBytes + "/" + strconv.Itoa(t.bytes())
+}
+
+// simArgs are the sims' flags for the tokenizer; none for the zero value.
+func (t tokenizer) simArgs() []string {
+	switch {
+	case t == tokenizer{}:
+		return nil
+	case t.words():
+		return []string{"--tokenizer", sim.TokenizerWords}
+	}
+	return []string{"--tokenizer", sim.TokenizerBytes, "--bytes-per-token", strconv.Itoa(t.bytes())}
+}
+
+// count returns the tokens of text as the sims count them.
+func (t tokenizer) count(text string) int {
+	if t.words() {
+		return sim.CountTokens(sim.TokenizerWords, 0, text)
+	}
+	return sim.CountTokens(sim.TokenizerBytes, t.bytes(), text)
+}
+
+// parseTokenizers reads --tokenizers: bytes per token (2 to 8, also as
+// bytes/N) or words.
+func parseTokenizers(s string) ([]tokenizer, error) {
+	var out []tokenizer
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		var t tokenizer
+		if f == sim.TokenizerWords {
+			t = wordsTokenizer
+		} else {
+			n, err := strconv.Atoi(strings.TrimPrefix(f, sim.TokenizerBytes+"/"))
+			if err != nil || n < sim.MinBytesPerToken || n > sim.MaxBytesPerToken {
+				return nil, fmt.Errorf("--tokenizers: %q: want bytes per token (%d to %d) or %s", f, sim.MinBytesPerToken, sim.MaxBytesPerToken, sim.TokenizerWords)
+			}
+			t = bytesTokenizer(n)
+		}
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
 
 // message is one chat message.
 type message struct {
@@ -31,6 +109,8 @@ type request struct {
 	// Group is the shared prefix (prefix or conversation) the request
 	// belongs to, which the oracle routes by; -1 when it shares none.
 	Group int
+	// Tokenizer is the sims' tokenizer the prompt was made for.
+	Tokenizer tokenizer
 }
 
 // promptText is the prompt as the simulator sees it: chat messages are
@@ -48,7 +128,7 @@ func (r request) promptText() string {
 
 // promptTokens counts the prompt's tokens the way the simulator does.
 func (r request) promptTokens() int {
-	return (len(r.promptText()) + bytesPerToken - 1) / bytesPerToken
+	return r.Tokenizer.count(r.promptText())
 }
 
 // session is a list of requests sent one after the other (a conversation);
@@ -62,6 +142,18 @@ type workload struct {
 	concurrency int // sessions in flight at once
 	sessions    []session
 	describe    string
+	tok         tokenizer // the sims'
+	// prefixBytes is the mean size of a shared prefix, where the workload
+	// has them of one token count.
+	prefixBytes float64
+}
+
+// runName names a run of the workload under cfg (its log directory).
+func (w *workload) runName(cfg string) string {
+	if w.tok == (tokenizer{}) {
+		return w.key + "-" + cfg
+	}
+	return w.key + "-" + strings.ReplaceAll(w.tok.String(), "/", "") + "-" + cfg
 }
 
 func (w *workload) requests() int {
@@ -78,6 +170,10 @@ func (w *workload) requests() int {
 type textGen struct {
 	r     *rand.Rand
 	vocab []string
+	tok   tokenizer
+	// cost is the tokens of " "+vocab[i] under the words tokenizer, made
+	// on first use.
+	cost []int
 }
 
 func newTextGen(seed uint64) *textGen {
@@ -93,10 +189,17 @@ func newTextGen(seed uint64) *textGen {
 	return &textGen{r: r, vocab: vocab}
 }
 
-// text returns exactly tokens×4 bytes of words, each followed by a space
-// (the last one possibly cut).
+// text returns text of exactly tokens tokens of g.tok. For a bytes
+// tokenizer of n bytes a token that is tokens×n bytes of words, each
+// followed by a space (the last one possibly cut). For words it is words
+// each preceded by a space: a token boundary falls before every such space,
+// so the tokens of texts put together add up and a text's blocks are those
+// of any prompt it starts.
 func (g *textGen) text(tokens int) string {
-	n := tokens * bytesPerToken
+	if g.tok.words() {
+		return g.wordsText(tokens)
+	}
+	n := tokens * g.tok.bytes()
 	var b strings.Builder
 	b.Grow(n + 16)
 	for b.Len() < n {
@@ -104,6 +207,29 @@ func (g *textGen) text(tokens int) string {
 		b.WriteByte(' ')
 	}
 	return b.String()[:n]
+}
+
+func (g *textGen) wordsText(tokens int) string {
+	if g.cost == nil {
+		g.cost = make([]int, len(g.vocab))
+		for i, w := range g.vocab {
+			g.cost[i] = g.tok.count(" " + w)
+		}
+	}
+	var b strings.Builder
+	b.Grow(tokens * 7)
+	for left := tokens; left > 0; {
+		// Draw again a word longer than the tokens left (a word of more
+		// than 8 letters is two tokens; most are one).
+		i := g.r.IntN(len(g.vocab))
+		if g.cost[i] > left {
+			continue
+		}
+		b.WriteByte(' ')
+		b.WriteString(g.vocab[i])
+		left -= g.cost[i]
+	}
+	return b.String()
 }
 
 // between returns a uniform integer in [lo, hi].
@@ -114,12 +240,15 @@ type measuredSpec struct {
 	Pods, Prefixes, Repeats               int
 	PrefixTokens, SuffixTokens, MaxTokens int
 	Concurrency                           int
+	// Tokenizer is the sims' tokenizer the token counts are of.
+	Tokenizer tokenizer
 }
 
 var defaultMeasured = measuredSpec{Pods: 2, Prefixes: 128, Repeats: 8, PrefixTokens: 2048, SuffixTokens: 128, MaxTokens: 128, Concurrency: 32}
 
 func measuredWorkload(s measuredSpec, seed uint64) *workload {
 	g := newTextGen(seed ^ 0xa)
+	g.tok = s.Tokenizer
 	prefixes := make([]string, s.Prefixes)
 	for i := range prefixes {
 		prefixes[i] = g.text(s.PrefixTokens)
@@ -127,12 +256,17 @@ func measuredWorkload(s measuredSpec, seed uint64) *workload {
 	var sessions []session
 	for i, p := range prefixes {
 		for range s.Repeats {
-			sessions = append(sessions, session{{Prompt: p + g.text(s.SuffixTokens), MaxTokens: s.MaxTokens, Group: i}})
+			sessions = append(sessions, session{{Prompt: p + g.text(s.SuffixTokens), MaxTokens: s.MaxTokens, Group: i, Tokenizer: s.Tokenizer}})
 		}
 	}
 	g.r.Shuffle(len(sessions), func(i, j int) { sessions[i], sessions[j] = sessions[j], sessions[i] })
+	prefixBytes := 0
+	for _, p := range prefixes {
+		prefixBytes += len(p)
+	}
 	return &workload{
-		key: "a", name: "measured", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions,
+		key: "a", name: "measured", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions, tok: s.Tokenizer,
+		prefixBytes: float64(prefixBytes) / float64(max(len(prefixes), 1)),
 		describe: fmt.Sprintf("%d pods; %d distinct %d-token prefixes × %d repeats, each + a unique %d-token suffix, max_tokens %d; %d requests in random order, %d concurrent; completions API",
 			s.Pods, s.Prefixes, s.PrefixTokens, s.Repeats, s.SuffixTokens, s.MaxTokens, s.Prefixes*s.Repeats, s.Concurrency),
 	}
