@@ -33,7 +33,7 @@ func TestEngineMappings(t *testing.T) {
 				MaxActiveAdapters: 4,
 				ActiveAdapters:    set("sql-lora", "chat-lora"),
 				WaitingAdapters:   set("tweet-lora"),
-				Tokens: datastore.TokenCounters{Prompt: 48213, PrefixQueries: 48213, PrefixHits: 30112},
+				Tokens:            datastore.TokenCounters{Prompt: 48213, PrefixQueries: 48213, PrefixHits: 30112},
 			},
 		},
 		{
