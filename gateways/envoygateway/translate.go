@@ -6,27 +6,20 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/gateways/internal/xdsbuild"
 	"github.com/infergate/infergate/inference/wire"
 )
 
@@ -55,13 +48,6 @@ const (
 	ClusterDomain = "cluster.local"
 )
 
-// Timeouts of what the extension renders.
-const (
-	// messageTimeout bounds the picker's answer to the response headers
-	// (the request path is FULL_DUPLEX_STREAMED, where Envoy applies none).
-	messageTimeout    = 10 * time.Second
-	eppConnectTimeout = 5 * time.Second
-)
 
 // FilterName is the name of pool's ext_proc filter.
 func FilterName(p *Pool) string { return FilterPrefix + p.Key() }
@@ -82,16 +68,10 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 		}}
 		return out, nil
 	}
-	enable, err := anypb.New(&extprocv3.ExtProcPerRoute{
-		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{ProcessingMode: pickerMode(p)}},
-	})
-	if err != nil {
-		return nil, err
-	}
 	if out.TypedPerFilterConfig == nil {
 		out.TypedPerFilterConfig = map[string]*anypb.Any{}
 	}
-	out.TypedPerFilterConfig[FilterName(p)] = enable
+	out.TypedPerFilterConfig[FilterName(p)] = xdsbuild.Any(xdsbuild.PickerOnRoute(p.ResponseBody))
 	md, err := poolMetadata(p)
 	if err != nil {
 		return nil, err
@@ -104,26 +84,6 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 	}
 	out.Metadata.FilterMetadata[MetadataNamespace] = md
 	return out, nil
-}
-
-// pickerMode is what the picker gets on the pool's routes: request headers
-// and a streamed request body (FULL_DUPLEX_STREAMED, which needs trailers
-// SEND), response headers for the served endpoint, response bodies only if
-// the pool asks.
-func pickerMode(p *Pool) *extprocv3.ProcessingMode {
-	mode := &extprocv3.ProcessingMode{
-		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
-		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
-		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
-		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
-		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
-	}
-	if p.ResponseBody {
-		mode.ResponseBodyMode = extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
-		mode.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
-	}
-	return mode
 }
 
 // poolMetadata carries the pool into the route, so that PostTranslateModify
@@ -193,11 +153,11 @@ func ModifyCluster(c *clusterv3.Cluster, p *Pool, endpoints []string, eds *EDSSe
 	out.LoadBalancingPolicy = &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 		TypedExtensionConfig: &corev3.TypedExtensionConfig{
 			Name: "envoy.load_balancing_policies.override_host",
-			TypedConfig: mustAny(&overridehostv3.OverrideHost{
+			TypedConfig: xdsbuild.Any(&overridehostv3.OverrideHost{
 				OverrideHostSources: []*overridehostv3.OverrideHost_OverrideHostSource{{Metadata: lbKey(wire.DestinationEndpointKey)}},
 				SelectedHostKey:     lbKey(wire.ServedEndpointKey),
 				FallbackPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
-					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.round_robin", TypedConfig: mustAny(&roundrobinv3.RoundRobin{})},
+					TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.round_robin", TypedConfig: xdsbuild.Any(&roundrobinv3.RoundRobin{})},
 				}}},
 			}),
 		},
@@ -215,7 +175,7 @@ func hostPort(ep string) (*corev3.Address, error) {
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %q: %w", ep, err)
 	}
-	return socketAddress(host, uint32(n)), nil
+	return xdsbuild.SocketAddress(host, uint32(n)), nil
 }
 
 // Config is what the extension adds to a translation besides the pools'
@@ -232,12 +192,9 @@ type Config struct {
 	ClientCert *ClientCert
 }
 
-// ClientCert is a PEM certificate chain and its private key. It travels
-// inline in the clusters' TLS context; Envoy redacts private keys (a
-// sensitive field) from its config dumps.
-type ClientCert struct {
-	ChainPEM, KeyPEM []byte
-}
+// ClientCert is a PEM certificate chain and its private key, presented to
+// processors that require client certificates.
+type ClientCert = xdsbuild.ClientCert
 
 // ModifyTranslation adds, for every pool some route serves, the picker's
 // cluster and its ext_proc filter: disabled on the listener and enabled
@@ -371,60 +328,21 @@ func insertBeforeRouter(filters []*hcmv3.HttpFilter, pools []*Pool, payload *Pay
 		// On every route of the listener, not only the pools': the route
 		// is chosen again once the processor has set the model headers, so
 		// the first match may well be another route.
-		add = append(add, &hcmv3.HttpFilter{
-			Name:       PayloadFilterName,
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(payloadFilter(payload))},
-		})
+		add = append(add, xdsbuild.Filter(PayloadFilterName, xdsbuild.PayloadProcessor(PayloadClusterName, payload.FailOpen)))
 	}
 	if !has(StripFilterName) {
 		// A client's own x-gateway-destination-endpoint never reaches the
 		// picker or a model server (override_host does not read the header,
 		// but an ORIGINAL_DST setup beside it would).
-		add = append(add, &hcmv3.HttpFilter{
-			Name: StripFilterName,
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
-				RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: wire.DestinationEndpointKey}}},
-			}})},
-		})
+		add = append(add, xdsbuild.Filter(StripFilterName, xdsbuild.StripSteering()))
 	}
 	for _, p := range pools {
 		if has(FilterName(p)) {
 			continue
 		}
-		add = append(add, &hcmv3.HttpFilter{
-			Name:       FilterName(p),
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(extProcFilter(p))},
-		})
+		add = append(add, xdsbuild.Filter(FilterName(p), xdsbuild.IdlePicker(EPPClusterName(p), eppHost(p)+":"+strconv.Itoa(int(p.EPPPort)), p.FailOpen)))
 	}
 	return slices.Insert(slices.Clone(filters), at, add...)
-}
-
-// extProcFilter is the picker's filter as the listener holds it: in the
-// chain of every request but sending nothing (headers SKIP, bodies NONE),
-// so that only the pool's routes, through their ExtProcPerRoute
-// processing_mode, make it talk to the picker. It is not disabled: Envoy
-// fixes a request's filter chain from the first route it matches, and a
-// request reaches the pool's route only once the payload processor has set
-// its model header and the route is matched again; per-route overrides, by
-// contrast, are read from the route current when the filter runs.
-// envoy.lb is forwarded (the served host, the subset hint) and received
-// (the pick); failure_mode_allow is the pool's failureMode.
-func extProcFilter(p *Pool) *extprocv3.ExternalProcessor {
-	mode := &extprocv3.ProcessingMode{
-		RequestHeaderMode:  extprocv3.ProcessingMode_SKIP,
-		ResponseHeaderMode: extprocv3.ProcessingMode_SKIP,
-	}
-	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
-	return &extprocv3.ExternalProcessor{
-		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
-			ClusterName: EPPClusterName(p),
-			Authority:   eppHost(p) + ":" + strconv.Itoa(int(p.EPPPort)),
-		}}},
-		FailureModeAllow: p.FailOpen,
-		ProcessingMode:   mode,
-		MessageTimeout:   durationpb.New(messageTimeout),
-		MetadataOptions:  &extprocv3.MetadataOptions{ForwardingNamespaces: ns, ReceivingNamespaces: ns},
-	}
 }
 
 func eppHost(p *Pool) string {
@@ -442,7 +360,11 @@ func serverCluster(name, addr string, useTLS bool, cert *ClientCert) (*clusterv3
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
 	}
-	return grpcCluster(name, host, uint32(n), useTLS, host, cert), nil
+	var tls *xdsbuild.TLS
+	if useTLS {
+		tls = &xdsbuild.TLS{SNI: host, ClientCert: cert}
+	}
+	return xdsbuild.GRPCCluster(name, host, uint32(n), tls), nil
 }
 
 // Payload is the payload processor the extension puts in front of the
@@ -467,95 +389,19 @@ func (e *EDSServer) address() string {
 	return e.Address
 }
 
-// payloadFilter is the payload processor's filter, with the settings its
-// README asks for: headers and FULL_DUPLEX_STREAMED bodies both ways (the
-// response body for token usage), its usage metadata received, and the
-// route matched again when it sets the model headers.
-func payloadFilter(p *Payload) *extprocv3.ExternalProcessor {
-	return &extprocv3.ExternalProcessor{
-		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
-			ClusterName: PayloadClusterName,
-		}}},
-		FailureModeAllow: p.FailOpen,
-		ProcessingMode: &extprocv3.ProcessingMode{
-			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
-			RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-			RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
-			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
-			ResponseBodyMode:    extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-			ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
-		},
-		MetadataOptions: &extprocv3.MetadataOptions{
-			ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{PayloadMetadataNamespace}},
-		},
-	}
-}
-
 // eppCluster reaches the picker Service by its DNS name over HTTP/2, with
 // TLS that accepts its self-signed certificate unless the pool says
 // plaintext.
 func eppCluster(p *Pool, cert *ClientCert) *clusterv3.Cluster {
-	return grpcCluster(EPPClusterName(p), eppHost(p), p.EPPPort, !p.Plaintext, eppHost(p), cert)
-}
-
-// grpcCluster is a STRICT_DNS cluster of one gRPC server over HTTP/2, with
-// TLS that accepts the server's certificate when useTLS, presenting cert
-// when set.
-func grpcCluster(name, host string, port uint32, useTLS bool, sni string, cert *ClientCert) *clusterv3.Cluster {
-	c := &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		ConnectTimeout:       durationpb.New(eppConnectTimeout),
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: socketAddress(host, port),
-			}}}},
-		}}},
-		TypedExtensionProtocolOptions: map[string]*anypb.Any{
-			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpv3.HttpProtocolOptions{
-				UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
-				}},
-			}),
-		},
+	var tls *xdsbuild.TLS
+	if !p.Plaintext {
+		tls = &xdsbuild.TLS{SNI: eppHost(p), ClientCert: cert}
 	}
-	if useTLS {
-		ctc := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}}
-		if cert != nil {
-			ctc.TlsCertificates = []*tlsv3.TlsCertificate{{
-				CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cert.ChainPEM}},
-				PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cert.KeyPEM}},
-			}}
-		}
-		c.TransportSocket = &corev3.TransportSocket{
-			Name: "envoy.transport_sockets.tls",
-			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
-				Sni:              sni,
-				CommonTlsContext: ctc,
-			})},
-		}
-	}
-	return c
+	return xdsbuild.GRPCCluster(EPPClusterName(p), eppHost(p), p.EPPPort, tls)
 }
 
 func lbKey(key string) *metadatav3.MetadataKey {
 	return &metadatav3.MetadataKey{Key: wire.LBNamespace, Path: []*metadatav3.MetadataKey_PathSegment{
 		{Segment: &metadatav3.MetadataKey_PathSegment_Key{Key: key}},
 	}}
-}
-
-func socketAddress(host string, port uint32) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
-	}}}
-}
-
-// mustAny packs m; only a nil message can fail.
-func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
-		panic("envoygateway: " + err.Error())
-	}
-	return a
 }

@@ -1,0 +1,213 @@
+// Package xdsbuild builds the Envoy configuration pieces every gateway
+// integration renders the same way: the clusters that reach the picker and
+// the payload processor, their ext_proc filters, and the filter that takes
+// a client's own steering headers off the request. The Envoy Gateway
+// extension and the plain-Envoy bootstrap both use it, so a fix to one
+// shape is a fix to all.
+package xdsbuild
+
+import (
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/infergate/infergate/inference/wire"
+)
+
+// Defaults of what is rendered.
+const (
+	// MessageTimeout bounds a processor's answer where Envoy applies one:
+	// not on a FULL_DUPLEX_STREAMED body, where only the stream's own
+	// timeouts hold.
+	MessageTimeout = 10 * time.Second
+	// ConnectTimeout bounds connecting to a processor.
+	ConnectTimeout = 5 * time.Second
+	// RouterFilter is the name Envoy's router filter goes by.
+	RouterFilter = "envoy.filters.http.router"
+	// PayloadMetadataNamespace is where the payload processor reports token
+	// usage (extproc/payload.MetadataNamespace).
+	PayloadMetadataNamespace = "io.infergate.payload"
+)
+
+// Any wraps m; m is always a well-formed message, so it cannot fail.
+func Any(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(err) // unreachable: marshalling a valid message
+	}
+	return a
+}
+
+// Filter is an HTTP filter of the connection manager.
+func Filter(name string, config proto.Message) *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: Any(config)}}
+}
+
+// ClientCert is a PEM certificate chain and its private key, presented to
+// processors that require client certificates (--client-ca-file). It
+// travels inline in the clusters' TLS context; Envoy redacts private keys
+// (a sensitive field) from its config dumps.
+type ClientCert struct {
+	ChainPEM, KeyPEM []byte
+}
+
+// TLS is how a cluster reaches its server: nil for plaintext; otherwise
+// TLS that accepts the server's certificate (processors serve self-signed
+// ones by default), sending SNI and, when set, a client certificate.
+type TLS struct {
+	SNI        string
+	ClientCert *ClientCert
+}
+
+// GRPCCluster is a STRICT_DNS cluster of one gRPC server at host:port over
+// HTTP/2.
+func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		ConnectTimeout:       durationpb.New(ConnectTimeout),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: SocketAddress(host, port),
+			}}}},
+		}}},
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any(&httpv3.HttpProtocolOptions{
+				UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+				}},
+			}),
+		},
+	}
+	if tls != nil {
+		c.TransportSocket = upstreamTLS(tls)
+	}
+	return c
+}
+
+func upstreamTLS(t *TLS) *corev3.TransportSocket {
+	ctc := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}}
+	if cc := t.ClientCert; cc != nil {
+		ctc.TlsCertificates = []*tlsv3.TlsCertificate{{
+			CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cc.ChainPEM}},
+			PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: cc.KeyPEM}},
+		}}
+	}
+	return &corev3.TransportSocket{
+		Name:       "envoy.transport_sockets.tls",
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: Any(&tlsv3.UpstreamTlsContext{Sni: t.SNI, CommonTlsContext: ctc})},
+	}
+}
+
+// SocketAddress is a TCP address.
+func SocketAddress(host string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+// GRPCService reaches cluster, with authority as the :authority of the
+// calls (empty: the cluster name, Envoy's default).
+func GRPCService(cluster, authority string) *corev3.GrpcService {
+	return &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{
+		ClusterName: cluster, Authority: authority,
+	}}}
+}
+
+// PayloadProcessor is the payload processor's filter with the settings its
+// README asks for: headers and FULL_DUPLEX_STREAMED bodies both ways (the
+// response body for token usage) and its usage metadata received.
+// failure_mode_allow only if asked: with streamed bodies a processor that
+// dies mid-body cannot fail open anyway.
+func PayloadProcessor(cluster string, failOpen bool) *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService:      GRPCService(cluster, ""),
+		FailureModeAllow: failOpen,
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+			ResponseBodyMode:    extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
+		},
+		MetadataOptions: &extprocv3.MetadataOptions{
+			ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{PayloadMetadataNamespace}},
+		},
+	}
+}
+
+// PickerMode is what a pool's picker gets on the pool's routes: request
+// headers and a streamed request body (FULL_DUPLEX_STREAMED, which needs
+// trailers SEND), response headers for the served endpoint, and response
+// bodies only if asked.
+func PickerMode(responseBody bool) *extprocv3.ProcessingMode {
+	mode := &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+		RequestBodyMode:     extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+	}
+	if responseBody {
+		mode.ResponseBodyMode = extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		mode.ResponseTrailerMode = extprocv3.ProcessingMode_SEND
+	}
+	return mode
+}
+
+// IdlePicker is a pool's picker filter as a listener holds it: in the
+// chain of every request but sending nothing (headers SKIP, bodies NONE),
+// so that only the pool's routes, through an ExtProcPerRoute override of
+// PickerMode (PickerOnRoute), make it talk to the picker. It is not
+// disabled: Envoy fixes a request's filter chain from the first route it
+// matches, and a request may reach the pool's route only once the payload
+// processor has set its model header and the route is matched again;
+// per-route overrides, by contrast, are read from the route current when
+// the filter runs. envoy.lb is forwarded (the served host, the subset
+// hint) and received (the pick); failure_mode_allow is the pool's
+// failureMode.
+func IdlePicker(cluster, authority string, failOpen bool) *extprocv3.ExternalProcessor {
+	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
+	return &extprocv3.ExternalProcessor{
+		GrpcService:      GRPCService(cluster, authority),
+		FailureModeAllow: failOpen,
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:  extprocv3.ProcessingMode_SKIP,
+			ResponseHeaderMode: extprocv3.ProcessingMode_SKIP,
+		},
+		MessageTimeout:  durationpb.New(MessageTimeout),
+		MetadataOptions: &extprocv3.MetadataOptions{ForwardingNamespaces: ns, ReceivingNamespaces: ns},
+	}
+}
+
+// PickerOnRoute is the per-route configuration that turns an IdlePicker
+// filter on for a pool's route.
+func PickerOnRoute(responseBody bool) *extprocv3.ExtProcPerRoute {
+	return &extprocv3.ExtProcPerRoute{
+		Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{ProcessingMode: PickerMode(responseBody)}},
+	}
+}
+
+// StripSteering removes a client's own x-gateway-destination-endpoint from
+// the request, so that it never reaches a picker or a cluster that routes
+// by it (an ORIGINAL_DST cluster keyed on that header would otherwise
+// send the request wherever the client asked).
+func StripSteering() *headermutationv3.HeaderMutation {
+	return &headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
+		RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: wire.DestinationEndpointKey}}},
+	}}
+}
