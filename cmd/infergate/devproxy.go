@@ -41,9 +41,16 @@ type devproxyFlags struct {
 	xdsServerName                  string
 	freePorts                      bool
 	resolve                        []string
+
+	// bootstrap mode (resolve is shared with xDS mode)
+	bootstrap string
 }
 
 var flagModeOnly = []string{"port", "ext-proc", "routing", "fallback-endpoints", "subset-hint"}
+
+// xdsModeOnly are the flags only xDS mode takes (--resolve is also taken
+// with --bootstrap).
+var xdsModeOnly = []string{"node-id", "node-cluster", "xds-tls", "xds-ca-file", "xds-cert-file", "xds-key-file", "xds-server-name", "free-ports"}
 
 func newDevproxyCommand() *cobra.Command {
 	var fl devproxyFlags
@@ -58,18 +65,38 @@ answer. It is a test harness, not a production proxy.
 Flag mode (--ext-proc ...): one listener, the filters in order, every request to one
 cluster. xDS mode (--xds-server ...): an Envoy node taking listeners, routes, clusters
 and endpoints over ADS from a control plane (Envoy Gateway, Istio, go-control-plane);
-it NACKs, with the field named, any configuration it does not reproduce.`,
+it NACKs, with the field named, any configuration it does not reproduce. Bootstrap
+mode (--bootstrap file): the static_resources of an Envoy bootstrap, as envoy -c
+serves them, without a control plane; what xDS mode would NACK fails start-up.`,
 		Example: `  infergate devproxy --port 8080 \
     --ext-proc payload=127.0.0.1:9004 \
     --ext-proc epp=127.0.0.1:9002,failure-mode=FailOpen,tls=true \
     --fallback-endpoints 127.0.0.1:8000,127.0.0.1:8001
 
   infergate devproxy --xds-server 127.0.0.1:15010 --node-id router~10.0.0.1~gw.default~default.svc.cluster.local \
-    --free-ports --resolve pool-epp.default.svc.cluster.local=127.0.0.1`,
+    --free-ports --resolve pool-epp.default.svc.cluster.local=127.0.0.1
+
+  infergate devproxy --bootstrap envoy.yaml --resolve pool-epp.default.svc.cluster.local=127.0.0.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if net.ParseIP(fl.address) == nil {
 				return fmt.Errorf("--address %q: want an IP address", fl.address)
+			}
+			if fl.bootstrap != "" {
+				if fl.xdsServer != "" {
+					return errors.New("--bootstrap and --xds-server are mutually exclusive: a bootstrap is served without a control plane")
+				}
+				for _, name := range flagModeOnly {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s is a flag-mode option; with --bootstrap the bootstrap configures listeners, filters and clusters", name)
+					}
+				}
+				for _, name := range xdsModeOnly {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s needs --xds-server (with --bootstrap, listeners bind the bootstrap's ports)", name)
+					}
+				}
+				return fl.runBootstrap(cmd)
 			}
 			if fl.xdsServer != "" {
 				for _, name := range flagModeOnly {
@@ -79,10 +106,13 @@ it NACKs, with the field named, any configuration it does not reproduce.`,
 				}
 				return fl.runXDS(cmd)
 			}
-			for _, name := range []string{"node-id", "node-cluster", "xds-tls", "xds-ca-file", "xds-cert-file", "xds-key-file", "xds-server-name", "free-ports", "resolve"} {
+			for _, name := range xdsModeOnly {
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s needs --xds-server", name)
 				}
+			}
+			if cmd.Flags().Changed("resolve") {
+				return errors.New("--resolve needs --xds-server or --bootstrap")
 			}
 			return fl.runFlags(cmd)
 		},
@@ -116,6 +146,8 @@ func (fl *devproxyFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&fl.xdsServerName, "xds-server-name", "", "server name to verify the xDS server's certificate against (default: the host of --xds-server)")
 	f.BoolVar(&fl.freePorts, "free-ports", false, "bind each xDS listener on a free port instead of its own, and print where")
 	f.StringArrayVar(&fl.resolve, "resolve", nil, "name=ip: resolve a cluster host name (e.g. the picker's Service) to ip; repeat")
+
+	f.StringVar(&fl.bootstrap, "bootstrap", "", "Envoy bootstrap file (YAML or JSON): serve its static_resources as envoy -c does, without a control plane")
 }
 
 func (fl *devproxyFlags) runFlags(cmd *cobra.Command) error {
@@ -188,13 +220,9 @@ func (fl *devproxyFlags) runXDS(cmd *cobra.Command) error {
 	if fl.nodeID == "" {
 		return errors.New("--node-id is required with --xds-server")
 	}
-	resolve := map[string]string{}
-	for _, r := range fl.resolve {
-		name, ip, ok := strings.Cut(r, "=")
-		if !ok || name == "" || net.ParseIP(ip) == nil {
-			return fmt.Errorf("--resolve %q: want name=ip", r)
-		}
-		resolve[name] = ip
+	resolve, err := fl.resolveTable()
+	if err != nil {
+		return err
 	}
 	tlsCfg, err := fl.xdsTLSConfig()
 	if err != nil {
@@ -226,6 +254,58 @@ func (fl *devproxyFlags) runXDS(cmd *cobra.Command) error {
 	}
 	log.Info("devproxy started in xDS mode", "xdsServer", fl.xdsServer, "nodeID", fl.nodeID)
 	return node.Run(cmd.Context())
+}
+
+// runBootstrap serves an Envoy bootstrap's static resources: each listener
+// on --address at the bootstrap's port, until the command's context ends.
+func (fl *devproxyFlags) runBootstrap(cmd *cobra.Command) error {
+	resolve, err := fl.resolveTable()
+	if err != nil {
+		return err
+	}
+	bs, err := devproxy.LoadBootstrap(fl.bootstrap)
+	if err != nil {
+		return fmt.Errorf("--bootstrap: %w", err)
+	}
+	log, err := fl.logs.logger()
+	if err != nil {
+		return fmt.Errorf("devproxy logger: %w", err)
+	}
+	tuneGC()
+	out := cmd.OutOrStdout()
+	node, err := devproxy.NewNode(devproxy.NodeConfig{
+		Bootstrap:     bs,
+		Address:       fl.address,
+		Resolve:       resolve,
+		Timeouts:      devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect},
+		DebugMetadata: fl.debugMetadata,
+		Logger:        log,
+		OnListener: func(name, addr, bound string) {
+			// One line per listener, as in xDS mode.
+			_, _ = fmt.Fprintf(out, "devproxy listener %s (bootstrap %s) on http://%s\n", name, addr, bound)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
+	}
+	log.Info("devproxy started in bootstrap mode", "bootstrap", fl.bootstrap)
+	if err := node.Run(cmd.Context()); err != nil {
+		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
+	}
+	return nil
+}
+
+// resolveTable parses --resolve.
+func (fl *devproxyFlags) resolveTable() (map[string]string, error) {
+	resolve := map[string]string{}
+	for _, r := range fl.resolve {
+		name, ip, ok := strings.Cut(r, "=")
+		if !ok || name == "" || net.ParseIP(ip) == nil {
+			return nil, fmt.Errorf("--resolve %q: want name=ip", r)
+		}
+		resolve[name] = ip
+	}
+	return resolve, nil
 }
 
 // xdsTLSConfig builds the TLS settings for the ADS channel, or nil for plaintext.

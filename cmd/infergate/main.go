@@ -36,6 +36,7 @@ func newRootCommand() *cobra.Command {
 		newSimCommand(),
 		newDevproxyCommand(),
 		newEGExtCommand(),
+		newEnvoyBootstrapCommand(),
 	)
 	return root
 }

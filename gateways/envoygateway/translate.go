@@ -48,7 +48,6 @@ const (
 	ClusterDomain = "cluster.local"
 )
 
-
 // FilterName is the name of pool's ext_proc filter.
 func FilterName(p *Pool) string { return FilterPrefix + p.Key() }
 
