@@ -7,7 +7,7 @@
 // built on. It is a test harness written from Envoy's documented semantics,
 // never a production gateway: users run Envoy.
 //
-// It is configured in one of two ways, both producing the same per-listener
+// It is configured in one of three ways, all producing the same per-listener
 // table (filters, virtual hosts and routes, clusters):
 //
 //   - by flags (New): one listener, the given filters in order, one route
@@ -23,7 +23,16 @@
 //     plane. Every field of every message it reads is either interpreted
 //     with Envoy's semantics, or listed as ignorable with the reason it
 //     cannot change where a request goes (xdsfields.go), or the update is
-//     NACKed with the field named and the last good configuration kept.
+//     NACKed with the field named and the last good configuration kept;
+//   - from a static bootstrap (NodeConfig.Bootstrap, LoadBootstrap;
+//     `infergate devproxy --bootstrap`), as `envoy -c` runs one: the
+//     listeners and clusters of static_resources, route configurations
+//     inline, built under the same rules as xDS resources, with no ADS
+//     stream. What would be a NACK over xDS fails start-up with the same
+//     message, and so do EDS clusters and RDS (nothing to fetch them
+//     from), dynamic_resources, static secrets and any bootstrap field but
+//     node and admin (both ignored: no control plane, no admin interface).
+//     TestBootstrapServesTraffic, TestBootstrapFromYAML, TestBootstrapErrors
 //
 // # Faithfulness in xDS mode
 //

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -25,10 +26,19 @@ import (
 )
 
 // NodeConfig configures a Node: the stand-in as an Envoy node taking its
-// listeners, routes and clusters over xDS.
+// listeners, routes and clusters over xDS, or from a static bootstrap.
 type NodeConfig struct {
-	// XDS is the ADS server and the node's identity.
+	// XDS is the ADS server and the node's identity. Unused (and must be
+	// left empty) with Bootstrap.
 	XDS xdsclient.Config
+	// Bootstrap, if set, is the node's whole configuration, as `envoy -c`
+	// takes it: the listeners and clusters of its static_resources (route
+	// configurations inline in the connection managers), built under the
+	// same rules as xDS resources; a resource the stand-in would NACK over
+	// xDS makes Run fail with the same message. No ADS stream is opened, so
+	// EDS clusters, RDS and dynamic_resources are errors. See
+	// LoadBootstrap.
+	Bootstrap *bootstrapv3.Bootstrap
 	// Address is the IP every listener binds on, whatever address the
 	// control plane gives it (default 127.0.0.1: tests never bind others).
 	Address string
@@ -54,11 +64,13 @@ type NodeConfig struct {
 // (and the RDS and EDS names they need), NACKs what it cannot reproduce,
 // and serves every listener with a Proxy whose table is swapped on each
 // accepted update, so requests in flight finish on the table they started
-// with.
+// with. With NodeConfig.Bootstrap it serves the bootstrap's static
+// resources instead, built once when Run starts.
 type Node struct {
 	cfg    NodeConfig
 	log    logr.Logger
-	client *xdsclient.Client
+	client *xdsclient.Client // nil with a bootstrap
+	static *resources        // the bootstrap's; nil over xDS
 	conns  *connPool
 
 	mu        sync.Mutex
@@ -80,7 +92,9 @@ type liveListener struct {
 	done    chan struct{}
 }
 
-// NewNode checks cfg and prepares the xDS client; Run connects.
+// NewNode checks cfg and prepares the xDS client (Run connects), or, with
+// a bootstrap, checks the bootstrap's own fields (Run builds its
+// resources).
 func NewNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Address == "" {
 		cfg.Address = "127.0.0.1"
@@ -107,6 +121,17 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
 	}
+	if cfg.Bootstrap != nil {
+		if cfg.XDS.Server != "" || cfg.XDS.NodeID != "" {
+			return nil, errors.New("devproxy node: a bootstrap and an xDS server (XDS.Server, XDS.NodeID) are exclusive")
+		}
+		res, err := staticResources(cfg.Bootstrap)
+		if err != nil {
+			return nil, fmt.Errorf("devproxy node: %w", err)
+		}
+		n.static = res
+		return n, nil
+	}
 	c, err := xdsclient.New(cfg.XDS, n)
 	if err != nil {
 		return nil, fmt.Errorf("devproxy node: %w", err)
@@ -119,16 +144,25 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-// XDS returns the node's xDS client, for its Status and WaitVersion.
+// XDS returns the node's xDS client, for its Status and WaitVersion; nil
+// when the node runs from a bootstrap.
 func (n *Node) XDS() *xdsclient.Client { return n.client }
 
 // Run keeps the ADS stream up and serves the listeners until ctx ends, then
-// drains every listener for up to Timeouts.Shutdown.
+// drains every listener for up to Timeouts.Shutdown. With a bootstrap it
+// builds and binds the static resources first, returning at once with the
+// error if any is refused (as Envoy exits on a bootstrap it rejects); else
+// it returns nil when ctx ends.
 func (n *Node) Run(ctx context.Context) error {
 	n.mu.Lock()
 	n.runCtx = ctx
 	n.mu.Unlock()
-	err := n.client.Run(ctx)
+	var err error
+	if n.client != nil {
+		err = n.client.Run(ctx)
+	} else if err = n.startStatic(); err == nil {
+		<-ctx.Done()
+	}
 	n.sideRuns.Wait() // they end with ctx
 	n.mu.Lock()
 	lls := n.listeners
@@ -148,6 +182,19 @@ func (n *Node) Run(ctx context.Context) error {
 	return err
 }
 
+// startStatic builds the bootstrap's resources and serves its listeners,
+// through the path xDS updates take.
+func (n *Node) startStatic() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	b, err := n.rebuild(n.static, "bootstrap", "")
+	if err != nil {
+		return fmt.Errorf("devproxy node: bootstrap static_resources: %w", err)
+	}
+	n.log.Info("bootstrap served", "listeners", len(b.listeners), "clusters", len(n.static.clusters))
+	return nil
+}
+
 // ListenerAddr returns where a listener is bound, if it serves.
 func (n *Node) ListenerAddr(name string) (string, bool) {
 	n.mu.Lock()
@@ -163,6 +210,9 @@ func (n *Node) ListenerAddr(name string) (string, bool) {
 // configuration is rebuilt with it; any error NACKs it and leaves the node
 // as it was.
 func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
+	if n.client == nil {
+		return errors.New("devproxy node: the node serves a static bootstrap and takes no xDS updates")
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	next := *n.res
@@ -187,8 +237,10 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 		return err
 	}
 	// Subscribing to a name set that did not change sends nothing.
-	n.client.Subscribe(xdsclient.RouteType, b.rds)
-	n.client.Subscribe(xdsclient.EndpointType, b.eds)
+	if n.client != nil {
+		n.client.Subscribe(xdsclient.RouteType, b.rds)
+		n.client.Subscribe(xdsclient.EndpointType, b.eds)
+	}
 	n.syncSide(b.side)
 	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
 	return nil
@@ -197,7 +249,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log})
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil})
 	if err == nil && n.clustersWarming(b.pending) {
 		// Accepted, but its EDS clusters are warming: the tables in use
 		// stay until their endpoints arrive or the fetch times out.
@@ -210,7 +262,11 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 	}
 	n.conns.endBuild(err == nil)
 	if err != nil {
-		n.log.Error(err, "xDS update rejected", "type", typeURL, "version", version)
+		msg := "xDS update rejected"
+		if n.static != nil {
+			msg = "bootstrap rejected"
+		}
+		n.log.Error(err, msg, "type", typeURL, "version", version)
 		return nil, err
 	}
 	n.res = next
@@ -264,6 +320,14 @@ type sideStream struct {
 // syncSide opens, updates and closes the EDS streams the clusters need.
 // Callers hold n.mu.
 func (n *Node) syncSide(want map[string]*sideSource) {
+	if n.static != nil {
+		// A bootstrap node has no node identity to stream EDS with; the
+		// build refuses EDS clusters there, so want is empty.
+		if len(want) > 0 {
+			n.log.Error(nil, "EDS streams not opened: the node serves a static bootstrap", "sources", len(want))
+		}
+		return
+	}
 	for src, ss := range n.side {
 		if w, ok := want[src]; !ok || !w.target.same(ss.target) {
 			ss.cancel()

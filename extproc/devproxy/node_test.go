@@ -72,6 +72,9 @@ func listenerURL(t *testing.T, n *Node, name string) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if n.XDS() == nil {
+		t.Fatalf("listener %q never served", name)
+	}
 	t.Fatalf("listener %q never served; xDS status %+v", name, n.XDS().Status())
 	return ""
 }

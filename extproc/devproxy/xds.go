@@ -96,6 +96,10 @@ type buildEnv struct {
 	// clientFor makes a client over a shared channel for cfg, whose Target
 	// is the cluster's address and TLS its transport socket.
 	clientFor func(cfg extproctest.FilterConfig) (*extproctest.Client, error)
+	// static is set when the resources come from a bootstrap's
+	// static_resources: there is no ADS stream to fetch EDS endpoints or
+	// RDS routes from, so clusters and listeners that need one are errors.
+	static bool
 }
 
 // built is a translated state: the listeners, and the names the node must
@@ -424,6 +428,9 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	case hcm.GetRds() != nil:
 		if err := checkFields("rds", hcm.GetRds()); err != nil {
 			return nil, "", false, err
+		}
+		if env.static {
+			return nil, "", false, errors.New("rds: a static bootstrap has no ADS stream to fetch routes from; inline the route configuration as route_config, or take the configuration over xDS (--xds-server)")
 		}
 		if src, err := configSource("rds.config_source", hcm.GetRds().GetConfigSource()); err != nil || src != "" {
 			return nil, "", false, fmt.Errorf("rds.config_source: only ADS is implemented by the stand-in for routes (%v)", err)
@@ -932,6 +939,9 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	case clusterv3.Cluster_STATIC, clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
 		cla = c.GetLoadAssignment()
 	case clusterv3.Cluster_EDS:
+		if env.static {
+			return nil, tgt, edsRef{}, errors.New("type EDS: a static bootstrap has no ADS stream to fetch endpoints from; give the cluster a load_assignment (STATIC, STRICT_DNS or LOGICAL_DNS), or take the configuration over xDS (--xds-server)")
+		}
 		ec := c.GetEdsClusterConfig()
 		if err := checkFields("eds_cluster_config", ec); err != nil {
 			return nil, tgt, edsRef{}, err

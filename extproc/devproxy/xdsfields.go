@@ -23,6 +23,19 @@ type fieldRules struct {
 // xdsRules holds the rules per message type. It is read-only: a literal,
 // never written after package initialisation.
 var xdsRules = map[protoreflect.FullName]fieldRules{
+	// A bootstrap (NodeConfig.Bootstrap, LoadBootstrap) is read for its
+	// static_resources; dynamic_resources and static secrets are errors
+	// where read (staticResources).
+	"envoy.config.bootstrap.v3.Bootstrap": {
+		reads: []string{"static_resources", "dynamic_resources"},
+		ignores: map[string]string{
+			"node":  "identifies the node to a control plane; a static bootstrap is served without one",
+			"admin": "the stand-in has no admin interface: nothing is served at admin.address",
+		},
+	},
+	"envoy.config.bootstrap.v3.Bootstrap.StaticResources": {
+		reads: []string{"listeners", "clusters", "secrets"},
+	},
 	"envoy.config.listener.v3.Listener": {
 		reads: []string{"name", "address", "filter_chains", "default_filter_chain", "listener_filters"},
 		ignores: map[string]string{
