@@ -26,15 +26,16 @@ image:
 wasm:
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./wasm/payload
 
-## test: lint, the test control plane (kube-apiserver, etcd, Envoy Gateway's controller), then every test (unit, integration over real gRPC and HTTP on loopback, Kubernetes mode against a real kube-apiserver, Envoy Gateway with the extension) with the race detector.
+## test: lint, the test control plane (kube-apiserver, etcd, Envoy Gateway's controller, Istio's pilot-discovery and CRDs), then every test (unit, integration over real gRPC and HTTP on loopback, Kubernetes mode against a real kube-apiserver, Envoy Gateway with the extension) with the race detector.
 test: lint
-	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" $(GO) test -race -count=1 ./...
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" $(GO) test -race -count=1 ./...
 
-## controlplane: build (once; about 14 minutes on 2 cores) or reuse kube-apiserver and Envoy Gateway in $$HOME/.cache/infergate, install etcd-server.
+## controlplane: build (once; about 30 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway and Istio's pilot-discovery in $$HOME/.cache/infergate, install etcd-server.
 controlplane:
 	hack/controlplane.sh
 	hack/envoygateway.sh
+	hack/istio.sh
 
 ## lint: gofmt and go vet.
 lint: fmt vet

@@ -6,16 +6,19 @@
 // own validation (schemas, CRD CEL rules, RBAC) judges them. No helm binary
 // is needed.
 //
-// CRDs the charts may render besides the InferencePool's (Prometheus
-// Operator's PodMonitor, Istio's DestinationRule) are not available as Go
-// modules here; testdata/crds holds minimal stand-ins, each marked as such.
+// Istio's CRDs (DestinationRule, EnvoyFilter) are Istio's own, from the
+// istio.io/istio module (hack/istio.sh). Prometheus Operator's PodMonitor is
+// not available as a Go module here; testdata/crds holds a minimal stand-in,
+// marked as such.
 package charts
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,7 +56,13 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	env, err := controlplane.Start(ctx, filepath.Join("testdata", "crds"))
+	istio, err := istioCRDs(ctx)
+	if err != nil {
+		cancel()
+		fmt.Fprintln(os.Stderr, "Istio's CRDs:", err)
+		return 1
+	}
+	env, err := controlplane.Start(ctx, filepath.Join("testdata", "crds"), istio)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "control plane:", err)
@@ -69,6 +78,24 @@ func run(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
+}
+
+// istioCRDs is the folder of Istio's CRDs: under $INFERGATE_ISTIO (make
+// test sets it), or where hack/istio.sh crds fetches them.
+func istioCRDs(ctx context.Context) (string, error) {
+	dir := os.Getenv("INFERGATE_ISTIO")
+	if dir == "" {
+		root, err := controlplane.ModuleRoot(ctx)
+		if err != nil {
+			return "", err
+		}
+		out, err := exec.CommandContext(ctx, filepath.Join(root, "hack", "istio.sh"), "crds").Output()
+		if err != nil {
+			return "", fmt.Errorf("hack/istio.sh crds: %w", err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	return filepath.Join(dir, "crds"), nil
 }
 
 func setUp(env *controlplane.Env) error {

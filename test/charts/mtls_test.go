@@ -11,14 +11,14 @@ import (
 // credential (MUTUAL) to the service the chart installs.
 func TestIstioMutualTLS(t *testing.T) {
 	for _, tc := range []struct {
-		name, dir, release, values, service string
+		name, dir, release, values, istio, service string
 	}{
-		{"picker", eppChartDir, "pool", eppInstall + "\nepp: {clientCASecretName: epp-client-ca}", "pool-epp"},
-		{"payload processor", payloadChartDir, "payload", "payload: {clientCASecretName: payload-client-ca}", "payload-payload"},
+		{"picker", eppChartDir, "pool", eppInstall + "\nepp: {clientCASecretName: epp-client-ca}", "{}", "pool-epp"},
+		{"payload processor", payloadChartDir, "payload", "payload: {clientCASecretName: payload-client-ca}", "{gateway: {name: inference-gateway}}", "payload-payload"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace(t, "charts-mtls")
-			vals := values(t, tc.values, "provider: {name: istio, istio: {clientCredentialName: gateway-client-cert}}")
+			vals := values(t, tc.values, "provider: {name: istio, istio: "+tc.istio+"}", "provider: {istio: {clientCredentialName: gateway-client-cert}}")
 			lintChart(t, tc.dir, vals, ns)
 			objs := mustRender(t, loadChart(t, tc.dir), tc.release, ns, vals)
 			checkDestinationRuleTLS(t, objs, tc.service+"."+ns+".svc.cluster.local", "MUTUAL", "gateway-client-cert")

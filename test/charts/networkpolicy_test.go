@@ -115,13 +115,13 @@ type npChart struct {
 	cases                         []npCase
 }
 
-// gatewayCases are the cases of a chart with provider.name; otherPorts
-// moves its ports, to show the rules follow the Deployment's ports rather
-// than the defaults.
-func gatewayCases(otherPorts string) []npCase {
+// gatewayCases are the cases of a chart with provider.name, whose values
+// provider gives; otherPorts moves its ports, to show the rules follow the
+// Deployment's ports rather than the defaults.
+func gatewayCases(provider func(string) string, otherPorts string) []npCase {
 	var cases []npCase
 	for _, p := range providers {
-		prov := "provider: {name: " + p + "}"
+		prov := provider(p)
 		cases = append(cases,
 			npCase{name: p + "/disabled", values: []string{prov}},
 			npCase{name: p + "/custom from", values: []string{prov, npOn, customFrom}, rendered: true, from: customPeers()},
@@ -150,9 +150,9 @@ func npCharts() []npChart {
 	}
 	return []npChart{
 		{dir: eppChartDir, release: "vllm-llama3", base: eppInstall, container: "epp", metrics: true,
-			cases: gatewayCases("epp: {ports: {grpc: 9102, health: 9103, metrics: 9190}}")},
+			cases: gatewayCases(func(p string) string { return "provider: {name: " + p + "}" }, "epp: {ports: {grpc: 9102, health: 9103, metrics: 9190}}")},
 		{dir: payloadChartDir, release: "payload", container: "payload", metrics: true,
-			cases: gatewayCases("payload: {ports: {grpc: 9104, health: 9105, metrics: 9191}}")},
+			cases: gatewayCases(payloadProvider, "payload: {ports: {grpc: 9104, health: 9105, metrics: 9191}}")},
 		{dir: egextChartDir, release: "egext", container: "egext", cases: egext},
 	}
 }

@@ -2,6 +2,7 @@ package charts
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -86,7 +87,7 @@ func TestPayloadChart(t *testing.T) {
 		for _, vs := range payloadValueSets {
 			t.Run(provider+"/"+vs.name, func(t *testing.T) {
 				t.Parallel()
-				vals := values(t, vs.values, "provider: {name: "+provider+"}")
+				vals := values(t, vs.values, payloadProvider(provider))
 				objs := mustRender(t, ch, "payload", ns, vals)
 				checkPayload(t, objs, ns, provider, vs.want)
 				lintChart(t, payloadChartDir, vals, ns)
@@ -102,12 +103,18 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	if want.roleKind != "" {
 		wantKinds = append(wantKinds, want.roleKind, want.roleKind+"Binding")
 	}
+	if provider == "istio" {
+		wantKinds = append(wantKinds, "EnvoyFilter")
+	}
 	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
 	dep := one[appsv1.Deployment](t, objs, "Deployment")
 	svc := one[corev1.Service](t, objs, "Service")
 	sa := one[corev1.ServiceAccount](t, objs, "ServiceAccount")
 	cm := one[corev1.ConfigMap](t, objs, "ConfigMap")
+	if provider == "istio" {
+		checkEnvoyFilter(t, objs, ns, svc.Name+"."+ns+".svc.cluster.local", int(servicePort(t, svc, "grpc").Port))
+	}
 
 	if g := servicePort(t, svc, "grpc"); g.Port != 9004 || g.AppProtocol == nil || *g.AppProtocol != "http2" || g.TargetPort.StrVal != "grpc" {
 		t.Errorf("Service grpc port %+v, want 9004 with appProtocol http2", g)
@@ -308,6 +315,64 @@ func TestPayloadRBACGrantsAccount(t *testing.T) {
 	}
 }
 
+// payloadProvider is the provider values of a test install: Istio needs
+// the inference Gateway its filter goes to.
+func payloadProvider(name string) string {
+	if name == "istio" {
+		return "provider: {name: istio, istio: {gateway: {name: inference-gateway}}}"
+	}
+	return "provider: {name: " + name + "}"
+}
+
+// checkEnvoyFilter: the processor's ext_proc filter goes first on the
+// inference Gateway's pods (before Istio's InferencePool ext_proc and the
+// router), under a name other than Istio's, to the processor's Service as
+// Istio names its outbound cluster, with streamed bodies and the usage
+// metadata received.
+func checkEnvoyFilter(t *testing.T, objs []*unstructured.Unstructured, ns, host string, port int) {
+	t.Helper()
+	ef := only(objs, "EnvoyFilter")[0]
+	if ef.GetAPIVersion() != "networking.istio.io/v1alpha3" || ef.GetNamespace() != ns {
+		t.Errorf("EnvoyFilter %s in %q", ef.GetAPIVersion(), ef.GetNamespace())
+	}
+	if sel, _, _ := unstructured.NestedStringMap(ef.Object, "spec", "workloadSelector", "labels"); sel["gateway.networking.k8s.io/gateway-name"] != "inference-gateway" || len(sel) != 1 {
+		t.Errorf("workloadSelector %v, want the Gateway's pods", sel)
+	}
+	patches, _, _ := unstructured.NestedSlice(ef.Object, "spec", "configPatches")
+	if len(patches) != 1 {
+		t.Fatalf("configPatches %v", patches)
+	}
+	p := patches[0].(map[string]any)
+	get := func(path ...string) any {
+		v, _, _ := unstructured.NestedFieldNoCopy(p, path...)
+		return v
+	}
+	for _, c := range []struct {
+		path []string
+		want any
+	}{
+		{[]string{"applyTo"}, "HTTP_FILTER"},
+		{[]string{"match", "context"}, "GATEWAY"},
+		{[]string{"match", "listener", "filterChain", "filter", "name"}, "envoy.filters.network.http_connection_manager"},
+		{[]string{"patch", "operation"}, "INSERT_FIRST"},
+		{[]string{"patch", "value", "name"}, "envoy.filters.http.ext_proc.infergate-payload"},
+		{[]string{"patch", "value", "typed_config", "@type"}, "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"},
+		{[]string{"patch", "value", "typed_config", "grpc_service", "envoy_grpc", "cluster_name"}, fmt.Sprintf("outbound|%d||%s", port, host)},
+		{[]string{"patch", "value", "typed_config", "failure_mode_allow"}, false},
+		{[]string{"patch", "value", "typed_config", "processing_mode", "request_body_mode"}, "FULL_DUPLEX_STREAMED"},
+		{[]string{"patch", "value", "typed_config", "processing_mode", "response_body_mode"}, "FULL_DUPLEX_STREAMED"},
+		{[]string{"patch", "value", "typed_config", "processing_mode", "request_trailer_mode"}, "SEND"},
+	} {
+		if got := get(c.path...); got != c.want {
+			t.Errorf("%s = %v, want %v", strings.Join(c.path, "."), got, c.want)
+		}
+	}
+	ns2, _, _ := unstructured.NestedStringSlice(p, "patch", "value", "typed_config", "metadata_options", "receiving_namespaces", "untyped")
+	if !slices.Equal(ns2, []string{"io.infergate.payload"}) {
+		t.Errorf("receiving namespaces %v", ns2)
+	}
+}
+
 func TestPayloadBadValues(t *testing.T) {
 	ch := loadChart(t, payloadChartDir)
 	ns := namespace(t, "charts-payload-bad")
@@ -316,6 +381,10 @@ func TestPayloadBadValues(t *testing.T) {
 		want         []string
 	}{
 		{"unknown provider", `provider: {name: nginx}`, []string{"/provider/name", "must be one of"}},
+		{"istio without its gateway", `provider: {name: istio}`, []string{"/provider", "istio"}},
+		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
+		{"istio filter named as Istio's own", `provider: {name: istio, istio: {gateway: {name: gw}, filterName: envoy.filters.http.ext_proc}}`, []string{"/provider/istio/filterName"}},
+		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
 		{"negative replicas", `payload: {replicas: -1}`, []string{"/payload/replicas", "minimum"}},
 		{"unknown PII action", `payload: {config: {pii: [{name: ssn, detector: ssn, action: block}]}}`, []string{"/payload/config/pii/0/action", "must be one of"}},
 		{"misspelt policy section", `payload: {config: {limit: {maxTokens: 10}}}`, []string{"limit"}},
