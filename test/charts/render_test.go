@@ -3,7 +3,6 @@ package charts
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,15 +13,13 @@ import (
 
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
-	"helm.sh/helm/v3/pkg/releaseutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
+
+	"github.com/infergate/infergate/test/helmrender"
 )
 
 // Chart folders, from this package's folder.
@@ -47,76 +44,17 @@ func loadChart(t *testing.T, dir string) *chart.Chart {
 // later documents win.
 func values(t *testing.T, docs ...string) map[string]any {
 	t.Helper()
-	merged := map[string]any{}
-	for _, doc := range docs {
-		v, err := chartutil.ReadValues([]byte(doc))
-		if err != nil {
-			t.Fatalf("values %q: %v", doc, err)
-		}
-		// CoalesceTables keeps dst's values over src's.
-		merged = chartutil.CoalesceTables(v.AsMap(), merged)
+	v, err := helmrender.Values(docs...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return merged
+	return v
 }
 
-// render does what `helm install` does before it talks to the cluster:
-// coalesce the values with the chart's defaults, validate them against
-// values.schema.json, render the templates and split the manifests. An
-// error is what the user would see.
+// render is what `helm install` does before it talks to the cluster, for
+// the test control plane's Kubernetes version.
 func render(ch *chart.Chart, release, namespace string, vals map[string]any) ([]*unstructured.Unstructured, error) {
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = fx.kubeVersion
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, caps)
-	if err != nil {
-		return nil, err
-	}
-	files, err := engine.Render(ch, rv)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	var objs []*unstructured.Unstructured
-	for _, name := range names {
-		if strings.HasSuffix(name, "NOTES.txt") {
-			continue
-		}
-		docs := releaseutil.SplitManifests(files[name])
-		keys := make([]string, 0, len(docs))
-		for k := range docs {
-			keys = append(keys, k)
-		}
-		sort.Sort(releaseutil.BySplitManifestsOrder(keys))
-		for _, k := range keys {
-			u, err := decode(docs[k])
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w\n%s", name, err, docs[k])
-			}
-			objs = append(objs, u)
-		}
-	}
-	return objs, nil
-}
-
-// decode turns one rendered document into an object. A document that is
-// only comments is an error: templates that render nothing must render
-// nothing at all.
-func decode(doc string) (*unstructured.Unstructured, error) {
-	js, err := yaml.YAMLToJSON([]byte(doc))
-	if err != nil {
-		return nil, fmt.Errorf("not YAML: %w", err)
-	}
-	if string(js) == "null" {
-		return nil, fmt.Errorf("a document with no object (comments only?)")
-	}
-	u := &unstructured.Unstructured{}
-	if err := u.UnmarshalJSON(js); err != nil {
-		return nil, fmt.Errorf("not a Kubernetes object: %w", err)
-	}
-	return u, nil
+	return helmrender.Render(ch, release, namespace, vals, fx.kubeVersion)
 }
 
 func mustRender(t *testing.T, ch *chart.Chart, release, namespace string, vals map[string]any) []*unstructured.Unstructured {
