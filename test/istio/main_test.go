@@ -1,0 +1,76 @@
+// Package istio runs Istio's own control plane, pilot-discovery (built from
+// the istio.io/istio module by hack/istio.sh), against the test control
+// plane with Gateway API inference support on, installs the charts' output
+// for provider istio, and checks the xDS it serves the inference Gateway's
+// Envoy: the payload processor's filter where it must be, and the
+// InferencePool route's picker override; then traffic through the Envoy
+// stand-in configured from that xDS.
+//
+// pilot-discovery binds every interface, and Istio reads endpoints from
+// EndpointSlices, which the API server refuses to hold loopback addresses
+// in; so the test binary re-runs itself in a network namespace of its own
+// (unshare, as root), where a bridge with no ports carries 192.0.2.0/24:
+// the model servers listen on addresses of that block, inside the
+// namespace, and nothing else sees them.
+package istio
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// netnsEnv marks the re-run inside the namespace.
+const netnsEnv = "INFERGATE_TEST_NETNS"
+
+// namespaceAddr is the bridge's own address; podAddrs are more addresses
+// on it for the model servers' pods.
+const namespaceAddr = "192.0.2.1"
+
+func podAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
+
+func TestMain(m *testing.M) {
+	if os.Getenv(netnsEnv) == "" {
+		os.Exit(reexec())
+	}
+	if err := setUpNamespace(); err != nil {
+		fmt.Fprintln(os.Stderr, "istio tests:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// reexec runs this test binary again in a new network namespace.
+func reexec() int {
+	args := append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)
+	cmd := exec.Command("unshare", args...)
+	cmd.Env = append(os.Environ(), netnsEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "istio tests: unshare (needs root):", err)
+		return 1
+	}
+	return 0
+}
+
+func setUpNamespace() error {
+	cmds := [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "infergate0", "type", "bridge"}, // a bridge with no ports: this kernel has no dummy driver
+		{"addr", "add", namespaceAddr + "/24", "dev", "infergate0"},
+	}
+	for i := range 8 {
+		cmds = append(cmds, []string{"addr", "add", podAddr(i) + "/32", "dev", "infergate0"})
+	}
+	cmds = append(cmds, []string{"link", "set", "infergate0", "up"}, []string{"route", "add", "default", "dev", "infergate0"})
+	for _, args := range cmds {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %v: %w: %s", args, err, out)
+		}
+	}
+	return nil
+}
