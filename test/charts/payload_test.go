@@ -103,8 +103,14 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	if want.roleKind != "" {
 		wantKinds = append(wantKinds, want.roleKind, want.roleKind+"Binding")
 	}
-	if provider == "istio" {
+	switch provider {
+	case "istio":
 		wantKinds = append(wantKinds, "EnvoyFilter")
+	case "agentgateway":
+		wantKinds = append(wantKinds, "AgentgatewayPolicy")
+		if !want.plaintext {
+			wantKinds = append(wantKinds, "AgentgatewayPolicy")
+		}
 	}
 	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
@@ -112,8 +118,11 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	svc := one[corev1.Service](t, objs, "Service")
 	sa := one[corev1.ServiceAccount](t, objs, "ServiceAccount")
 	cm := one[corev1.ConfigMap](t, objs, "ConfigMap")
-	if provider == "istio" {
+	switch provider {
+	case "istio":
 		checkEnvoyFilter(t, objs, ns, svc.Name+"."+ns+".svc.cluster.local", int(servicePort(t, svc, "grpc").Port))
+	case "agentgateway":
+		checkAgentgatewayPolicies(t, objs, ns, svc.Name, servicePort(t, svc, "grpc").Port, !want.plaintext)
 	}
 
 	if g := servicePort(t, svc, "grpc"); g.Port != 9004 || g.AppProtocol == nil || *g.AppProtocol != "http2" || g.TargetPort.StrVal != "grpc" {
@@ -318,8 +327,11 @@ func TestPayloadRBACGrantsAccount(t *testing.T) {
 // payloadProvider is the provider values of a test install: Istio needs
 // the inference Gateway its filter goes to.
 func payloadProvider(name string) string {
-	if name == "istio" {
+	switch name {
+	case "istio":
 		return "provider: {name: istio, istio: {gateway: {name: inference-gateway}}}"
+	case "agentgateway":
+		return "provider: {name: agentgateway, agentgateway: {gateway: {name: inference-gateway}}}"
 	}
 	return "provider: {name: " + name + "}"
 }
@@ -373,6 +385,75 @@ func checkEnvoyFilter(t *testing.T, objs []*unstructured.Unstructured, ns, host 
 	}
 }
 
+// checkAgentgatewayPolicies: a PreRouting extProc on the Gateway to the
+// processor's Service, and (with TLS) backend TLS on that Service.
+func checkAgentgatewayPolicies(t *testing.T, objs []*unstructured.Unstructured, ns, svc string, port int32, tls bool) {
+	t.Helper()
+	var traffic, backend *unstructured.Unstructured
+	for _, o := range only(objs, "AgentgatewayPolicy") {
+		if _, ok, _ := unstructured.NestedMap(o.Object, "spec", "traffic"); ok {
+			traffic = o
+		} else {
+			backend = o
+		}
+	}
+	if traffic == nil {
+		t.Fatal("no AgentgatewayPolicy with traffic")
+	}
+	refs, _, _ := unstructured.NestedSlice(traffic.Object, "spec", "targetRefs")
+	if len(refs) != 1 || refs[0].(map[string]any)["kind"] != "Gateway" || refs[0].(map[string]any)["name"] != "inference-gateway" {
+		t.Errorf("traffic policy targets %v", refs)
+	}
+	phase, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "phase")
+	name, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "backendRef", "name")
+	p, _, _ := unstructured.NestedInt64(traffic.Object, "spec", "traffic", "extProc", "backendRef", "port")
+	if phase != "PreRouting" || name != svc || p != int64(port) || traffic.GetNamespace() != ns {
+		t.Errorf("traffic policy: phase %q, extProc to %s:%d in %s; want PreRouting to %s:%d", phase, name, p, traffic.GetNamespace(), svc, port)
+	}
+	if (backend != nil) != tls {
+		t.Fatalf("backend TLS policy rendered %v, want %v", backend != nil, tls)
+	}
+	if backend != nil {
+		skip, _, _ := unstructured.NestedString(backend.Object, "spec", "backend", "tls", "insecureSkipVerify")
+		target, _, _ := unstructured.NestedSlice(backend.Object, "spec", "targetRefs")
+		if skip != "All" || len(target) != 1 || target[0].(map[string]any)["name"] != svc {
+			t.Errorf("backend TLS policy: insecureSkipVerify %q targets %v", skip, target)
+		}
+	}
+}
+
+// TestAgentgatewayGatewayInAnotherNamespace: the policy goes beside the
+// Gateway, reaches the Service across namespaces, and a ReferenceGrant in
+// the release namespace allows exactly that.
+func TestAgentgatewayGatewayInAnotherNamespace(t *testing.T) {
+	ns := namespace(t, "charts-agw")
+	objs := mustRender(t, loadChart(t, payloadChartDir), "payload", ns,
+		values(t, "provider: {name: agentgateway, agentgateway: {gateway: {name: gw, namespace: gateways}, failOpen: true}}"))
+	var traffic *unstructured.Unstructured
+	for _, o := range only(objs, "AgentgatewayPolicy") {
+		if _, ok, _ := unstructured.NestedMap(o.Object, "spec", "traffic"); ok {
+			traffic = o
+		}
+	}
+	refNS, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "backendRef", "namespace")
+	mode, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "failureMode")
+	if traffic.GetNamespace() != "gateways" || refNS != ns || mode != "FailOpen" {
+		t.Fatalf("policy in %q reaching namespace %q, failureMode %q", traffic.GetNamespace(), refNS, mode)
+	}
+	grants := only(objs, "ReferenceGrant")
+	if len(grants) != 1 || grants[0].GetNamespace() != ns {
+		t.Fatalf("ReferenceGrants %v", grants)
+	}
+	from, _, _ := unstructured.NestedSlice(grants[0].Object, "spec", "from")
+	to, _, _ := unstructured.NestedSlice(grants[0].Object, "spec", "to")
+	if len(from) != 1 || from[0].(map[string]any)["namespace"] != "gateways" || from[0].(map[string]any)["kind"] != "AgentgatewayPolicy" ||
+		len(to) != 1 || to[0].(map[string]any)["name"] != "payload-payload" {
+		t.Fatalf("ReferenceGrant from %v to %v", from, to)
+	}
+	// The grant is valid Gateway API.
+	dryRun(t, ns, grants)
+}
+
 func TestPayloadBadValues(t *testing.T) {
 	ch := loadChart(t, payloadChartDir)
 	ns := namespace(t, "charts-payload-bad")
@@ -382,6 +463,7 @@ func TestPayloadBadValues(t *testing.T) {
 	}{
 		{"unknown provider", `provider: {name: nginx}`, []string{"/provider/name", "must be one of"}},
 		{"istio without its gateway", `provider: {name: istio}`, []string{"/provider", "istio"}},
+		{"agentgateway without its gateway", `provider: {name: agentgateway}`, []string{"/provider", "agentgateway"}},
 		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
 		{"istio filter named as Istio's own", `provider: {name: istio, istio: {gateway: {name: gw}, filterName: envoy.filters.http.ext_proc}}`, []string{"/provider/istio/filterName"}},
 		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
