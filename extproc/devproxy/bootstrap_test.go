@@ -60,8 +60,9 @@ func inlineListener(name string, port uint32, rc *routev3.RouteConfiguration, fi
 	}
 }
 
-// bootstrapOf is a bootstrap with a node and an admin address (both
-// ignored by the stand-in) and these static resources.
+// bootstrapOf is a bootstrap with a node (whose id and metadata only
+// Istio's metadata exchange reads) and an admin address (ignored by the
+// stand-in) and these static resources.
 func bootstrapOf(listeners []*listenerv3.Listener, clusters ...*clusterv3.Cluster) *bootstrapv3.Bootstrap {
 	return &bootstrapv3.Bootstrap{
 		Node: &corev3.Node{Id: "standin", Cluster: "test"},

@@ -35,11 +35,47 @@ type cluster struct {
 	// refused. Envoy does that only through a route's retry policy; flag
 	// mode always did it.
 	walkList bool
-	// tls is a TLS transport socket (ext_proc clusters only).
-	tls bool
+	// transports is each member's transport socket (transport_socket_matches
+	// by its metadata, else transport_socket); unlisted is the socket of a
+	// host outside members (ORIGINAL_DST, flag mode): the choice for a host
+	// without metadata. ownTLS is the cluster's transport_socket being TLS
+	// with no transport_socket_matches, which every host would use.
+	transports map[string]hostTransport
+	unlisted   hostTransport
+	ownTLS     bool
+	// istioDisableMX and istioExternal are filter_metadata istio.disable_mx
+	// and istio.external, read by istio.metadata_exchange.
+	istioDisableMX, istioExternal bool
 	// connectTimeout is Cluster.connect_timeout (default 5s in Envoy).
 	connectTimeout time.Duration
 	next           atomic.Uint64 // round-robin position
+}
+
+// transportFor returns the transport socket of connections to host.
+func (c *cluster) transportFor(host string) hostTransport {
+	if t, ok := c.transports[host]; ok {
+		return t
+	}
+	return c.unlisted
+}
+
+// routedTLS names a host of the cluster a route would reach over TLS
+// (the stand-in speaks plaintext HTTP/1.1 to routed hosts), or "".
+func (c *cluster) routedTLS() string {
+	if c.ownTLS || (c.originalDst != nil && c.unlisted.kind == acceptAnyTLS) {
+		return "every host (" + c.unlisted.name + ")"
+	}
+	var hosts []string
+	for host, t := range c.transports {
+		if t.kind == acceptAnyTLS {
+			hosts = append(hosts, host+" ("+t.name+")")
+		}
+	}
+	if len(hosts) == 0 {
+		return ""
+	}
+	slices.Sort(hosts)
+	return hosts[0]
 }
 
 // hostSource is one override_host_sources entry: a request header or a key

@@ -31,7 +31,8 @@
 //     stream. What would be a NACK over xDS fails start-up with the same
 //     message, and so do EDS clusters and RDS (nothing to fetch them
 //     from), dynamic_resources, static secrets and any bootstrap field but
-//     node and admin (both ignored: no control plane, no admin interface).
+//     node (its id and metadata only, for istio.metadata_exchange) and
+//     admin (ignored: no admin interface).
 //     TestBootstrapServesTraffic, TestBootstrapFromYAML, TestBootstrapErrors
 //
 // # Faithfulness in xDS mode
@@ -42,10 +43,15 @@
 //	ADS state of the world: CDS and LDS as wildcards, RDS and EDS by the
 //	names listeners and clusters reference; ACK with version_info and
 //	response_nonce; NACK with error_detail and the last accepted version;
-//	resubscribe with the last versions after a reconnect.
-//	  DiscoveryRequest.{version_info,response_nonce,error_detail,resource_names}
+//	resubscribe with the last versions after a reconnect. A CDS or LDS
+//	response is the whole set; an RDS or EDS response may carry only the
+//	resources that changed (Istio sends only the load assignments it
+//	pushes for): the others are kept until no listener or cluster names
+//	them.
+//	  DiscoveryRequest.{version_info,response_nonce,error_detail,resource_names};
+//	  xDS protocol "Grouping resources into responses"
 //	  xdsclient: TestFollowsListenersAndClustersToRoutesAndEndpoints,
-//	  TestHandlerErrorNACKs, TestReconnectResumes
+//	  TestHandlerErrorNACKs, TestReconnectResumes; TestPartialRDSAndEDSResponses
 //
 //	A set field the stand-in does not reproduce is a NACK naming it; the
 //	node keeps serving its last good configuration.
@@ -62,17 +68,48 @@
 //	HTTP connection manager; bound when it first appears, on 127.0.0.1 (NodeConfig.Address)
 //	at the listener's port or, with FreePorts, a free one; a port that
 //	cannot be bound NACKs the update. tls_inspector and http_inspector are
-//	accepted (they only feed filter chain matching).
+//	accepted (they only feed filter chain matching), and so is the chain's
+//	transport_socket_connect_timeout (no handshake on a plaintext chain).
 //	  Listener.{address,filter_chains,listener_filters}; TestListenerThatCannotBindIsNACKed
+//
+//	Connection manager: without proxy_100_continue, "Expect: 100-continue"
+//	is answered by the stand-in and removed before the filters (with it,
+//	forwarded; either way the client's 100 comes from the stand-in when
+//	the body is first read); a client's x-forwarded-client-cert is removed
+//	before the filters unless forward_client_cert_details is
+//	ALWAYS_FORWARD_ONLY (the connection has no client certificate).
+//	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details};
+//	  conn_manager_utility.cc mutateXfccRequestHeader
+//	  TestProxy100Continue, TestForwardClientCertDetails
 //
 //	HTTP filters in order, the router last; ext_proc filters run, and so
 //	do health_check (non-pass-through: a request matching its headers is
-//	answered 200) and header_mutation (request header removals only);
-//	others only if listed as pass-through (grpc_stats; cors, whose
-//	per-route policies are NACKed); HttpFilter.disabled leaves a filter off
-//	except on routes whose per-filter config enables it.
+//	answered 200), header_mutation (request header removals only) and
+//	Istio's istio.metadata_exchange (below); others only if listed as
+//	pass-through, where their config leaves every request and response
+//	unchanged: grpc_stats (statistics), istio.stats (metrics), istio.alpn
+//	(the ALPN of upstream TLS handshakes; routed hosts are plaintext),
+//	fault and cors with an empty config (any field set is a NACK, and so
+//	is a pass-through filter's per-route config). HttpFilter.disabled
+//	leaves a filter off except on routes whose per-filter config enables
+//	it. Istio's configs in TypedStructs (udpa or xds) are unwrapped.
 //	  HttpConnectionManager.http_filters, HttpFilter.disabled
-//	  TestRouterLocalReplies, TestPerRouteFilterConfig, TestHealthCheckFilter, TestHeaderMutationFilter
+//	  TestRouterLocalReplies, TestPerRouteFilterConfig, TestHealthCheckFilter, TestHeaderMutationFilter,
+//	  TestPassThroughFilters
+//
+//	istio.metadata_exchange (io.istio.http.peer_metadata.Config): upstream
+//	propagation by istio_headers sets x-envoy-peer-metadata-id (the node
+//	id) and x-envoy-peer-metadata (the node's workload metadata, as
+//	istio/proxy's metadata_object.cc encodes it) on the request, unless the
+//	route's cluster says istio disable_mx (or external, or is the
+//	PassthroughCluster, with skip_external_clusters); upstream discovery
+//	by istio_headers removes both from the response; downstream discovery
+//	removes them from the request, and downstream propagation answers a
+//	client that sent them. workload_discovery and shared_with_upstream only
+//	feed telemetry. Weighted clusters that disagree on disable_mx are
+//	NACKed.
+//	  istio/proxy source/extensions/filters/http/peer_metadata/filter.cc
+//	  TestPeerMetadataFilter, TestPeerMetadataValue, TestIstioGatewayTraffic
 //
 //	ext_proc: grpc_service.envoy_grpc.cluster_name (the cluster's first
 //	host, TLS from its transport socket, one channel per address, TLS
@@ -112,13 +149,40 @@
 //	Route actions: cluster, weighted_clusters (by weight per request),
 //	direct_response (its body inline or a filename read when the update
 //	is built), timeout (15s default, 0 none, within Timeouts.Route),
-//	host_rewrite_literal, prefix_rewrite. request_headers_to_remove of the
-//	route, virtual host and route configuration is applied after the host
-//	is chosen, as Envoy's router chooses it (createConnPool) before
-//	finalizeRequestHeaders.
-//	  RouteAction, Route.request_headers_to_remove; router.cc
+//	max_grpc_timeout (a gRPC request's timeout is its grpc-timeout header,
+//	none meaning none, capped at the maximum unless it is 0),
+//	cluster_not_found_response_code, host_rewrite_literal, prefix_rewrite.
+//	request_headers_to_remove of the route, virtual host and route
+//	configuration is applied after the host is chosen, as Envoy's router
+//	chooses it (createConnPool) before finalizeRequestHeaders.
+//	  RouteAction, Route.request_headers_to_remove; router.cc, FilterUtility::finalTimeout
 //	  TestHeadersRemovedAfterTheHostChoice, TestRouterLocalReplies,
-//	  TestDirectResponseBodySources
+//	  TestDirectResponseBodySources, TestMaxGrpcTimeout, TestIstioGatewayTraffic
+//
+//	Retries: the route's retry_policy, else its virtual host's. After a
+//	connection failure (connect-failure; reset, 5xx, gateway-error), a
+//	reset before the response (reset, 5xx, gateway-error) or response
+//	headers it names (5xx, gateway-error, retriable-4xx,
+//	retriable-status-codes with retriable_status_codes, the gRPC statuses
+//	cancelled, deadline-exceeded, internal, resource-exhausted,
+//	unavailable from grpc-status; none if the response carries
+//	x-envoy-ratelimited, unless envoy-ratelimited), the request is sent
+//	again, up to num_retries (1 by default) times, after Envoy's jittered
+//	exponential back-off (retry_back_off, 25ms base, 10 times the base at
+//	most); refused-stream and http3-post-connect-failure need HTTP/2 or
+//	HTTP/3 upstreams and never apply. The body sent so far is kept for the
+//	next attempt up to the buffer limit (Route.per_request_buffer_limit_bytes,
+//	else Listener.per_connection_buffer_limit_bytes, 1 MiB), past which the
+//	request is not retried. Each attempt's host is chosen again:
+//	override_host takes the next host of its list, then its fallback;
+//	with previous_hosts, round robin chooses again a host already
+//	attempted, up to host_selection_retry_max_attempts times. With the
+//	virtual host's include_request_attempt_count, each attempt carries
+//	x-envoy-attempt-count. The last attempt's response or failure
+//	answers ("retried and the latest reset reason").
+//	  RetryPolicy, VirtualHost.include_request_attempt_count;
+//	  retry_state_impl.cc, retry_policy_impl.cc, router.cc
+//	  TestRetryPolicyRules, TestHostPicker, TestReplayBody, TestIstioGatewayTraffic
 //
 //	Local replies of the router: no route 404 (empty), cluster not found
 //	503 (empty), "no healthy upstream" 503, connection failure 503, upstream
@@ -133,6 +197,25 @@
 //	LEAST_REQUEST and RANDOM all pick round robin.
 //	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
 //	  TestClusterEndpoints
+//
+//	Transport sockets per host: the first of transport_socket_matches whose
+//	match criteria are all in the host's envoy.transport_socket_match
+//	metadata (LbEndpoint.metadata), else the first whose criteria are all in
+//	its locality's, else transport_socket; raw_buffer is plaintext. A TLS
+//	socket whose certificate or validation context comes from SDS (Istio's
+//	auto mTLS, tlsMode: istio) is built as Envoy builds one whose secret
+//	has not arrived, since the stand-in has no SDS: every connection
+//	through it fails ("TLS error: Secret is not supplied by SDS", a
+//	connection failure a retry policy may retry elsewhere; a processor's
+//	stream to such a host fails as by its failure mode). A routed host
+//	whose socket is TLS without SDS is NACKed (upstream TLS to model
+//	servers). Cluster.filters: only Istio's TCP metadata exchange, with a
+//	protocol other than h2, which stays inert on connections that do not
+//	negotiate that ALPN, as all the stand-in's are.
+//	  Cluster.{transport_socket_matches,transport_socket,filters};
+//	  TransportSocketMatcherImpl::resolve; NotReadySslSocket; metadata_exchange.cc
+//	  TestTransportSocketMatches, TestTransportSocketsInBuild, TestClusterFilters,
+//	  TestIstioGatewayTraffic
 //
 //	EDS clusters warm: an update that names one whose first load assignment
 //	has not arrived is accepted but not put in use (listeners keep their
@@ -150,7 +233,8 @@
 //
 //	Upstream TLS to ext_proc and EDS clusters: UpstreamTlsContext with an
 //	empty validation context (any server certificate accepted, sni
-//	ignored) and the client certificate of
+//	ignored), tls_params no wider than TLS 1.2 to 1.3 (Envoy's client
+//	defaults, and the stand-in's), and the client certificate of
 //	common_tls_context.tls_certificates (one entry: certificate_chain and
 //	private_key, each inline_bytes, inline_string or a filename read when
 //	the update is built), presented when the server asks for one (mutual
@@ -172,42 +256,56 @@
 //	round_robin, least_request or random. override_host: sources in order
 //	(a metadata string or the first instance of a header, either a comma
 //	list), hosts outside the cluster (any priority or health) skipped, the
-//	first usable host tried (further hosts need a retry policy, which is
-//	not reproduced), else fallback_policy (round robin); selected_host_key
-//	written for the filters' response path.
+//	first usable host tried (a retry takes the next, see Retries), else
+//	fallback_policy (round robin); selected_host_key written with each
+//	host chosen, for the filters' response path.
 //	  OverrideHost.{override_host_sources,selected_host_key,fallback_policy}
 //	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, TestLoadBalancingPolicyFirstWins,
 //	  TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
 //
 // # Not reproduced
 //
-// Set in a configuration, these are NACKed: SDS and any secret a transport
-// socket would fetch; TLS listeners, several filter chains or any
-// filter_chain_match but plaintext; downstream HTTP/2 (codec_type HTTP2 or
-// HTTP3); retries (retry_policy), hedging, redirects, request_headers_to_add;
-// query-parameter, runtime, grpc and metadata route matches; ring hash,
-// maglev and subset load balancing; TLS to model servers; certificate
-// validation (validation_context); more than one tls_certificates entry
-// (Envoy picks among them by the server's accepted algorithms), private
-// key passwords, PKCS#12, private key providers and watched directories;
-// DataSource environment_variable; ext_proc body modes STREAMED,
-// BUFFERED_PARTIAL and GRPC, observability_mode, request and response
-// attributes, forward_rules, non-default mutation_rules, google_grpc and
-// http_service; any HTTP filter type not listed above.
+// Set in a configuration, these are NACKed: static secrets, and certificate
+// providers (an SDS secret is treated as never arriving, above); TLS
+// listeners, several filter chains or any filter_chain_match but
+// plaintext; downstream HTTP/2 (codec_type HTTP2 or HTTP3); per-try
+// timeouts, retry priorities, retry host predicates but previous_hosts,
+// reset-before-request, retriable headers, rate-limited back-off and
+// include_attempt_count_in_response; hedging, redirects,
+// request_headers_to_add; query-parameter, runtime, grpc and metadata
+// route matches; grpc_timeout_offset; ring hash, maglev and subset load
+// balancing; transport_socket_matcher; TLS to model servers; certificate
+// validation (validation_context); TLS versions outside 1.2 to 1.3 and
+// cipher, curve and signature settings; more than one tls_certificates
+// entry (Envoy picks among them by the server's accepted algorithms),
+// private key passwords, PKCS#12, private key providers and watched
+// directories; DataSource environment_variable; ext_proc body modes
+// STREAMED, BUFFERED_PARTIAL and GRPC, observability_mode, request and
+// response attributes, forward_rules, non-default mutation_rules,
+// google_grpc and http_service; upstream network filters but Istio's
+// metadata exchange; any HTTP filter type not listed above (wasm, lua,
+// rbac, ...), and fault or cors filters configured to act.
 //
-// Accepted and ignored, each with its reason in xdsfields.go: health
-// checks and outlier detection (every host is healthy), circuit breakers,
-// buffer limits, statistics, logging, tracing, x-forwarded-for and
-// x-request-id handling, response header changes, and path normalisation
-// (normalize_path, merge_slashes: the stand-in matches the path as sent).
+// Accepted and ignored, each with its reason in xdsfields.go (and, for
+// filters, istio.go and transport.go): health checks and outlier detection
+// (every host is healthy), circuit breakers, buffer limits but the retry
+// buffer's, statistics, logging, tracing, x-forwarded-for and x-request-id
+// handling, response header changes, path normalisation (normalize_path,
+// merge_slashes: the stand-in matches the path as sent), the downstream
+// transport socket's handshake timeout, and Istio's telemetry (grpc_stats,
+// istio.stats, workload discovery, the TCP metadata exchange on
+// connections that do not negotiate its ALPN).
 //
 // # Also not reproduced, in both modes
 //
 //   - ext_proc local replies go straight to the client without passing other
 //     filters' response path; HTTP trailers are not forwarded; upstream
 //     requests are HTTP/1.1;
-//   - the rest of Envoy: x-request-id, x-forwarded-*, header sanitising,
-//     HTTP/2, health checks, outlier detection. The proxy adds a response
-//     header x-infergate-upstream naming the endpoint that served, which
-//     Envoy does not.
+//   - the rest of Envoy: x-request-id, x-forwarded-* (use_remote_address),
+//     header sanitising but x-forwarded-client-cert's, the x-envoy-*
+//     request headers that adjust the router (x-envoy-retry-on,
+//     x-envoy-max-retries, x-envoy-upstream-rq-timeout-ms, ...), HTTP/2,
+//     health checks, outlier detection, panic thresholds. The proxy adds a
+//     response header x-infergate-upstream naming the endpoint that served,
+//     which Envoy does not.
 package devproxy

@@ -221,11 +221,15 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 	case xdsclient.ListenerType:
 		next.listeners, err = decodeAll(rs, func() *listenerv3.Listener { return &listenerv3.Listener{} }, (*listenerv3.Listener).GetName)
 	case xdsclient.RouteType:
-		next.routes, err = decodeAll(rs, func() *routev3.RouteConfiguration { return &routev3.RouteConfiguration{} }, (*routev3.RouteConfiguration).GetName)
+		var got map[string]*routev3.RouteConfiguration
+		got, err = decodeAll(rs, func() *routev3.RouteConfiguration { return &routev3.RouteConfiguration{} }, (*routev3.RouteConfiguration).GetName)
+		next.routes = mergeNamed(n.res.routes, got)
 	case xdsclient.ClusterType:
 		next.clusters, err = decodeAll(rs, func() *clusterv3.Cluster { return &clusterv3.Cluster{} }, (*clusterv3.Cluster).GetName)
 	case xdsclient.EndpointType:
-		next.endpoints, err = decodeAll(rs, func() *endpointv3.ClusterLoadAssignment { return &endpointv3.ClusterLoadAssignment{} }, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+		var got map[string]*endpointv3.ClusterLoadAssignment
+		got, err = decodeAll(rs, func() *endpointv3.ClusterLoadAssignment { return &endpointv3.ClusterLoadAssignment{} }, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+		next.endpoints = mergeNamed(n.res.endpoints, got)
 	default:
 		err = fmt.Errorf("resource type %s is not implemented by the stand-in", typeURL)
 	}
@@ -236,10 +240,14 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 	if err != nil {
 		return err
 	}
-	// Subscribing to a name set that did not change sends nothing.
+	// Subscribing to a name set that did not change sends nothing. A
+	// route configuration or load assignment no longer subscribed to is
+	// forgotten, as Envoy drops a resource it unsubscribes from.
 	if n.client != nil {
 		n.client.Subscribe(xdsclient.RouteType, b.rds)
 		n.client.Subscribe(xdsclient.EndpointType, b.eds)
+		n.res.routes = keepNamed(n.res.routes, b.rds)
+		n.res.endpoints = keepNamed(n.res.endpoints, b.eds)
 	}
 	n.syncSide(b.side)
 	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
@@ -249,7 +257,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil})
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil, node: n.nodeInfo()})
 	if err == nil && n.clustersWarming(b.pending) {
 		// Accepted, but its EDS clusters are warming: the tables in use
 		// stay until their endpoints arrive or the fetch times out.
@@ -271,6 +279,14 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 	}
 	n.res = next
 	return b, nil
+}
+
+// nodeInfo is the local node: the xDS identity, or the bootstrap's node.
+func (n *Node) nodeInfo() nodeInfo {
+	if n.cfg.Bootstrap != nil {
+		return nodeInfo{id: n.cfg.Bootstrap.GetNode().GetId(), metadata: n.cfg.Bootstrap.GetNode().GetMetadata()}
+	}
+	return nodeInfo{id: n.cfg.XDS.NodeID, metadata: n.cfg.XDS.NodeMetadata}
 }
 
 // initialFetchTimeout is ConfigSource.initial_fetch_timeout's default: how
@@ -362,6 +378,12 @@ func (n *Node) syncSide(want map[string]*sideSource) {
 		}
 		ss.client.Subscribe(xdsclient.EndpointType, w.names)
 	}
+	// Load assignments no longer subscribed to are forgotten.
+	side := make(map[string]map[string]*endpointv3.ClusterLoadAssignment, len(want))
+	for src, w := range want {
+		side[src] = keepNamed(n.res.side[src], w.names)
+	}
+	n.res.side = side
 }
 
 // applySide takes an update from a side EDS stream.
@@ -380,9 +402,35 @@ func (n *Node) applySide(src, typeURL, version string, rs []*anypb.Any) error {
 	}
 	next := *n.res
 	next.side = maps.Clone(next.side)
-	next.side[src] = cla
+	next.side[src] = mergeNamed(next.side[src], cla)
 	_, err = n.rebuild(&next, typeURL, version)
 	return err
+}
+
+// mergeNamed applies a RDS or EDS response to the resources held: in the
+// state-of-the-world protocol only Listener and Cluster responses carry the
+// whole set; a RouteConfiguration or ClusterLoadAssignment response may
+// carry only those that changed (Istio sends only the load assignments of
+// the clusters it pushes for), and the others stay as they were (xDS
+// protocol, "Grouping resources into responses").
+func mergeNamed[T any](held, got map[string]T) map[string]T {
+	out := maps.Clone(held)
+	if out == nil {
+		out = make(map[string]T, len(got))
+	}
+	maps.Copy(out, got)
+	return out
+}
+
+// keepNamed drops the resources not among names.
+func keepNamed[T any](held map[string]T, names []string) map[string]T {
+	out := make(map[string]T, len(names))
+	for _, name := range names {
+		if r, ok := held[name]; ok {
+			out[name] = r
+		}
+	}
+	return out
 }
 
 func decodeAll[T proto.Message](rs []*anypb.Any, newT func() T, name func(T) string) (map[string]T, error) {

@@ -225,6 +225,12 @@ type exchange struct {
 // request is the state of one request as it crosses the filter chain.
 type request struct {
 	exs []exchange
+	// steps are the filters that act on the response, in request order.
+	steps []respStep
+	// t is the table the request started with; rt the route the router
+	// took (nil before the router, or none).
+	t  *table
+	rt *route
 	// router is the metadata the router writes (override_host's
 	// selected_host_key).
 	router map[string]*structpb.Struct
@@ -233,6 +239,14 @@ type request struct {
 	// marks it out of date after an exchange could have added to it.
 	md    map[string]*structpb.Struct
 	stale bool
+}
+
+// respStep is one filter on the response path: an ext_proc exchange, or
+// istio.metadata_exchange with what it saw of the request.
+type respStep struct {
+	ex   *exchange
+	peer *peerMetadataFilter
+	pc   peerCtx
 }
 
 // metadata returns the stream's dynamic metadata, rebuilt only when an
@@ -283,7 +297,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// a client that leaves or a route timeout still cancels them at once.
 	exCtx, exCancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, exCancel)
-	rq := &request{router: map[string]*structpb.Struct{}}
+	rq := &request{router: map[string]*structpb.Struct{}, t: t}
 	defer func() {
 		stop()
 		p.closers.Add(1)
@@ -297,6 +311,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	hdrs := requestHeaders(r)
+	if !t.proxy100Continue && strings.EqualFold(hdrs.Get("expect"), "100-continue") {
+		// Envoy answers 100 Continue itself and removes the header before
+		// the filters (ActiveStream::decodeHeaders); Go's server sends the
+		// 100 when the body is first read.
+		hdrs.Del("expect")
+	}
+	if !t.keepXFCC {
+		// The connection has no client certificate: a client's XFCC is
+		// removed before the filters (mutateXfccRequestHeader).
+		hdrs.Del("x-forwarded-client-cert")
+	}
 	var body extproctest.Body
 	if r.ContentLength != 0 {
 		body = extproctest.BodyFromReader(r.Body, r.ContentLength)
@@ -316,6 +341,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			continue
 		}
+		if f.peer != nil {
+			var pc peerCtx
+			name, c := t.routeCluster(rt)
+			hdrs, pc = f.peer.onRequest(hdrs, name, c)
+			rq.steps = append(rq.steps, respStep{peer: f.peer, pc: pc})
+			continue
+		}
 		if f.healthCheck != nil {
 			if matchesAll(f.healthCheck, hdrs) {
 				closeBody(body)
@@ -330,6 +362,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ex := exchange{Exchange: c.Open(exCtx), client: c}
 		rq.exs = append(rq.exs, ex)
+		rq.steps = append(rq.steps, respStep{ex: &ex})
 		var err error
 		if mo := c.Config().MetadataOptions; mo != nil {
 			hdrs, body, err = ex.RequestWithMetadata(hdrs, body, rq.forwarded(mo.Forwarding))
@@ -357,9 +390,22 @@ func matchesAll(ms []headerMatch, h extproctest.Headers) bool {
 	return true
 }
 
+// routeCluster is the cluster a request on rt goes to, as filters see it
+// (Envoy's upstream cluster info): "" and nil without one. Weighted
+// clusters that would differ for a filter are NACKed (checkPeerClusters).
+func (t *table) routeCluster(rt *route) (string, *cluster) {
+	if rt == nil || len(rt.clusters) == 0 {
+		return "", nil
+	}
+	name := rt.clusters[0].name
+	return name, t.clusters[name]
+}
+
 // route is the router filter: the route's action, the cluster's host
-// choice, the upstream request and the response path.
+// choice, the upstream request (with the route's retries) and the
+// response path.
 func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *route, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
+	rq.rt = rt
 	if rt == nil {
 		closeBody(body)
 		// Envoy's router answers a request no route matches with an empty 404.
@@ -371,35 +417,197 @@ func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *
 		p.localReply(ctx, w, rq, rt.direct.status, rt.direct.body)
 		return
 	}
-	if rt.timeout > 0 {
+	timeout := rt.timeout
+	if rt.maxGrpcTimeout != nil && isGrpcRequest(hdrs) {
+		// FilterUtility::finalTimeout: the grpc-timeout header (none:
+		// infinity), capped at max_grpc_timeout unless that is 0.
+		gt, _ := grpcTimeout(hdrs)
+		if m := *rt.maxGrpcTimeout; m != 0 && (gt == 0 || gt > m) {
+			gt = m
+		}
+		timeout = gt
+	}
+	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, rt.timeout, errTimeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, timeout, errTimeout)
 		defer cancel()
 	}
 	cl := t.clusters[rt.pickCluster()]
 	if cl == nil {
 		closeBody(body)
-		// cluster_not_found: a 503 with no body.
-		p.localReply(ctx, w, rq, http.StatusServiceUnavailable, "")
+		// cluster_not_found: an empty local reply, 503 unless the route
+		// says otherwise.
+		status := rt.clusterNotFound
+		if status == 0 {
+			status = http.StatusServiceUnavailable
+		}
+		p.localReply(ctx, w, rq, status, "")
 		return
 	}
+	if cl.walkList {
+		p.routeList(ctx, w, rt, cl, rq, hdrs, body)
+		return
+	}
+	p.attempts(ctx, w, t, rt, cl, rq, hdrs, body)
+}
+
+// selectHost writes override_host's selected_host_key, as Envoy does each
+// time the policy chooses a host.
+func selectHost(cl *cluster, rq *request, host string) {
+	if cl.override != nil && cl.override.selected != nil {
+		cl.override.selected.set(rq.router, host)
+		rq.stale = true
+	}
+}
+
+// attempts sends the request to the cluster's host, and again to the host
+// the cluster chooses next as long as the route's retry policy says so:
+// after a connection failure or reset, or response headers it retries,
+// waiting Envoy's jittered back-off between attempts, while the body sent
+// so far fits the retry buffer. The last attempt's response, or its
+// failure, is the answer.
+func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, rt *route, cl *cluster, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
+	rp := rt.retry
+	hp := newHostPicker(cl, hdrs, rq.metadata())
+	host, err := hp.pick(rp, false)
+	if err != nil {
+		closeBody(body)
+		p.log.Info("no upstream", "path", hdrs.Get(":path"), "cluster", cl.name, "reason", err.Error())
+		p.routerReply(ctx, w, rq, err, false)
+		return
+	}
+	selectHost(cl, rq, host)
+	// Envoy's router chooses the host before it applies the route's header
+	// changes (router.cc: createConnPool, then finalizeRequestHeaders), so a
+	// header the host came from may be removed on its way upstream.
+	hdrs = rt.finalizeHeaders(hdrs)
+	var (
+		br *extproctest.BodyReader
+		rb *replayBody
+	)
+	if body != nil {
+		br = extproctest.NewBodyReader(ctx, body)
+		defer br.Close()
+		limit := t.bufferLimit
+		if rt.bufferLimit > 0 {
+			limit = rt.bufferLimit
+		}
+		if limit <= 0 {
+			limit = defaultBufferLimit
+		}
+		rb = newReplayBody(br, limit)
+	}
+	var retriesLeft uint32
+	if rp != nil {
+		retriesLeft = rp.numRetries
+	}
+	cctx := context.WithValue(ctx, connectTimeoutKey{}, cl.connectTimeout)
+	for attempt := 1; ; attempt++ {
+		ah := hdrs
+		if rt.attemptCount {
+			ah = hdrs.Clone()
+			ah.Set("x-envoy-attempt-count", strconv.Itoa(attempt))
+		}
+		var reqBody io.ReadCloser
+		if rb != nil {
+			reqBody = rb.attempt()
+		}
+		resp, err := p.send(cctx, cl, host, ah, reqBody)
+		var lr *extproctest.LocalReply
+		bodyFailed := br != nil && errors.As(br.Err(), &lr)
+		retry := false
+		if rp != nil && retriesLeft > 0 && !bodyFailed && (rb == nil || rb.replayable()) && ctx.Err() == nil {
+			if err != nil {
+				retry = rp.retriesReset(isConnectFailure(err))
+			} else {
+				retry = rp.retriesResponse(resp.Header, resp.StatusCode)
+			}
+		}
+		if retry {
+			if resp != nil {
+				_ = resp.Body.Close()
+			}
+			retriesLeft--
+			p.log.V(1).Info("retrying", "endpoint", host, "cluster", cl.name, "attempt", attempt, "error", fmt.Sprint(err))
+			if !sleepCtx(ctx, rp.backoff(attempt)) {
+				err = errTimeout
+			} else if host, err = hp.pick(rp, true); err == nil {
+				selectHost(cl, rq, host)
+				continue
+			}
+		}
+		if rb != nil {
+			rb.seal()
+		}
+		if err != nil {
+			closeBody(body)
+			if bodyFailed {
+				// A filter ended the request while its body was streaming upstream.
+				writeLocalReply(w, lr)
+				return
+			}
+			if context.Cause(ctx) == errTimeout {
+				err = errTimeout
+			}
+			p.log.Error(err, "upstream failed", "endpoint", host, "cluster", cl.name, "attempts", attempt)
+			p.routerReply(ctx, w, rq, err, attempt > 1)
+			return
+		}
+		defer resp.Body.Close()
+		var respBody extproctest.Body
+		if resp.Body != http.NoBody {
+			respBody = extproctest.BodyFromReader(resp.Body, resp.ContentLength)
+		}
+		p.respond(ctx, w, rq, responseHeaders(resp), respBody, host)
+		return
+	}
+}
+
+// sleepCtx waits d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// send is one attempt to host through its transport socket.
+func (p *Proxy) send(ctx context.Context, cl *cluster, host string, hdrs extproctest.Headers, body io.ReadCloser) (*http.Response, error) {
+	if cl.transportFor(host).kind == secretNotSupplied {
+		// Envoy's NotReadySslSocket: the connection fails as it is made.
+		if body != nil {
+			_ = body.Close()
+		}
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errSecretNotSupplied}
+	}
+	req, err := upstreamRequest(ctx, host, hdrs, body)
+	if err != nil {
+		return nil, err
+	}
+	return p.transport.RoundTrip(req)
+}
+
+// routeList is flag mode's router: the hosts of an override list tried in
+// turn while connections are refused, with no retry policy.
+func (p *Proxy) routeList(ctx context.Context, w http.ResponseWriter, rt *route, cl *cluster, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
 	targets, err := cl.targets(hdrs, rq.metadata())
 	if err != nil {
 		closeBody(body)
 		p.log.Info("no upstream", "path", hdrs.Get(":path"), "cluster", cl.name, "reason", err.Error())
-		p.routerReply(ctx, w, rq, err)
+		p.routerReply(ctx, w, rq, err, false)
 		return
 	}
-	// Envoy's router chooses the host before it applies the route's header
-	// changes (router.cc: createConnPool, then finalizeRequestHeaders), so a
-	// header the host came from may be removed on its way upstream.
 	hdrs = rt.finalizeHeaders(hdrs)
 	var br *extproctest.BodyReader
 	if body != nil {
 		br = extproctest.NewBodyReader(ctx, body)
 		defer br.Close()
 	}
-	resp, served, err := p.forward(context.WithValue(ctx, connectTimeoutKey{}, cl.connectTimeout), hdrs, br, targets)
+	resp, served, err := p.forward(context.WithValue(ctx, connectTimeoutKey{}, cl.connectTimeout), cl, hdrs, br, targets)
 	if err != nil {
 		closeBody(body)
 		var lr *extproctest.LocalReply
@@ -412,14 +620,11 @@ func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *
 			err = errTimeout
 		}
 		p.log.Error(err, "upstream failed", "endpoint", served, "cluster", cl.name)
-		p.routerReply(ctx, w, rq, err)
+		p.routerReply(ctx, w, rq, err, false)
 		return
 	}
 	defer resp.Body.Close()
-	if cl.override != nil && cl.override.selected != nil {
-		cl.override.selected.set(rq.router, served)
-		rq.stale = true
-	}
+	selectHost(cl, rq, served)
 	var rb extproctest.Body
 	if resp.Body != http.NoBody {
 		rb = extproctest.BodyFromReader(resp.Body, resp.ContentLength)
@@ -469,9 +674,10 @@ func (p *Proxy) requestFailed(ctx context.Context, w http.ResponseWriter, rq *re
 	}
 }
 
-// routerReply answers an upstream failure with the router's local reply.
-func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, rq *request, err error) {
-	status, msg := upstreamError(err)
+// routerReply answers an upstream failure with the router's local reply;
+// retried says the request was retried.
+func (p *Proxy) routerReply(ctx context.Context, w http.ResponseWriter, rq *request, err error, retried bool) {
+	status, msg := upstreamError(err, retried)
 	p.localReply(ctx, w, rq, status, msg)
 }
 
@@ -494,13 +700,13 @@ func writeTimeout(w http.ResponseWriter) {
 // forward sends the request to the first target that accepts a connection.
 // Walking to the next target is only safe while the body has not been read,
 // since the proxy keeps no copy of it.
-func (p *Proxy) forward(ctx context.Context, hdrs extproctest.Headers, br *extproctest.BodyReader, targets []string) (*http.Response, string, error) {
+func (p *Proxy) forward(ctx context.Context, cl *cluster, hdrs extproctest.Headers, br *extproctest.BodyReader, targets []string) (*http.Response, string, error) {
 	for i, target := range targets {
-		req, err := upstreamRequest(ctx, target, hdrs, br)
-		if err != nil {
-			return nil, target, err
+		var body io.ReadCloser
+		if br != nil {
+			body = attemptBody{br}
 		}
-		resp, err := p.transport.RoundTrip(req)
+		resp, err := p.send(ctx, cl, target, hdrs, body)
 		if err == nil {
 			return resp, target, nil
 		}
@@ -518,8 +724,14 @@ func (p *Proxy) forward(ctx context.Context, hdrs extproctest.Headers, br *extpr
 // events arrive as they are produced. served is the endpoint that answered
 // ("" for a local reply).
 func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, rq *request, h extproctest.Headers, b extproctest.Body, served string) {
-	for i := len(rq.exs) - 1; i >= 0; i-- {
-		ex := rq.exs[i]
+	for i := len(rq.steps) - 1; i >= 0; i-- {
+		st := rq.steps[i]
+		if st.peer != nil {
+			name, c := rq.t.routeCluster(rq.rt)
+			h = st.peer.onResponse(h, st.pc, name, c)
+			continue
+		}
+		ex := *st.ex
 		var err error
 		if mo := ex.client.Config().MetadataOptions; mo != nil {
 			h, b, err = ex.ResponseWithMetadata(h, b, rq.forwarded(mo.Forwarding))
@@ -598,25 +810,22 @@ func (b attemptBody) Close() error {
 	return nil
 }
 
-func upstreamRequest(ctx context.Context, target string, hdrs extproctest.Headers, br *extproctest.BodyReader) (*http.Request, error) {
-	var body io.ReadCloser
-	if br != nil {
-		body = attemptBody{br}
-	}
+// upstreamRequest builds the request to target; body nil means none.
+func upstreamRequest(ctx context.Context, target string, hdrs extproctest.Headers, body io.ReadCloser) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, hdrs.Get(":method"), "http://"+target+hdrs.Get(":path"), body)
 	if err != nil {
 		return nil, fmt.Errorf("building upstream request: %w", err)
 	}
 	req.Host = hdrs.Get(":authority")
 	req.ContentLength = 0
-	if br != nil {
+	if body != nil {
 		req.ContentLength = -1
 	}
 	for _, kv := range hdrs {
 		switch {
 		case strings.HasPrefix(kv.Key, ":"), hopByHop(kv.Key):
 		case kv.Key == "content-length":
-			if n, err := strconv.ParseInt(kv.Value, 10, 64); err == nil && br != nil {
+			if n, err := strconv.ParseInt(kv.Value, 10, 64); err == nil && body != nil {
 				req.ContentLength = n
 			}
 		default:

@@ -72,17 +72,26 @@ func isConnectFailure(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// upstreamError maps a routing or upstream failure to Envoy's local reply.
-func upstreamError(err error) (int, string) {
+// upstreamError maps a routing or upstream failure to Envoy's local reply;
+// retried is whether the request was retried (the router then says the
+// reason is the latest of several).
+func upstreamError(err error, retried bool) (int, string) {
+	const prefix = "upstream connect error or disconnect/reset before headers. "
+	reason := "reset reason: "
+	if retried {
+		reason = "retried and the latest reset reason: "
+	}
 	switch {
 	case errors.Is(err, errNoHealthyUpstream):
 		return http.StatusServiceUnavailable, "no healthy upstream"
+	case errors.Is(err, errSecretNotSupplied):
+		return http.StatusServiceUnavailable, prefix + reason + "connection failure, transport failure reason: " + errSecretNotSupplied.Error()
 	case isConnectFailure(err):
-		return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+		return http.StatusServiceUnavailable, prefix + reason + "connection failure"
 	case errors.Is(err, errTimeout):
 		return http.StatusGatewayTimeout, "upstream request timeout"
 	}
-	return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+	return http.StatusServiceUnavailable, prefix + reason + "connection termination"
 }
 
 // hopByHop reports the connection-scoped headers a proxy never forwards.

@@ -19,6 +19,19 @@ type table struct {
 	filters  []*httpFilter
 	routes   *routeConfig // nil: every request gets the router's 404
 	clusters map[string]*cluster
+	// proxy100Continue is HttpConnectionManager.proxy_100_continue: without
+	// it, Envoy answers "Expect: 100-continue" itself and removes the
+	// header before the filters.
+	proxy100Continue bool
+	// keepXFCC is HttpConnectionManager.forward_client_cert_details
+	// ALWAYS_FORWARD_ONLY: under any other value Envoy removes a client's
+	// x-forwarded-client-cert from a connection without a client
+	// certificate, as all the stand-in's are (mutateXfccRequestHeader).
+	keepXFCC bool
+	// bufferLimit is Listener.per_connection_buffer_limit_bytes (default
+	// 1 MiB): how much request body a retry may replay, unless the route
+	// sets its own limit.
+	bufferLimit int
 }
 
 // httpFilter is one envoy.filters.http.ext_proc entry of
@@ -43,6 +56,8 @@ type httpFilter struct {
 	// removeRequestHeaders, when set, makes this entry
 	// envoy.filters.http.header_mutation removing those request headers.
 	removeRequestHeaders []string
+	// peer, when set, makes this entry Istio's istio.metadata_exchange.
+	peer *peerMetadataFilter
 }
 
 // routeConfig is a RouteConfiguration.
@@ -78,9 +93,24 @@ type route struct {
 	// prefixRewrite is RouteAction.prefix_rewrite.
 	prefixRewrite string
 	// timeout is RouteAction.timeout (0: none).
-	timeout  time.Duration
-	clusters []weightedCluster
-	direct   *directResponse
+	timeout time.Duration
+	// maxGrpcTimeout is RouteAction.max_grpc_timeout (nil: unset): a gRPC
+	// request's timeout is then its grpc-timeout header (none: no
+	// timeout), capped at this unless it is 0.
+	maxGrpcTimeout *time.Duration
+	// clusterNotFound is the status of the local reply when the cluster
+	// does not exist (RouteAction.cluster_not_found_response_code).
+	clusterNotFound int
+	// retry is the route's retry policy, or its virtual host's (nil: none).
+	retry *retryPolicy
+	// attemptCount is VirtualHost.include_request_attempt_count: each
+	// attempt carries x-envoy-attempt-count.
+	attemptCount bool
+	// bufferLimit is Route.per_request_buffer_limit_bytes (0: the
+	// listener's): how much request body a retry may replay.
+	bufferLimit int
+	clusters    []weightedCluster
+	direct      *directResponse
 }
 
 type weightedCluster struct {

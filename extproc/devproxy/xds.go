@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -58,14 +59,6 @@ var passThroughListenerFilters = map[string]string{
 	"type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector": "detects the HTTP version for filter chain matching",
 }
 
-// passThroughHTTPFilters are HTTP filters that cannot change where a request
-// goes or whether it is answered, as configured by the inference
-// integrations; the stand-in leaves them out of the chain. Read-only.
-var passThroughHTTPFilters = map[string]string{
-	"type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig": "statistics only",
-	"type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors":               "acts only on routes with a CORS policy; per-route CORS policies are NACKed",
-}
-
 // resources is one accepted state of the four xDS types, by resource name
 // (endpoints by ClusterLoadAssignment.cluster_name).
 type resources struct {
@@ -100,6 +93,8 @@ type buildEnv struct {
 	// static_resources: there is no ADS stream to fetch EDS endpoints or
 	// RDS routes from, so clusters and listeners that need one are errors.
 	static bool
+	// node is the local node (Envoy's LocalInfo).
+	node nodeInfo
 }
 
 // built is a translated state: the listeners, and the names the node must
@@ -257,7 +252,11 @@ func buildListener(l *listenerv3.Listener, res *resources, clusters map[string]*
 	}
 	bl := &builtListener{name: l.GetName(), port: sa.GetPortValue(),
 		addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))}
-	t, rds, ready, err := buildHCM(hcm, res, clusters, targets, env)
+	bufferLimit := defaultBufferLimit
+	if b := l.GetPerConnectionBufferLimitBytes(); b != nil {
+		bufferLimit = int(b.GetValue())
+	}
+	t, rds, ready, err := buildHCM(hcm, res, clusters, targets, env, bufferLimit)
 	if err != nil {
 		return nil, fmt.Errorf("http_connection_manager: %w", err)
 	}
@@ -279,13 +278,14 @@ func checkAll(where string, ms ...proto.Message) error {
 }
 
 // extProcFilter is one ext_proc filter's listener-level config, or (proto
-// nil) a health check or header mutation filter.
+// nil) a health check, header mutation or Istio metadata exchange filter.
 type extProcFilter struct {
 	name                 string
 	disabled             bool // HttpFilter.disabled
 	proto                *extprocfilterv3.ExternalProcessor
 	healthCheck          []headerMatch
 	removeRequestHeaders []string
+	peer                 *peerMetadataFilter
 }
 
 // headerMutationFilter reads envoy.filters.http.header_mutation when all
@@ -337,7 +337,7 @@ func healthCheckFilter(where string, hf *hcmv3.HttpFilter) (extProcFilter, error
 	return out, nil
 }
 
-func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv) (*table, string, bool, error) {
+func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[string]*cluster, targets map[string]grpcTarget, env buildEnv, bufferLimit int) (*table, string, bool, error) {
 	if err := checkFields("http_connection_manager", hcm); err != nil {
 		return nil, "", false, err
 	}
@@ -358,7 +358,28 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 			return nil, "", false, fmt.Errorf("%s: after the router, which must be the last filter", where)
 		}
 		tc := hf.GetTypedConfig()
+		// Istio sends its own filters' configs in TypedStructs.
+		inner, tsValue, err := typedStruct(where, tc)
+		if err != nil {
+			return nil, "", false, err
+		}
 		switch url := tc.GetTypeUrl(); {
+		case inner == peerMetadataType:
+			if tsValue == nil {
+				return nil, "", false, fmt.Errorf("%s: %s is read from a TypedStruct only", where, peerMetadataType)
+			}
+			pm, err := peerMetadataConfig(where, tsValue, env.node)
+			if err != nil {
+				return nil, "", false, err
+			}
+			procs = append(procs, extProcFilter{name: hf.GetName(), disabled: hf.GetDisabled(), peer: pm})
+		case passThroughHTTPFilters[inner].reason != "":
+			if err := checkPassThrough(where, passThroughHTTPFilters[inner], tc, tsValue); err != nil {
+				return nil, "", false, err
+			}
+			passThrough[hf.GetName()] = true
+		case tsValue != nil:
+			return nil, "", false, fmt.Errorf("%s: filter type %s is not implemented by the stand-in", where, typeURLOf(tc, inner))
 		case url == routerType:
 			r := &routerv3.Router{}
 			if err := tc.UnmarshalTo(r); err != nil {
@@ -389,8 +410,6 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 				return nil, "", false, err
 			}
 			procs = append(procs, hc)
-		case passThroughHTTPFilters[url] != "":
-			passThrough[hf.GetName()] = true
 		default:
 			return nil, "", false, fmt.Errorf("%s: filter type %s is not implemented by the stand-in", where, url)
 		}
@@ -398,10 +417,12 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	if !routerSeen {
 		return nil, "", false, errors.New("http_filters: no envoy.filters.http.router")
 	}
-	t := &table{clusters: clusters}
+	t := &table{clusters: clusters, proxy100Continue: hcm.GetProxy_100Continue(), bufferLimit: bufferLimit,
+		keepXFCC: hcm.GetForwardClientCertDetails() == hcmv3.HttpConnectionManager_ALWAYS_FORWARD_ONLY}
 	for _, p := range procs {
 		if p.proto == nil {
-			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, removeRequestHeaders: p.removeRequestHeaders, disabled: p.disabled})
+			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, removeRequestHeaders: p.removeRequestHeaders,
+				peer: p.peer, disabled: p.disabled})
 			continue
 		}
 		f := &httpFilter{name: p.name, rematch: true}
@@ -595,6 +616,13 @@ func (hb *hcmBuild) routes(rc *routev3.RouteConfiguration) (*routeConfig, error)
 			return nil, err
 		}
 		ovh := &virtualHost{name: vh.GetName()}
+		var vhRetry *retryPolicy
+		if rp := vh.GetRetryPolicy(); rp != nil {
+			var err error
+			if vhRetry, err = buildRetryPolicy(where+".retry_policy", rp); err != nil {
+				return nil, err
+			}
+		}
 		for _, d := range vh.GetDomains() {
 			d = strings.ToLower(d)
 			if other, dup := domains[d]; dup {
@@ -610,6 +638,11 @@ func (hb *hcmBuild) routes(rc *routev3.RouteConfiguration) (*routeConfig, error)
 			if err != nil {
 				return nil, err
 			}
+			if or.retry == nil {
+				// A route without its own policy takes its virtual host's.
+				or.retry = vhRetry
+			}
+			or.attemptCount = vh.GetIncludeRequestAttemptCount()
 			ovh.routes = append(ovh.routes, or)
 		}
 		out.vhosts = append(out.vhosts, ovh)
@@ -631,6 +664,12 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 	case *routev3.Route_Route:
 		if err := buildAction(where+".route", a.Route, out, hb.table); err != nil {
 			return nil, err
+		}
+		if err := hb.checkPeerClusters(where, out); err != nil {
+			return nil, err
+		}
+		if b := r.GetPerRequestBufferLimitBytes(); b != nil {
+			out.bufferLimit = int(b.GetValue())
 		}
 	case *routev3.Route_DirectResponse:
 		dr := a.DirectResponse
@@ -677,6 +716,30 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 		out.filters = append(out.filters, c)
 	}
 	return out, nil
+}
+
+// checkPeerClusters NACKs a route whose weighted clusters would make
+// istio.metadata_exchange send its headers to some and not others: Envoy
+// decides with the cluster it picks when the route is matched, the
+// stand-in only when the router runs.
+func (hb *hcmBuild) checkPeerClusters(where string, rt *route) error {
+	if len(rt.clusters) < 2 {
+		return nil
+	}
+	for _, p := range hb.procs {
+		if p.peer == nil {
+			continue
+		}
+		for _, entries := range [][]bool{p.peer.upstreamPropagation, p.peer.downstreamPropagation} {
+			first := propagates(entries, rt.clusters[0].name, hb.table.clusters[rt.clusters[0].name])
+			for _, wc := range rt.clusters[1:] {
+				if propagates(entries, wc.name, hb.table.clusters[wc.name]) != first {
+					return fmt.Errorf("%s: weighted clusters %q and %q differ in whether %q sends its headers (istio disable_mx, external), which the stand-in does not reproduce", where, rt.clusters[0].name, wc.name, p.name)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // routeFilter reads the typed_per_filter_config entries for filter p on a
@@ -896,14 +959,37 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 		return fmt.Errorf("%s: cluster specifier %T is not implemented by the stand-in", where, cs)
 	}
 	for _, wc := range out.clusters {
-		if cl := t.clusters[wc.name]; cl != nil && cl.tls {
-			return fmt.Errorf("%s: cluster %q uses TLS; upstream TLS to model servers is not implemented by the stand-in", where, wc.name)
+		if cl := t.clusters[wc.name]; cl != nil {
+			if host := cl.routedTLS(); host != "" {
+				return fmt.Errorf("%s: cluster %q reaches %s over TLS; upstream TLS to model servers is not implemented by the stand-in", where, wc.name, host)
+			}
 		}
 	}
 	// RouteAction.timeout: Envoy's default is 15s; 0 disables it.
 	out.timeout = 15 * time.Second
 	if d := a.GetTimeout(); d != nil {
 		out.timeout = d.AsDuration()
+	}
+	if d := a.GetMaxGrpcTimeout(); d != nil {
+		v := d.AsDuration()
+		out.maxGrpcTimeout = &v
+	}
+	switch a.GetClusterNotFoundResponseCode() {
+	case routev3.RouteAction_SERVICE_UNAVAILABLE:
+		out.clusterNotFound = http.StatusServiceUnavailable
+	case routev3.RouteAction_NOT_FOUND:
+		out.clusterNotFound = http.StatusNotFound
+	case routev3.RouteAction_INTERNAL_SERVER_ERROR:
+		out.clusterNotFound = http.StatusInternalServerError
+	default:
+		return fmt.Errorf("%s: cluster_not_found_response_code %s is not implemented by the stand-in", where, a.GetClusterNotFoundResponseCode())
+	}
+	if rp := a.GetRetryPolicy(); rp != nil {
+		p, err := buildRetryPolicy(where+".retry_policy", rp)
+		if err != nil {
+			return err
+		}
+		out.retry = p
 	}
 	out.hostRewrite = a.GetHostRewriteLiteral()
 	out.prefixRewrite = a.GetPrefixRewrite()
@@ -928,11 +1014,17 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	if d := c.GetConnectTimeout(); d != nil {
 		out.connectTimeout = d.AsDuration()
 	}
-	useTLS, cert, err := clusterTLS(c.GetTransportSocket())
+	sel, err := clusterTransports(c)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
-	out.tls = useTLS
+	out.unlisted = sel.pick(nil, nil)
+	out.ownTLS = len(sel.matches) == 0 && sel.def.kind == acceptAnyTLS
+	if err := clusterFilters(c.GetFilters()); err != nil {
+		return nil, tgt, edsRef{}, err
+	}
+	istio := c.GetMetadata().GetFilterMetadata()["istio"].GetFields()
+	out.istioDisableMX, out.istioExternal = istio["disable_mx"].GetBoolValue(), istio["external"].GetBoolValue()
 	var eds edsRef
 	var cla *endpointv3.ClusterLoadAssignment
 	switch c.GetType() {
@@ -993,17 +1085,34 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		}
 		out.override = oh
 	}
-	eps, members, err := clusterEndpoints(cla, env)
+	eps, members, transports, err := clusterEndpoints(cla, sel, env)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
-	out.endpoints, out.members = eps, members
+	out.endpoints, out.members, out.transports = eps, members, transports
 	if len(eps) > 0 {
 		// A gRPC client of this cluster connects to its first host: one
 		// endpoint picker Service per cluster, as the integrations render.
-		tgt = grpcTarget{addr: eps[0], tls: useTLS, cert: cert, certID: certID(cert)}
+		tgt = targetOf(eps[0], out.transportFor(eps[0]))
 	}
 	return out, tgt, eds, nil
+}
+
+// secretNotSuppliedTarget is a gRPC target that fails at once, standing for
+// a host whose transport socket waits for an SDS secret that never comes:
+// a filter's stream to it fails (its failure mode decides), an EDS stream
+// never connects.
+const secretNotSuppliedTarget = "unix:///nonexistent/infergate-devproxy-sds-secret-not-supplied"
+
+// targetOf is how a gRPC client reaches host through its transport socket.
+func targetOf(host string, t hostTransport) grpcTarget {
+	switch t.kind {
+	case acceptAnyTLS:
+		return grpcTarget{addr: host, tls: true, cert: t.cert, certID: t.certID}
+	case secretNotSupplied:
+		return grpcTarget{addr: secretNotSuppliedTarget}
+	}
+	return grpcTarget{addr: host}
 }
 
 // edsSource reads an EDS ConfigSource: ADS (""), or an api_config_source
@@ -1150,39 +1259,6 @@ func metadataKeyOf(where string, k *metadatav3.MetadataKey) (*metadataKey, error
 	return out, nil
 }
 
-// clusterTLS reads the cluster's transport socket: none, or TLS that
-// accepts any server certificate (how the integrations reach endpoint
-// pickers, which serve self-signed certificates), presenting the client
-// certificate of common_tls_context.tls_certificates if there is one
-// (processors run with --client-ca-file require it).
-func clusterTLS(ts *corev3.TransportSocket) (bool, *tls.Certificate, error) {
-	if ts == nil {
-		return false, nil, nil
-	}
-	if err := checkFields("transport_socket", ts); err != nil {
-		return false, nil, err
-	}
-	if ts.GetTypedConfig().GetTypeUrl() != upstreamTLSType {
-		return false, nil, fmt.Errorf("transport_socket %s is not implemented by the stand-in", ts.GetTypedConfig().GetTypeUrl())
-	}
-	utc := &tlsv3.UpstreamTlsContext{}
-	if err := ts.GetTypedConfig().UnmarshalTo(utc); err != nil {
-		return false, nil, fmt.Errorf("transport_socket: %w", err)
-	}
-	ctc := utc.GetCommonTlsContext()
-	if err := checkAll("transport_socket", utc, ctc); err != nil {
-		return false, nil, err
-	}
-	if vc := ctc.GetValidationContext(); vc != nil && proto.Size(vc) > 0 {
-		return false, nil, errors.New("transport_socket: certificate validation (validation_context) is not implemented by the stand-in; it accepts any certificate, as with an empty validation context")
-	}
-	cert, err := clientCertificate("transport_socket.common_tls_context.tls_certificates", ctc.GetTlsCertificates())
-	if err != nil {
-		return false, nil, err
-	}
-	return true, cert, nil
-}
-
 // clientCertificate reads CommonTlsContext.tls_certificates: nil for none.
 // Envoy presents the first certificate whose algorithm the server accepts;
 // the stand-in takes the first, and since its choice among several could
@@ -1245,36 +1321,38 @@ func dataSource(where string, ds *corev3.DataSource) ([]byte, error) {
 
 // clusterEndpoints lists the hosts the normal load balancer uses (the
 // lowest priority level that has healthy hosts; UNHEALTHY, DRAINING and
-// TIMEOUT hosts left out) and every host of the assignment, for
-// override_host, which Envoy lets pick any host of the cluster. Host names
-// are resolved.
-func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]string, map[string]bool, error) {
+// TIMEOUT hosts left out), every host of the assignment, for
+// override_host, which Envoy lets pick any host of the cluster, and each
+// host's transport socket (sel, by the host's and its locality's
+// metadata). Host names are resolved.
+func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelector, env buildEnv) ([]string, map[string]bool, map[string]hostTransport, error) {
 	if cla == nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	if err := checkFields("load_assignment", cla); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(cla.GetPolicy().GetDropOverloads()) > 0 {
-		return nil, nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
+		return nil, nil, nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
 	}
 	byPriority := map[uint32][]string{}
 	members := map[string]bool{}
+	transports := map[string]hostTransport{}
 	best := ^uint32(0)
 	for i, lle := range cla.GetEndpoints() {
 		where := fmt.Sprintf("load_assignment.endpoints[%d]", i)
 		if err := checkFields(where, lle); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		for j, le := range lle.GetLbEndpoints() {
 			ew := fmt.Sprintf("%s.lb_endpoints[%d]", where, j)
 			ep := le.GetEndpoint()
 			if err := checkAll(ew, le, ep, ep.GetAddress(), ep.GetAddress().GetSocketAddress()); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			sa := ep.GetAddress().GetSocketAddress()
 			if sa == nil {
-				return nil, nil, fmt.Errorf("%s: want a socket_address", ew)
+				return nil, nil, nil, fmt.Errorf("%s: want a socket_address", ew)
 			}
 			ip, err := env.resolve(sa.GetAddress())
 			if err != nil {
@@ -1285,6 +1363,7 @@ func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]st
 			}
 			hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
 			members[hostPort] = true
+			transports[hostPort] = sel.pick(le.GetMetadata(), lle.GetMetadata())
 			switch le.GetHealthStatus() {
 			case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
 				continue
@@ -1294,5 +1373,5 @@ func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, env buildEnv) ([]st
 			best = min(best, p)
 		}
 	}
-	return byPriority[best], members, nil
+	return byPriority[best], members, transports, nil
 }

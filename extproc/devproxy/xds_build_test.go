@@ -17,7 +17,10 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	grpcstatsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/grpc_stats/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
@@ -107,6 +110,7 @@ func xbEnv(t *testing.T, resolve func(string) (string, error)) buildEnv {
 	return buildEnv{
 		resolve: resolve,
 		log:     logr.Discard(),
+		node:    xbNode,
 		clientFor: func(cfg extproctest.FilterConfig) (*extproctest.Client, error) {
 			conn, err := extproctest.Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
 			if err != nil {
@@ -118,6 +122,26 @@ func xbEnv(t *testing.T, resolve func(string) (string, error)) buildEnv {
 			return extproctest.NewClientConn(cfg, conn)
 		},
 	}
+}
+
+// xbNode is the local node of build tests: a gateway pod as Istio's
+// deployment controller runs it.
+var xbNode = nodeInfo{
+	id: "router~10.0.0.1~gw-istio-0.default~default.svc.cluster.local",
+	metadata: func() *structpb.Struct {
+		s, err := structpb.NewStruct(map[string]any{
+			"NAME": "gw-istio-0", "NAMESPACE": "default", "CLUSTER_ID": "Kubernetes", "WORKLOAD_NAME": "gw-istio",
+			"OWNER":         "kubernetes://apis/apps/v1/namespaces/default/deployments/gw-istio",
+			"ISTIO_VERSION": "1.30.0",
+			"LABELS": map[string]any{
+				"service.istio.io/canonical-name": "gw-istio", "app": "gw", "version": "v1", "tier": "edge",
+			},
+		})
+		if err != nil {
+			panic(err)
+		}
+		return s
+	}(),
 }
 
 // xbEditHCM rewrites the HTTP connection manager of l's only filter chain.
@@ -370,15 +394,45 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 			want: []string{"tls_certificates: 2 certificates", `cluster "` + xdstest.IstioEPPCluster + `"`},
 		},
 		{
-			name: "cluster tls_certificate_sds_secret_configs", shape: eg,
+			name: "cluster tls_certificate_provider_instance", shape: eg,
 			mutate: func(t *testing.T, r *resources) {
 				ts := tlsSocket()
 				ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: xdstest.Any(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-					TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{{Name: "gateway-client-cert"}},
+					TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: "certs"},
 				}})}
 				r.clusters[xdstest.EGEPPCluster].TransportSocket = ts
 			},
-			want: []string{"CommonTlsContext.tls_certificate_sds_secret_configs", `cluster "` + xdstest.EGEPPCluster + `"`},
+			want: []string{"CommonTlsContext.tls_certificate_provider_instance", `cluster "` + xdstest.EGEPPCluster + `"`},
+		},
+		{
+			name: "cluster TLS tls_params TLS 1.0", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.clusters[xdstest.IstioEPPCluster].TransportSocket = tlsContext(&tlsv3.CommonTlsContext{TlsParams: &tlsv3.TlsParameters{
+					TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_0,
+				}})
+			},
+			want: []string{"tls_maximum_protocol_version TLSv1_0", `cluster "` + xdstest.IstioEPPCluster + `"`},
+		},
+		{
+			name: "cluster transport_socket_matcher", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				setEmpty(r.clusters[xdstest.IstioPoolSvc], "transport_socket_matcher")
+			},
+			want: []string{"transport_socket_matcher", `cluster "` + xdstest.IstioPoolSvc + `"`},
+		},
+		{
+			name: "cluster upstream network filter", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.clusters[xdstest.IstioPoolSvc].Filters = []*clusterv3.Filter{{Name: "envoy.filters.network.x", TypedConfig: &anypb.Any{TypeUrl: "type.googleapis.com/x.v3.X"}}}
+			},
+			want: []string{`filters[0] "envoy.filters.network.x"`, "x.v3.X is not implemented", `cluster "` + xdstest.IstioPoolSvc + `"`},
+		},
+		{
+			name: "cluster Istio TCP metadata exchange on h2", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.clusters[xdstest.IstioEPPCluster].Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: xdstest.TypedStruct(istioMXTCPType, map[string]any{"protocol": "h2"})}}
+			},
+			want: []string{`MetadataExchange.protocol "h2"`, `cluster "` + xdstest.IstioEPPCluster + `"`},
 		},
 		{
 			name: "cluster TlsCertificate password", shape: eg,
@@ -619,18 +673,69 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 
 		// Routes.
 		{
-			name: "route retry_policy", shape: istio,
+			name: "route retry_policy per_try_timeout", shape: istio,
 			mutate: func(t *testing.T, r *resources) {
-				xbIstioRoute(r).GetRoute().RetryPolicy = &routev3.RetryPolicy{RetryOn: "connect-failure", NumRetries: wrapperspb.UInt32(2)}
+				xbIstioRoute(r).GetRoute().RetryPolicy = &routev3.RetryPolicy{RetryOn: "connect-failure", PerTryTimeout: durationpb.New(time.Second)}
 			},
-			want: []string{"retry_policy", `listener "` + xdstest.IstioListener + `"`, `route configuration "` + xdstest.IstioRoutes + `"`, `routes[1] "default.llm-route.0"`},
+			want: []string{"RetryPolicy.per_try_timeout", `listener "` + xdstest.IstioListener + `"`, `route configuration "` + xdstest.IstioRoutes + `"`, `routes[1] "default.llm-route.0".route.retry_policy`},
 		},
 		{
-			name: "virtual host retry_policy", shape: istio,
+			name: "route retry_policy reset-before-request", shape: istio,
 			mutate: func(t *testing.T, r *resources) {
-				r.routes[xdstest.IstioRoutes].VirtualHosts[0].RetryPolicy = &routev3.RetryPolicy{RetryOn: "5xx"}
+				xbIstioRoute(r).GetRoute().RetryPolicy = &routev3.RetryPolicy{RetryOn: "connect-failure,reset-before-request"}
 			},
-			want: []string{"VirtualHost.retry_policy", `virtual_hosts[0] "*:80"`},
+			want: []string{"retry_on reset-before-request"},
+		},
+		{
+			name: "route retry_policy_typed_config", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbIstioRoute(r).GetRoute().RetryPolicyTypedConfig = &anypb.Any{TypeUrl: "type.googleapis.com/x.Retry"}
+			},
+			want: []string{"RouteAction.retry_policy_typed_config"},
+		},
+		{
+			name: "virtual host retry_policy retry_priority", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.routes[xdstest.IstioRoutes].VirtualHosts[0].RetryPolicy = &routev3.RetryPolicy{RetryOn: "5xx",
+					RetryPriority: &routev3.RetryPolicy_RetryPriority{Name: "envoy.retry_priorities.previous_priorities"}}
+			},
+			want: []string{"RetryPolicy.retry_priority", `virtual_hosts[0] "*:80".retry_policy`},
+		},
+		{
+			name: "virtual host include_attempt_count_in_response", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.routes[xdstest.IstioRoutes].VirtualHosts[0].IncludeAttemptCountInResponse = true
+			},
+			want: []string{"VirtualHost.include_attempt_count_in_response"},
+		},
+		{
+			name: "RouteAction grpc_timeout_offset", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbIstioRoute(r).GetRoute().GrpcTimeoutOffset = durationpb.New(time.Second)
+			},
+			want: []string{"RouteAction.grpc_timeout_offset"},
+		},
+		{
+			name: "HTTP fault filter that aborts", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbEditHCM(t, r.listeners[xdstest.IstioListener], func(h *hcmv3.HttpConnectionManager) {
+					h.HttpFilters = slices.Insert(h.HttpFilters, 0, xdstest.HTTPFilter("envoy.filters.http.fault", &faultv3.HTTPFault{
+						Abort: &faultv3.FaultAbort{ErrorType: &faultv3.FaultAbort_HttpStatus{HttpStatus: 503}},
+					}, false))
+				})
+			},
+			want: []string{"HTTPFault.abort", `http_filters[0] "envoy.filters.http.fault"`},
+		},
+		{
+			name: "Istio metadata exchange baggage discovery", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbEditHCM(t, r.listeners[xdstest.IstioListener], func(h *hcmv3.HttpConnectionManager) {
+					h.HttpFilters = slices.Insert(h.HttpFilters, 0, &hcmv3.HttpFilter{Name: "istio.metadata_exchange", ConfigType: &hcmv3.HttpFilter_TypedConfig{
+						TypedConfig: xdstest.TypedStruct(peerMetadataType, map[string]any{"downstream_discovery": []any{map[string]any{"baggage": map[string]any{}}}}),
+					}})
+				})
+			},
+			want: []string{"discovery method baggage", `http_filters[0] "istio.metadata_exchange"`},
 		},
 		{
 			name: "RouteMatch query_parameters", shape: eg,
@@ -892,6 +997,53 @@ func TestBuildAcceptsWhatItIgnores(t *testing.T) {
 				cla.Endpoints[0].Locality = &corev3.Locality{Region: "r", Zone: "z"}
 				cla.Endpoints[0].LoadBalancingWeight = wrapperspb.UInt32(1)
 				cla.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(3)
+			},
+		},
+		{
+			name: "filter chain transport_socket_connect_timeout", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.listeners[xdstest.IstioListener].FilterChains[0].TransportSocketConnectTimeout = durationpb.New(15 * time.Second)
+			},
+		},
+		{
+			name: "pass-through HTTP filters: grpc_stats, istio.alpn, empty fault and CORS, istio.stats", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbEditHCM(t, r.listeners[xdstest.IstioListener], func(h *hcmv3.HttpConnectionManager) {
+					raw := func(name, url string) *hcmv3.HttpFilter {
+						return &hcmv3.HttpFilter{Name: name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: &anypb.Any{TypeUrl: url}}}
+					}
+					h.HttpFilters = slices.Insert(h.HttpFilters, 1,
+						xdstest.HTTPFilter("envoy.filters.http.grpc_stats", &grpcstatsv3.FilterConfig{EmitFilterState: true}, false),
+						raw("istio.alpn", "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig"),
+						xdstest.HTTPFilter("envoy.filters.http.fault", &faultv3.HTTPFault{}, false),
+						xdstest.HTTPFilter("envoy.filters.http.cors", &corsv3.Cors{}, false),
+						raw("istio.stats", "type.googleapis.com/stats.PluginConfig"),
+					)
+				})
+			},
+		},
+		{
+			name: "Istio's TCP metadata exchange on every cluster, Istio cluster metadata", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				for _, c := range r.clusters {
+					c.Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: xdstest.TypedStruct(istioMXTCPType, map[string]any{
+						"protocol": "istio-peer-exchange", "enable_discovery": true,
+					})}}
+					md, _ := structpb.NewStruct(map[string]any{"services": []any{map[string]any{"host": c.Name}}, "alpn_override": "false"})
+					c.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"istio": md}}
+				}
+			},
+		},
+		{
+			name: "Istio metadata exchange shared_with_upstream and workload_discovery", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				xbEditHCM(t, r.listeners[xdstest.IstioListener], func(h *hcmv3.HttpConnectionManager) {
+					h.HttpFilters = slices.Insert(h.HttpFilters, 1, &hcmv3.HttpFilter{Name: "istio.metadata_exchange", ConfigType: &hcmv3.HttpFilter_TypedConfig{
+						TypedConfig: xdstest.TypedStruct(peerMetadataType, map[string]any{
+							"upstream_discovery": []any{map[string]any{"workload_discovery": map[string]any{}}}, "shared_with_upstream": true,
+						}),
+					}})
+				})
 			},
 		},
 		{
@@ -1237,7 +1389,7 @@ func TestClusterEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, err := clusterEndpoints(tc.cla, env)
+			got, _, _, err := clusterEndpoints(tc.cla, &transportSelector{}, env)
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("got %q, want an error", got)

@@ -27,9 +27,10 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	// static_resources; dynamic_resources and static secrets are errors
 	// where read (staticResources).
 	"envoy.config.bootstrap.v3.Bootstrap": {
-		reads: []string{"static_resources", "dynamic_resources"},
+		// node: its id and metadata are the local node's, which
+		// istio.metadata_exchange sends upstream (peerMetadataFilter).
+		reads: []string{"static_resources", "dynamic_resources", "node"},
 		ignores: map[string]string{
-			"node":  "identifies the node to a control plane; a static bootstrap is served without one",
 			"admin": "the stand-in has no admin interface: nothing is served at admin.address",
 		},
 	},
@@ -37,21 +38,22 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		reads: []string{"listeners", "clusters", "secrets"},
 	},
 	"envoy.config.listener.v3.Listener": {
-		reads: []string{"name", "address", "filter_chains", "default_filter_chain", "listener_filters"},
+		// per_connection_buffer_limit_bytes bounds the request body a
+		// route's retry policy may replay (table.bufferLimit).
+		reads: []string{"name", "address", "filter_chains", "default_filter_chain", "listener_filters", "per_connection_buffer_limit_bytes"},
 		ignores: map[string]string{
-			"stat_prefix":                                "statistics",
-			"per_connection_buffer_limit_bytes":          "buffer sizing",
-			"drain_type":                                 "drain behaviour on shutdown",
-			"access_log":                                 "logging",
-			"traffic_direction":                          "statistics and tracing",
-			"listener_filters_timeout":                   "only bounds listener filters, which the stand-in does not run",
-			"continue_on_listener_filters_timeout":       "only bounds listener filters, which the stand-in does not run",
-			"enable_reuse_port":                          "socket option",
-			"socket_options":                             "socket option",
-			"metadata":                                   "opaque to routing",
-			"connection_balance_config":                  "spreads connections over worker threads",
-			"freebind":                                   "socket option",
-			"bypass_overload_manager":                    "overload manager, which the stand-in does not have",
+			"stat_prefix":                          "statistics",
+			"drain_type":                           "drain behaviour on shutdown",
+			"access_log":                           "logging",
+			"traffic_direction":                    "statistics and tracing",
+			"listener_filters_timeout":             "only bounds listener filters, which the stand-in does not run",
+			"continue_on_listener_filters_timeout": "only bounds listener filters, which the stand-in does not run",
+			"enable_reuse_port":                    "socket option",
+			"socket_options":                       "socket option",
+			"metadata":                             "opaque to routing",
+			"connection_balance_config":            "spreads connections over worker threads",
+			"freebind":                             "socket option",
+			"bypass_overload_manager":              "overload manager, which the stand-in does not have",
 			"max_connections_to_accept_per_socket_event": "connection accept batching",
 		},
 	},
@@ -59,8 +61,14 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		reads: []string{"name", "typed_config"},
 	},
 	"envoy.config.listener.v3.FilterChain": {
-		reads:   []string{"filters", "filter_chain_match"},
-		ignores: map[string]string{"name": "a label", "metadata": "opaque to routing"},
+		reads: []string{"filters", "filter_chain_match"},
+		ignores: map[string]string{
+			"name":     "a label",
+			"metadata": "opaque to routing",
+			// A chain's transport_socket is NACKed: its connections are
+			// plaintext, with no handshake to time out.
+			"transport_socket_connect_timeout": "bounds the downstream transport socket's handshake; the stand-in's chains are plaintext (transport_socket is NACKed)",
+		},
 	},
 	"envoy.config.listener.v3.FilterChainMatch": {
 		// Present but empty, or naming only what a plaintext HTTP listener
@@ -78,7 +86,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"ipv4_compat": "dual-stack socket option"},
 	},
 	"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager": {
-		reads: []string{"route_config", "rds", "http_filters", "codec_type"},
+		reads: []string{"route_config", "rds", "http_filters", "codec_type", "proxy_100_continue", "forward_client_cert_details"},
 		ignores: map[string]string{
 			"stat_prefix":                          "statistics",
 			"access_log":                           "logging",
@@ -111,8 +119,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"append_local_overload":                "overload header",
 			"scheme_header_transformation":         "the :scheme the stand-in always sets to http",
 			"strip_trailing_host_dot":              "only changes authorities ending in a dot",
-			"forward_client_cert_details":          "mTLS client certificate headers; the stand-in serves plaintext",
-			"set_current_client_cert_details":      "mTLS client certificate headers; the stand-in serves plaintext",
+			"set_current_client_cert_details":      "what x-forwarded-client-cert says of a client certificate; the stand-in's plaintext listeners never see one",
 			"local_reply_config":                   "rewrites local reply bodies only",
 			"request_id_extension":                 "x-request-id, which the stand-in does not generate",
 			"stream_error_on_invalid_http_message": "HTTP/1 protocol errors",
@@ -135,6 +142,10 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.config.common.mutation_rules.v3.HeaderMutation": {
 		reads: []string{"remove"},
 	},
+	// The configs of pass-through filters that act only when a field is
+	// set: any field set is a NACK.
+	"envoy.extensions.filters.http.fault.v3.HTTPFault": {},
+	"envoy.extensions.filters.http.cors.v3.Cors":       {},
 	"envoy.extensions.filters.http.health_check.v3.HealthCheck": {
 		// Only non-pass-through mode (checked where read).
 		reads: []string{"pass_through_mode", "headers"},
@@ -201,7 +212,8 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.config.route.v3.VirtualHost": {
-		reads: []string{"name", "domains", "routes", "request_headers_to_remove", "typed_per_filter_config"},
+		reads: []string{"name", "domains", "routes", "request_headers_to_remove", "typed_per_filter_config",
+			"retry_policy", "include_request_attempt_count"},
 		ignores: map[string]string{
 			"response_headers_to_add":    "response headers, not routing",
 			"response_headers_to_remove": "response headers, not routing",
@@ -209,15 +221,17 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.config.route.v3.Route": {
-		reads: []string{"name", "match", "route", "direct_response", "request_headers_to_remove", "typed_per_filter_config"},
+		// per_request_buffer_limit_bytes bounds the request body the retry
+		// policy may replay (route.bufferLimit).
+		reads: []string{"name", "match", "route", "direct_response", "request_headers_to_remove", "typed_per_filter_config",
+			"per_request_buffer_limit_bytes"},
 		ignores: map[string]string{
-			"metadata":                       "opaque to routing",
-			"decorator":                      "tracing",
-			"tracing":                        "tracing",
-			"response_headers_to_add":        "response headers, not routing",
-			"response_headers_to_remove":     "response headers, not routing",
-			"stat_prefix":                    "statistics",
-			"per_request_buffer_limit_bytes": "buffer sizing",
+			"metadata":                   "opaque to routing",
+			"decorator":                  "tracing",
+			"tracing":                    "tracing",
+			"response_headers_to_add":    "response headers, not routing",
+			"response_headers_to_remove": "response headers, not routing",
+			"stat_prefix":                "statistics",
 		},
 	},
 	"envoy.config.route.v3.RouteMatch": {
@@ -235,11 +249,27 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"google_re2": "the engine choice; Go's regexp is RE2"},
 	},
 	"envoy.config.route.v3.RouteAction": {
-		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite", "include_vh_rate_limits"},
+		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite", "include_vh_rate_limits",
+			"retry_policy", "cluster_not_found_response_code", "max_grpc_timeout"},
 		ignores: map[string]string{
 			"upgrade_configs": "WebSocket and other upgrades, which inference requests do not use",
 			"hash_policy":     "read only by ring_hash and maglev load balancers, which are NACKed",
 		},
+	},
+	"envoy.config.route.v3.RetryPolicy": {
+		// retry_priority, retry options predicates, per-try timeouts,
+		// rate-limited back-off, retriable (request) headers and
+		// refresh_cluster_on_retry are not implemented.
+		reads: []string{"retry_on", "num_retries", "retry_host_predicate", "host_selection_retry_max_attempts",
+			"retriable_status_codes", "retry_back_off"},
+	},
+	"envoy.config.route.v3.RetryPolicy.RetryHostPredicate": {
+		// Only previous_hosts (checked where read).
+		reads: []string{"name", "typed_config"},
+	},
+	"envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate": {},
+	"envoy.config.route.v3.RetryPolicy.RetryBackOff": {
+		reads: []string{"base_interval", "max_interval"},
 	},
 	"envoy.config.route.v3.WeightedCluster": {
 		reads:   []string{"clusters"},
@@ -261,8 +291,12 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"is_optional": "only matters for filter types the proxy does not know, which are NACKed"},
 	},
 	"envoy.config.cluster.v3.Cluster": {
+		// metadata: filter_metadata istio.disable_mx and istio.external
+		// decide whether istio.metadata_exchange sends its headers
+		// (peerMetadataFilter); the rest of it is opaque to routing.
 		reads: []string{"name", "type", "eds_cluster_config", "load_assignment", "connect_timeout", "lb_policy",
-			"load_balancing_policy", "original_dst_lb_config", "transport_socket"},
+			"load_balancing_policy", "original_dst_lb_config", "transport_socket", "transport_socket_matches", "filters",
+			"metadata"},
 		ignores: map[string]string{
 			"circuit_breakers":                         "concurrency limits the tests stay under",
 			"per_connection_buffer_limit_bytes":        "buffer sizing",
@@ -277,7 +311,6 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"cleanup_interval":                         "ORIGINAL_DST host cleanup",
 			"track_cluster_stats":                      "statistics",
 			"alt_stat_name":                            "statistics",
-			"metadata":                                 "opaque to routing",
 			"ignore_health_on_host_removal":            "health checking, which the stand-in does not do",
 			"close_connections_on_host_health_failure": "health checking, which the stand-in does not do",
 			"dns_resolution_config":                    "the stand-in resolves with its own table, then the system resolver",
@@ -285,6 +318,14 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"http2_protocol_options":                   "HTTP/2 options: the stand-in speaks HTTP/2 to gRPC clusters and HTTP/1.1 upstream",
 			"upstream_http_protocol_options":           "auto SNI and SAN checks for upstream TLS, which is NACKed on routed clusters",
 		},
+	},
+	"envoy.config.cluster.v3.Cluster.TransportSocketMatch": {
+		reads: []string{"name", "match", "transport_socket"},
+	},
+	// Upstream network filters: only Istio's TCP metadata exchange, which
+	// acts only on connections that negotiate its ALPN (clusterFilters).
+	"envoy.config.cluster.v3.Filter": {
+		reads: []string{"name", "typed_config"},
 	},
 	"envoy.config.cluster.v3.Cluster.EdsClusterConfig": {
 		reads: []string{"eds_config", "service_name"},
@@ -313,18 +354,21 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.config.endpoint.v3.LocalityLbEndpoints": {
-		reads: []string{"lb_endpoints", "priority"},
+		// metadata: its envoy.transport_socket_match entry chooses the
+		// transport socket of hosts whose own metadata matches none.
+		reads: []string{"lb_endpoints", "priority", "metadata"},
 		ignores: map[string]string{
 			"locality":              "locality-aware balancing; all hosts are local to the stand-in",
 			"load_balancing_weight": "locality weights; all hosts are local to the stand-in",
-			"metadata":              "opaque to routing",
 		},
 	},
 	"envoy.config.endpoint.v3.LbEndpoint": {
-		reads: []string{"endpoint", "health_status"},
+		// metadata: its envoy.transport_socket_match entry chooses the
+		// host's transport socket (transport_socket_matches); the rest is
+		// read only by subset load balancing, which is NACKed.
+		reads: []string{"endpoint", "health_status", "metadata"},
 		ignores: map[string]string{
 			"load_balancing_weight": "host weights; the stand-in balances round robin",
-			"metadata":              "read only by subset load balancing, which is NACKed",
 		},
 	},
 	"envoy.config.endpoint.v3.Endpoint": {
@@ -355,6 +399,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.config.core.v3.TransportSocket": {
 		reads: []string{"name", "typed_config"},
 	},
+	"envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer": {},
 	"envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext": {
 		reads: []string{"common_tls_context"},
 		ignores: map[string]string{
@@ -362,9 +407,15 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.extensions.transport_sockets.tls.v3.CommonTlsContext": {
-		// validation_context only empty; tls_certificates at most one
-		// (checked where read).
-		reads: []string{"validation_context", "alpn_protocols", "tls_certificates"},
+		// validation_context only empty; tls_certificates at most one;
+		// tls_params only at the stand-in's client's versions (checked
+		// where read). A context that takes a secret from SDS is never
+		// checked field by field: no connection through it can be made
+		// (transportSocket).
+		reads: []string{"validation_context", "alpn_protocols", "tls_certificates", "tls_params"},
+	},
+	"envoy.extensions.transport_sockets.tls.v3.TlsParameters": {
+		reads: []string{"tls_minimum_protocol_version", "tls_maximum_protocol_version"},
 	},
 	"envoy.extensions.transport_sockets.tls.v3.TlsCertificate": {
 		// The client certificate presented to the cluster's servers. A
