@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/helmrender"
 )
@@ -59,7 +60,12 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: modelsNS, Name: "llama"},
 		Spec: gatewayv1.HTTPRouteSpec{
 			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{Name: gatewayName}}},
-			Rules: []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{
+			// The rule matches the base-model header the payload processor
+			// sets: a request reaches the pool only once the processor has
+			// run and the route was matched again.
+			Rules: []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{Headers: []gatewayv1.HTTPHeaderMatch{{
+				Name: "x-gateway-base-model-name", Value: sim.DefaultModel,
+			}}}}, BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{
 				BackendObjectReference: gatewayv1.BackendObjectReference{
 					Group: ptr.To(gatewayv1.Group("inference.networking.k8s.io")), Kind: ptr.To(gatewayv1.Kind("InferencePool")), Name: "llama",
 				},
