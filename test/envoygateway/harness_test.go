@@ -14,14 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // egNamespace is where Envoy Gateway runs and keeps its certificates.
@@ -31,61 +29,26 @@ const egNamespace = "envoy-gateway-system"
 const controllerName = "gateway.envoyproxy.io/gatewayclass-controller"
 
 type cluster struct {
-	env        *controlplane.Env
-	client     client.Client
-	kubeconfig string
-	dir        string
+	*gatewaytest.Cluster
 }
 
 // startCluster brings up the API server with the Gateway API, InferencePool
 // and Envoy Gateway CRDs, and writes a kubeconfig for the processes.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	ctx := testCtx(t)
-	egDir, err := controlplane.ModuleDir(ctx, "github.com/envoyproxy/gateway")
+	egDir, err := controlplane.ModuleDir(gatewaytest.Ctx(t), "github.com/envoyproxy/gateway")
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := controlplane.Start(ctx, filepath.Join(egDir, "charts", "gateway-helm", "charts", "crds", "crds", "generated"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme, err := controlplane.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(env.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := env.AddUser("envoy-gateway", "system:masters")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := writeKubeconfig(kc, admin); err != nil {
-		t.Fatal(err)
-	}
-	cl := &cluster{env: env, client: c, kubeconfig: kc, dir: dir}
+	cl := &cluster{gatewaytest.StartCluster(t, "envoy-gateway", filepath.Join(egDir, "charts", "gateway-helm", "charts", "crds", "crds", "generated"))}
 	cl.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egNamespace}})
 	return cl
-}
-
-func writeKubeconfig(path string, cfg *rest.Config) error {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	kc.CurrentContext = "test"
-	return clientcmd.WriteToFile(*kc, path)
 }
 
 func (c *cluster) create(t *testing.T, objs ...client.Object) {
 	t.Helper()
 	for _, o := range objs {
-		if err := c.client.Create(testCtx(t), o); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := c.Client.Create(gatewaytest.Ctx(t), o); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
@@ -98,7 +61,7 @@ func egBinary(t *testing.T) string {
 	if bin := os.Getenv("INFERGATE_ENVOY_GATEWAY"); bin != "" {
 		return bin
 	}
-	ctx := testCtx(t)
+	ctx := gatewaytest.Ctx(t)
 	root, err := controlplane.ModuleRoot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -156,14 +119,14 @@ logging:
 func (c *cluster) startEG(t *testing.T, extension string) {
 	t.Helper()
 	bin := egBinary(t)
-	env := append(os.Environ(), "KUBECONFIG="+c.kubeconfig, "ENVOY_GATEWAY_NAMESPACE="+egNamespace)
-	certgen := exec.CommandContext(testCtx(t), bin, "certgen", "--disable-topology-injector")
+	env := append(os.Environ(), "KUBECONFIG="+c.Kubeconfig, "ENVOY_GATEWAY_NAMESPACE="+egNamespace)
+	certgen := exec.CommandContext(gatewaytest.Ctx(t), bin, "certgen", "--disable-topology-injector")
 	certgen.Env = env
 	if out, err := certgen.CombinedOutput(); err != nil {
 		t.Fatalf("envoy-gateway certgen: %v\n%s", err, out)
 	}
 	var secret corev1.Secret
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy-gateway"}, &secret); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy-gateway"}, &secret); err != nil {
 		t.Fatal(err)
 	}
 	for file, key := range map[string]string{"tls.crt": "tls.crt", "tls.key": "tls.key", "ca.crt": "ca.crt"} {
@@ -171,11 +134,11 @@ func (c *cluster) startEG(t *testing.T, extension string) {
 			t.Fatal(err)
 		}
 	}
-	cfgPath := filepath.Join(c.dir, "envoy-gateway.yaml")
+	cfgPath := filepath.Join(c.Dir, "envoy-gateway.yaml")
 	if err := os.WriteFile(cfgPath, []byte(egConfig(extension)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(c.dir, "envoy-gateway.log")
+	logPath := filepath.Join(c.Dir, "envoy-gateway.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -195,16 +158,9 @@ func (c *cluster) startEG(t *testing.T, extension string) {
 		_ = logf.Close()
 		if t.Failed() {
 			out, _ := os.ReadFile(logPath)
-			t.Logf("envoy-gateway log (last 4 KiB):\n%s", tail(out, 4096))
+			t.Logf("envoy-gateway log (last 4 KiB):\n%s", gatewaytest.Tail(out, 4096))
 		}
 	})
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
 }
 
 // gatewayObjects are a GatewayClass for Envoy Gateway and a Gateway with an
@@ -262,9 +218,9 @@ func inferencePool(ns, name string, failureMode inferencev1.EndpointPickerFailur
 func (c *cluster) routeCondition(t *testing.T, ns, name, typ string) metav1.Condition {
 	t.Helper()
 	var got metav1.Condition
-	waitFor(t, fmt.Sprintf("HTTPRoute %s/%s condition %s", ns, name, typ), 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, fmt.Sprintf("HTTPRoute %s/%s condition %s", ns, name, typ), 60*time.Second, func() bool {
 		var r gatewayv1.HTTPRoute
-		if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
+		if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
 			return false
 		}
 		for _, p := range r.Status.Parents {
@@ -278,22 +234,4 @@ func (c *cluster) routeCondition(t *testing.T, ns, name, typ string) metav1.Cond
 		return false
 	})
 	return got
-}
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -16,44 +16,19 @@ package envoygateway
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
+
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
-// netnsEnv marks the re-run inside the namespaces.
-const netnsEnv = "INFERGATE_TEST_NETNS"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(netnsEnv) == "" {
-		os.Exit(reexec())
-	}
-	if err := setUpNamespace(); err != nil {
-		fmt.Fprintln(os.Stderr, "envoygateway tests:", err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
-
-// reexec runs this test binary again in new network and mount namespaces.
-func reexec() int {
 	// The mount point must exist; what is mounted on it stays inside.
 	if err := os.MkdirAll("/certs", 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "envoygateway tests need root (Envoy Gateway reads /certs; the test gives it a private one):", err)
-		return 1
+		os.Exit(1)
 	}
-	args := append([]string{"--net", "--mount", "--propagation", "private", "--", os.Args[0]}, os.Args[1:]...)
-	cmd := exec.Command("unshare", args...)
-	cmd.Env = append(os.Environ(), netnsEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "envoygateway tests: unshare (needs root):", err)
-		return 1
-	}
-	return 0
+	os.Exit(gatewaytest.Main(m, []string{"--net", "--mount", "--propagation", "private"}, setUpNamespace))
 }
 
 // namespaceAddr is the address of the namespace's own (portless bridge) interface: the API
@@ -69,8 +44,8 @@ func setUpNamespace() error {
 		{"link", "set", "infergate0", "up"},
 		{"route", "add", "default", "dev", "infergate0"},
 	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %v: %w: %s", args, err, out)
+		if err := gatewaytest.IP(args...); err != nil {
+			return err
 		}
 	}
 	if err := syscall.Mount("tmpfs", "/certs", "tmpfs", 0, "size=1m"); err != nil {

@@ -17,6 +17,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -26,7 +27,7 @@ import (
 func (c *cluster) startExtension(t *testing.T) string {
 	t.Helper()
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
-		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: ln.Addr().String(), Kube: c.env.Config, Logger: logr.Discard()})
+		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: ln.Addr().String(), Kube: c.Env.Config, Logger: logr.Discard()})
 	})
 }
 
@@ -70,9 +71,9 @@ func TestExtensionResolvesInferencePool(t *testing.T) {
 func (c *cluster) poolParent(t *testing.T, ns, pool, gateway, what string, ok func(accepted, resolved *metav1.Condition) bool) inferencev1.ParentStatus {
 	t.Helper()
 	var got inferencev1.ParentStatus
-	waitFor(t, "InferencePool "+ns+"/"+pool+" status: "+what, 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "InferencePool "+ns+"/"+pool+" status: "+what, 60*time.Second, func() bool {
 		var p inferencev1.InferencePool
-		if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: pool}, &p); err != nil {
+		if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: pool}, &p); err != nil {
 			return false
 		}
 		for _, ps := range p.Status.Parents {
@@ -114,17 +115,17 @@ func TestExtensionWritesPoolStatus(t *testing.T) {
 	})
 	// A picker port the Service does not expose is refused by name.
 	var pool inferencev1.InferencePool
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
 		t.Fatal(err)
 	}
 	pool.Spec.EndpointPickerRef.Port = &inferencev1.Port{Number: 9999}
-	if err := c.client.Update(testCtx(t), &pool); err != nil {
+	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
 		t.Fatal(err)
 	}
 	c.poolParent(t, ns, "llama", "inference-gateway", "InvalidExtensionRef for a port the Service lacks", func(a, r *metav1.Condition) bool {
 		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == "InvalidExtensionRef" && strings.Contains(r.Message, "has no port 9999")
 	})
-	if err := c.client.Delete(testCtx(t), route); err != nil {
+	if err := c.Client.Delete(gatewaytest.Ctx(t), route); err != nil {
 		t.Fatal(err)
 	}
 	c.poolParent(t, ns, "llama", "inference-gateway", "no entry once the route is gone", func(a, r *metav1.Condition) bool {
@@ -175,9 +176,9 @@ func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
 	c.poolParent(t, ns, "broken", "inference-gateway", "EndpointPickerRefMissing", func(a, r *metav1.Condition) bool {
 		return a != nil && a.Status == metav1.ConditionFalse && a.Reason == "EndpointPickerRefMissing"
 	})
-	waitFor(t, "a Warning Event on the broken pool", 30*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "a Warning Event on the broken pool", 30*time.Second, func() bool {
 		var evs eventsv1.EventList
-		if err := c.client.List(testCtx(t), &evs, client.InNamespace(ns)); err != nil {
+		if err := c.Client.List(gatewaytest.Ctx(t), &evs, client.InNamespace(ns)); err != nil {
 			return false
 		}
 		for _, e := range evs.Items {
@@ -194,7 +195,7 @@ func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
 	// route answers 500 with the reason.
 	n := c.standIn(t, ns, "inference-gateway", "qwen")
 	var base string
-	waitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
 		addr, ok := n.ListenerAddr(ns + "/inference-gateway/http")
 		base = "http://" + addr
 		return ok

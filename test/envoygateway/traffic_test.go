@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +33,7 @@ import (
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -45,7 +45,7 @@ const egXDS = "127.0.0.1:18000"
 func (c *cluster) envoyTLS(t *testing.T) *tls.Config {
 	t.Helper()
 	var s corev1.Secret
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy"}, &s); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy"}, &s); err != nil {
 		t.Fatal(err)
 	}
 	cert, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
@@ -78,7 +78,7 @@ func (c *cluster) modelServersFrom(t *testing.T, ns, pool string, first, n int) 
 			t.Fatal(err)
 		}
 		addr := loopback.ServeAt(t, ip+":8000", s.Serve)
-		if _, err := controlplane.CreatePod(testCtx(t), c.client, ns, name, map[string]string{"app": pool}, ip, true); err != nil {
+		if _, err := controlplane.CreatePod(gatewaytest.Ctx(t), c.Client, ns, name, map[string]string{"app": pool}, ip, true); err != nil {
 			t.Fatal(err)
 		}
 		byAddr[addr] = name
@@ -127,11 +127,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 	for _, p := range append([]string{"llama"}, pools...) {
 		resolve[fmt.Sprintf("%s-epp.%s.svc.cluster.local", p, ns)] = "127.0.0.1"
 	}
-	log := logr.Discard()
-	if testing.Verbose() {
-		log = testr.New(t)
-	}
-	n, err := devproxy.NewNode(devproxy.NodeConfig{
+	return gatewaytest.StandIn(t, devproxy.NodeConfig{
 		XDS: xdsclient.Config{
 			Server: egXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t),
 		},
@@ -140,16 +136,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 		ResolveOnly:   true,
 		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
-		Logger:        log,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return n
 }
 
 type reply struct {
@@ -201,7 +188,7 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 	n := c.standIn(t, ns, "inference-gateway")
 	listener := ns + "/inference-gateway/http"
 	var base string
-	waitFor(t, "the stand-in serves Envoy Gateway's listener "+listener, 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "the stand-in serves Envoy Gateway's listener "+listener, 60*time.Second, func() bool {
 		for typ, st := range n.XDS().Status() {
 			if st.NACKs > 0 {
 				t.Fatalf("stand-in NACKed Envoy Gateway's %s: %s", typ, st.LastError)
@@ -228,7 +215,7 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 	// of the FailOpen round robin, through the extension's EDS.
 	for addr, name := range c.modelServersFrom(t, ns, "llama", 3, 1) {
 		servers[addr] = name
-		waitFor(t, "the scaled-out pod "+name+" serves", 30*time.Second, func() bool {
+		gatewaytest.WaitFor(t, "the scaled-out pod "+name+" serves", 30*time.Second, func() bool {
 			r := post(t, base)
 			if r.status != 200 {
 				t.Fatalf("during the scale-out: %d %s", r.status, r.body)
@@ -237,14 +224,14 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 		})
 	}
 	var pool inferencev1.InferencePool
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
 		t.Fatal(err)
 	}
 	pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
-	if err := c.client.Update(testCtx(t), &pool); err != nil {
+	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+	gatewaytest.WaitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
 }
 
 // flakyEndpoints is the extension's endpoint source with a switch that
@@ -267,7 +254,7 @@ func (f *flakyEndpoints) Endpoints(ctx context.Context, p *envoygateway.Pool) ([
 // extension recovers, the next translation goes through.
 func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	c := startCluster(t)
-	eps := &flakyEndpoints{inner: envoygateway.KubeEndpoints{Reader: c.client}}
+	eps := &flakyEndpoints{inner: envoygateway.KubeEndpoints{Reader: c.Client}}
 	g := grpc.NewServer()
 	envoygateway.NewServer(eps, envoygateway.Config{}, logr.Discard()).Register(g)
 	ext := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
@@ -284,7 +271,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
 	n := c.standIn(t, ns, "inference-gateway")
 	var base string
-	waitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "the Gateway's listener", 60*time.Second, func() bool {
 		addr, ok := n.ListenerAddr(ns + "/inference-gateway/http")
 		base = "http://" + addr
 		return ok
@@ -314,25 +301,25 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	// generations): a spec change does.
 	eps.fail.Store(false)
 	var route gatewayv1.HTTPRoute
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route); err != nil {
 		t.Fatal(err)
 	}
 	timeout := gatewayv1.Duration("300s")
 	route.Spec.Rules[0].Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: &timeout}
-	if err := c.client.Update(testCtx(t), &route); err != nil {
+	if err := c.Client.Update(gatewaytest.Ctx(t), &route); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+	gatewaytest.WaitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
 }
 
 func setFailureMode(t *testing.T, c *cluster, ns, name string, mode inferencev1.EndpointPickerFailureMode) {
 	t.Helper()
 	var pool inferencev1.InferencePool
-	if err := c.client.Get(testCtx(t), client.ObjectKey{Namespace: ns, Name: name}, &pool); err != nil {
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: name}, &pool); err != nil {
 		t.Fatal(err)
 	}
 	pool.Spec.EndpointPickerRef.FailureMode = mode
-	if err := c.client.Update(testCtx(t), &pool); err != nil {
+	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,18 +1,14 @@
 package envoygateway
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
-	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,83 +17,19 @@ import (
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
-// xdsCapture is an Envoy node of Envoy Gateway that keeps the last
-// resources of each type it was sent, decoded.
-type xdsCapture struct {
-	mu        sync.Mutex
-	listeners map[string]*listenerv3.Listener
-	routes    map[string]*routev3.RouteConfiguration
-	clusters  map[string]*clusterv3.Cluster
-}
-
-func (c *cluster) captureXDS(t *testing.T, ns, gateway string) *xdsCapture {
+// captureXDS records what Envoy Gateway sends the Gateway's Envoy.
+func (c *cluster) captureXDS(t *testing.T, ns, gateway string) *gatewaytest.XDS {
 	t.Helper()
-	x := &xdsCapture{}
-	var client *xdsclient.Client
-	h := xdsclient.HandlerFunc(func(_ context.Context, typ, _ string, rs []*anypb.Any) error {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		switch typ {
-		case xdsclient.ListenerType:
-			x.listeners = map[string]*listenerv3.Listener{}
-			var rds []string
-			for _, r := range rs {
-				l := &listenerv3.Listener{}
-				if err := r.UnmarshalTo(l); err != nil {
-					return err
-				}
-				x.listeners[l.GetName()] = l
-				if hcm := listenerHCM(l); hcm.GetRds() != nil {
-					rds = append(rds, hcm.GetRds().GetRouteConfigName())
-				}
-			}
-			client.Subscribe(xdsclient.RouteType, rds)
-		case xdsclient.RouteType:
-			x.routes = map[string]*routev3.RouteConfiguration{}
-			for _, r := range rs {
-				rc := &routev3.RouteConfiguration{}
-				if err := r.UnmarshalTo(rc); err != nil {
-					return err
-				}
-				x.routes[rc.GetName()] = rc
-			}
-		case xdsclient.ClusterType:
-			x.clusters = map[string]*clusterv3.Cluster{}
-			for _, r := range rs {
-				cl := &clusterv3.Cluster{}
-				if err := r.UnmarshalTo(cl); err != nil {
-					return err
-				}
-				x.clusters[cl.GetName()] = cl
-			}
-		}
-		return nil
-	})
-	client, err := xdsclient.New(xdsclient.Config{Server: egXDS, NodeID: "capture", NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t), Logger: logr.Discard()}, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client.Subscribe(xdsclient.ClusterType, nil)
-	client.Subscribe(xdsclient.ListenerType, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = client.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return x
+	return gatewaytest.CaptureXDS(t, xdsclient.Config{Server: egXDS, NodeID: "capture", NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t)})
 }
 
+// listenerHCM is the first connection manager of l.
 func listenerHCM(l *listenerv3.Listener) *hcmv3.HttpConnectionManager {
-	fc := l.GetDefaultFilterChain()
-	if fc == nil && len(l.GetFilterChains()) > 0 {
-		fc = l.GetFilterChains()[0]
-	}
-	for _, f := range fc.GetFilters() {
-		hcm := &hcmv3.HttpConnectionManager{}
-		if f.GetTypedConfig().UnmarshalTo(hcm) == nil {
-			return hcm
-		}
+	if hcms := gatewaytest.ListenerHCMs(l); len(hcms) > 0 {
+		return hcms[0]
 	}
 	return nil
 }
@@ -123,9 +55,9 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	// failOpen returns the pool filter's failure_mode_allow on the
 	// Gateway's listener, and whether the listener has it at all.
 	failOpen := func() (bool, bool) {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		fs := listenerHCM(x.listeners[listener]).GetHttpFilters()
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		fs := listenerHCM(x.Listeners[listener]).GetHttpFilters()
 		for i, f := range fs {
 			if f.GetName() != envoygateway.FilterName(pool) {
 				continue
@@ -141,13 +73,13 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 		}
 		return false, false
 	}
-	waitFor(t, "the pool's filter, FailOpen, on the Gateway's listener", 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "the pool's filter, FailOpen, on the Gateway's listener", 60*time.Second, func() bool {
 		open, ok := failOpen()
 		return ok && open
 	})
 
-	x.mu.Lock()
-	cl := x.clusters[routeCluster]
+	x.Mu.Lock()
+	cl := x.Clusters[routeCluster]
 	if cl.GetType() != clusterv3.Cluster_EDS || cl.GetEdsClusterConfig().GetServiceName() != envoygateway.EDSName(pool) ||
 		cl.GetEdsClusterConfig().GetEdsConfig().GetApiConfigSource().GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName() != envoygateway.EDSClusterName {
 		t.Errorf("pool cluster %v", cl)
@@ -157,14 +89,14 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 		oh.GetOverrideHostSources()[0].GetMetadata().GetKey() != wire.LBNamespace {
 		t.Errorf("pool cluster's override_host: %v %v", oh, err)
 	}
-	if epp := x.clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil {
+	if epp := x.Clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil {
 		t.Errorf("picker cluster %v", epp)
 	}
-	if x.clusters[envoygateway.EDSClusterName] == nil {
+	if x.Clusters[envoygateway.EDSClusterName] == nil {
 		t.Error("no cluster for the extension's EDS")
 	}
 	var perRoute *anypb.Any
-	for _, vh := range x.routes[listener].GetVirtualHosts() {
+	for _, vh := range x.Routes[listener].GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
 			if r.GetRoute().GetCluster() == routeCluster {
 				perRoute = r.GetTypedPerFilterConfig()[envoygateway.FilterName(pool)]
@@ -175,10 +107,10 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	if err := perRoute.UnmarshalTo(pr); err != nil || pr.GetOverrides().GetProcessingMode().GetRequestBodyMode() != extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		t.Errorf("the pool's route does not turn its filter on: %v %v", pr, err)
 	}
-	x.mu.Unlock()
+	x.Mu.Unlock()
 
 	setFailureMode(t, c, ns, "llama", inferencev1.EndpointPickerFailClose)
-	waitFor(t, "failure_mode_allow false after the pool turned FailClose", 60*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "failure_mode_allow false after the pool turned FailClose", 60*time.Second, func() bool {
 		open, ok := failOpen()
 		return ok && !open
 	})

@@ -17,22 +17,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // istioNamespace is where istiod runs.
 const istioNamespace = "istio-system"
 
 type cluster struct {
-	env         *controlplane.Env
-	client      client.Client
-	kubeconfig  string
-	dir         string
+	*gatewaytest.Cluster
 	istio       string // hack/istio.sh's folder: pilot-discovery, crds/
 	kubeVersion chartutil.KubeVersion
 	rendered    []*unstructured.Unstructured // what install applied from the charts
@@ -48,7 +43,7 @@ func istioDir(t *testing.T) string {
 	if dir := os.Getenv("INFERGATE_ISTIO"); dir != "" {
 		return dir
 	}
-	ctx := testCtx(t)
+	ctx := gatewaytest.Ctx(t)
 	root, err := controlplane.ModuleRoot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -67,31 +62,9 @@ func istioDir(t *testing.T) string {
 // and Istio CRDs, and writes a kubeconfig for istiod.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	ctx := testCtx(t)
 	dir := istioDir(t)
-	env, err := controlplane.Start(ctx, filepath.Join(dir, "crds"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme, err := controlplane.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(env.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := env.AddUser("istiod", "system:masters")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmp := t.TempDir()
-	kc := filepath.Join(tmp, "kubeconfig")
-	if err := writeKubeconfig(kc, admin); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	gc := gatewaytest.StartCluster(t, "istiod", filepath.Join(dir, "crds"))
+	dc, err := discovery.NewDiscoveryClientForConfig(gc.Env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,25 +72,15 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &cluster{env: env, client: c, kubeconfig: kc, dir: tmp, istio: dir,
-		kubeVersion: chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor}}
+	cl := &cluster{Cluster: gc, istio: dir, kubeVersion: chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor}}
 	cl.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: istioNamespace}})
 	return cl
-}
-
-func writeKubeconfig(path string, cfg *rest.Config) error {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	kc.CurrentContext = "test"
-	return clientcmd.WriteToFile(*kc, path)
 }
 
 func (c *cluster) create(t *testing.T, objs ...client.Object) {
 	t.Helper()
 	for _, o := range objs {
-		if err := c.client.Create(testCtx(t), o); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := c.Client.Create(gatewaytest.Ctx(t), o); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
@@ -131,14 +94,14 @@ const istiodXDS = "127.0.0.1:15010"
 // makes), until the test ends, and waits for it to be ready.
 func (c *cluster) startIstiod(t *testing.T) {
 	t.Helper()
-	logPath := filepath.Join(c.dir, "istiod.log")
+	logPath := filepath.Join(c.Dir, "istiod.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, filepath.Join(c.istio, "pilot-discovery"), "discovery",
-		"--kubeconfig", c.kubeconfig, "--domain", "cluster.local",
+		"--kubeconfig", c.Kubeconfig, "--domain", "cluster.local",
 		"--grpcAddr", istiodXDS, "--httpAddr", "127.0.0.1:8080", "--monitoringAddr", "127.0.0.1:15014",
 		"--secureGRPCAddr", "127.0.0.1:15012", "--httpsAddr", "127.0.0.1:15017")
 	cmd.Env = append(os.Environ(),
@@ -159,10 +122,10 @@ func (c *cluster) startIstiod(t *testing.T) {
 		_ = logf.Close()
 		if t.Failed() || testing.Verbose() {
 			out, _ := os.ReadFile(logPath)
-			t.Logf("istiod log (last 8 KiB):\n%s", tail(out, 8192))
+			t.Logf("istiod log (last 8 KiB):\n%s", gatewaytest.Tail(out, 8192))
 		}
 	})
-	waitFor(t, "istiod ready", 90*time.Second, func() bool {
+	gatewaytest.WaitFor(t, "istiod ready", 90*time.Second, func() bool {
 		resp, err := http.Get("http://127.0.0.1:8080/ready")
 		if err != nil {
 			return false
@@ -170,29 +133,4 @@ func (c *cluster) startIstiod(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
-}
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

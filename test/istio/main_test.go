@@ -17,12 +17,10 @@ package istio
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
-)
 
-// netnsEnv marks the re-run inside the namespace.
-const netnsEnv = "INFERGATE_TEST_NETNS"
+	"github.com/infergate/infergate/test/gatewaytest"
+)
 
 // namespaceAddr is the bridge's own address; podAddrs are more addresses
 // on it for the model servers' pods.
@@ -31,30 +29,7 @@ const namespaceAddr = "192.0.2.1"
 func podAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
 
 func TestMain(m *testing.M) {
-	if os.Getenv(netnsEnv) == "" {
-		os.Exit(reexec())
-	}
-	if err := setUpNamespace(); err != nil {
-		fmt.Fprintln(os.Stderr, "istio tests:", err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
-
-// reexec runs this test binary again in a new network namespace.
-func reexec() int {
-	args := append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)
-	cmd := exec.Command("unshare", args...)
-	cmd.Env = append(os.Environ(), netnsEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "istio tests: unshare (needs root):", err)
-		return 1
-	}
-	return 0
+	os.Exit(gatewaytest.Main(m, []string{"--net"}, setUpNamespace))
 }
 
 func setUpNamespace() error {
@@ -68,8 +43,8 @@ func setUpNamespace() error {
 	}
 	cmds = append(cmds, []string{"link", "set", "infergate0", "up"}, []string{"route", "add", "default", "dev", "infergate0"})
 	for _, args := range cmds {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %v: %w: %s", args, err, out)
+		if err := gatewaytest.IP(args...); err != nil {
+			return err
 		}
 	}
 	return nil

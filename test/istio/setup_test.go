@@ -17,6 +17,7 @@ import (
 
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/helmrender"
 )
 
@@ -79,7 +80,7 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 	var addrs []string
 	for i := range n {
 		addrs = append(addrs, podAddr(i))
-		if _, err := controlplane.CreatePod(testCtx(t), c.client, modelsNS, fmt.Sprintf("llama-%d", i), map[string]string{"app": "llama"}, podAddr(i), true); err != nil {
+		if _, err := controlplane.CreatePod(gatewaytest.Ctx(t), c.Client, modelsNS, fmt.Sprintf("llama-%d", i), map[string]string{"app": "llama"}, podAddr(i), true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,9 +88,9 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 	// endpoints are the pool's pods, as an EndpointSlice controller would
 	// list them.
 	var shadow corev1.Service
-	waitFor(t, "Istio's Service for the pool", testTimeout, func() bool {
+	gatewaytest.WaitFor(t, "Istio's Service for the pool", testTimeout, func() bool {
 		var list corev1.ServiceList
-		if err := c.client.List(testCtx(t), &list, client.InNamespace(modelsNS), client.MatchingLabels{"istio.io/inferencepool-name": "llama"}); err != nil || len(list.Items) == 0 {
+		if err := c.Client.List(gatewaytest.Ctx(t), &list, client.InNamespace(modelsNS), client.MatchingLabels{"istio.io/inferencepool-name": "llama"}); err != nil || len(list.Items) == 0 {
 			return false
 		}
 		shadow = list.Items[0]
@@ -116,7 +117,7 @@ func (c *cluster) gatewayPod(t *testing.T) {
 			{Name: "http", Port: 80, TargetPort: intstr.FromInt32(80), AppProtocol: ptr.To("http")},
 		}},
 	})
-	pod, err := controlplane.CreatePod(testCtx(t), c.client, modelsNS, gatewayName+"-istio-0", labels, namespaceAddr, true)
+	pod, err := controlplane.CreatePod(gatewaytest.Ctx(t), c.Client, modelsNS, gatewayName+"-istio-0", labels, namespaceAddr, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func (c *cluster) applyChart(t *testing.T, name, release, ns string, valueDocs .
 		t.Fatalf("render %s: %v", name, err)
 	}
 	for _, o := range objs {
-		if err := c.client.Create(testCtx(t), o); err != nil {
+		if err := c.Client.Create(gatewaytest.Ctx(t), o); err != nil {
 			t.Fatalf("create %s %s/%s from %s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), name, err)
 		}
 	}

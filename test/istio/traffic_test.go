@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -96,26 +96,13 @@ func startPayload(t *testing.T) {
 // standIn runs the Envoy stand-in as the Gateway's Envoy on istiod's xDS.
 func standIn(t *testing.T) *devproxy.Node {
 	t.Helper()
-	log := logr.Discard()
-	if testing.Verbose() {
-		log = testr.New(t)
-	}
-	n, err := devproxy.NewNode(devproxy.NodeConfig{
+	return gatewaytest.StandIn(t, devproxy.NodeConfig{
 		XDS:           gatewayNode(),
 		FreePorts:     true,
 		ResolveOnly:   true,
 		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
-		Logger:        log,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return n
 }
 
 type reply struct {
@@ -166,7 +153,7 @@ func TestTrafficThroughIstio(t *testing.T) {
 			c.install(t, mode, 2)
 			n := standIn(t)
 			var base string
-			waitFor(t, "the Gateway's listener on the stand-in", testTimeout, func() bool {
+			gatewaytest.WaitFor(t, "the Gateway's listener on the stand-in", testTimeout, func() bool {
 				for _, name := range []string{"0.0.0.0_80", "0.0.0.0_8080"} {
 					if a, ok := n.ListenerAddr(name); ok {
 						base = "http://" + a
@@ -176,7 +163,7 @@ func TestTrafficThroughIstio(t *testing.T) {
 				return false
 			})
 			var r reply
-			waitFor(t, "a first answer from a model server", testTimeout, func() bool {
+			gatewaytest.WaitFor(t, "a first answer from a model server", testTimeout, func() bool {
 				r = post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"hello","max_tokens":2}`)
 				return r.status == 200
 			})

@@ -1,23 +1,17 @@
 package istio
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"github.com/go-logr/logr"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // gatewayNode is the xDS identity of a pod of the inference Gateway, as
@@ -48,100 +42,15 @@ func gatewayNode() xdsclient.Config {
 	}
 }
 
-// xdsCapture keeps the last resources of each type istiod sent the node.
-type xdsCapture struct {
-	mu        sync.Mutex
-	listeners map[string]*listenerv3.Listener
-	routes    map[string]*routev3.RouteConfiguration
-	clusters  map[string]*clusterv3.Cluster
-}
-
-func captureXDS(t *testing.T) *xdsCapture {
-	t.Helper()
-	x := &xdsCapture{}
-	var client *xdsclient.Client
-	h := xdsclient.HandlerFunc(func(_ context.Context, typ, _ string, rs []*anypb.Any) error {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		switch typ {
-		case xdsclient.ListenerType:
-			x.listeners = map[string]*listenerv3.Listener{}
-			var rds []string
-			for _, r := range rs {
-				l := &listenerv3.Listener{}
-				if err := r.UnmarshalTo(l); err != nil {
-					return err
-				}
-				x.listeners[l.GetName()] = l
-				for _, hcm := range listenerHCMs(l) {
-					if hcm.GetRds() != nil {
-						rds = append(rds, hcm.GetRds().GetRouteConfigName())
-					}
-				}
-			}
-			client.Subscribe(xdsclient.RouteType, rds)
-		case xdsclient.RouteType:
-			x.routes = map[string]*routev3.RouteConfiguration{}
-			for _, r := range rs {
-				rc := &routev3.RouteConfiguration{}
-				if err := r.UnmarshalTo(rc); err != nil {
-					return err
-				}
-				x.routes[rc.GetName()] = rc
-			}
-		case xdsclient.ClusterType:
-			x.clusters = map[string]*clusterv3.Cluster{}
-			for _, r := range rs {
-				cl := &clusterv3.Cluster{}
-				if err := r.UnmarshalTo(cl); err != nil {
-					return err
-				}
-				x.clusters[cl.GetName()] = cl
-			}
-		}
-		return nil
-	})
-	cfg := gatewayNode()
-	cfg.Logger = logr.Discard()
-	client, err := xdsclient.New(cfg, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client.Subscribe(xdsclient.ClusterType, nil)
-	client.Subscribe(xdsclient.ListenerType, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = client.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return x
-}
-
-func listenerHCMs(l *listenerv3.Listener) []*hcmv3.HttpConnectionManager {
-	var out []*hcmv3.HttpConnectionManager
-	chains := slices.Clone(l.GetFilterChains())
-	if l.GetDefaultFilterChain() != nil {
-		chains = append(chains, l.GetDefaultFilterChain())
-	}
-	for _, fc := range chains {
-		for _, f := range fc.GetFilters() {
-			hcm := &hcmv3.HttpConnectionManager{}
-			if f.GetTypedConfig().UnmarshalTo(hcm) == nil {
-				out = append(out, hcm)
-			}
-		}
-	}
-	return out
-}
-
 // gatewayHCM is the connection manager of the Gateway's port-80 listener.
-func (x *xdsCapture) gatewayHCM() *hcmv3.HttpConnectionManager {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for _, l := range x.listeners {
+func gatewayHCM(x *gatewaytest.XDS) *hcmv3.HttpConnectionManager {
+	x.Mu.Lock()
+	defer x.Mu.Unlock()
+	for _, l := range x.Listeners {
 		if l.GetAddress().GetSocketAddress().GetPortValue() != 80 {
 			continue
 		}
-		if hcms := listenerHCMs(l); len(hcms) > 0 {
+		if hcms := gatewaytest.ListenerHCMs(l); len(hcms) > 0 {
 			return hcms[0]
 		}
 	}
@@ -149,12 +58,12 @@ func (x *xdsCapture) gatewayHCM() *hcmv3.HttpConnectionManager {
 }
 
 // summary lists the listeners the node got, for a failure message.
-func (x *xdsCapture) summary() string {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	out := fmt.Sprintf("%d listeners, %d routes, %d clusters:", len(x.listeners), len(x.routes), len(x.clusters))
-	for name, l := range x.listeners {
-		for _, hcm := range listenerHCMs(l) {
+func summary(x *gatewaytest.XDS) string {
+	x.Mu.Lock()
+	defer x.Mu.Unlock()
+	out := fmt.Sprintf("%d listeners, %d routes, %d clusters:", len(x.Listeners), len(x.Routes), len(x.Clusters))
+	for name, l := range x.Listeners {
+		for _, hcm := range gatewaytest.ListenerHCMs(l) {
 			out += fmt.Sprintf("\n  %s (port %d): %v", name, l.GetAddress().GetSocketAddress().GetPortValue(), filterNames(hcm))
 		}
 	}
@@ -185,16 +94,16 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 	c := startCluster(t)
 	c.startIstiod(t)
 	c.install(t, failureMode, 2)
-	x := captureXDS(t)
+	x := gatewaytest.CaptureXDS(t, gatewayNode())
 
 	var hcm *hcmv3.HttpConnectionManager
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("xDS the Gateway's node got: %s", x.summary())
+			t.Logf("xDS the Gateway's node got: %s", summary(x))
 		}
 	})
-	waitFor(t, "the Gateway's listener with the payload and InferencePool filters", testTimeout, func() bool {
-		hcm = x.gatewayHCM()
+	gatewaytest.WaitFor(t, "the Gateway's listener with the payload and InferencePool filters", testTimeout, func() bool {
+		hcm = gatewayHCM(x)
 		names := filterNames(hcm)
 		return slices.Contains(names, payloadFilter) && slices.Contains(names, istioExtProc)
 	})
@@ -217,14 +126,14 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 	}
 
 	// The processor's cluster speaks TLS (the chart's DestinationRule).
-	waitFor(t, "the payload processor's cluster", testTimeout, func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		return x.clusters[wantCluster] != nil
+	gatewaytest.WaitFor(t, "the payload processor's cluster", testTimeout, func() bool {
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		return x.Clusters[wantCluster] != nil
 	})
-	x.mu.Lock()
-	ts := x.clusters[wantCluster].GetTransportSocket()
-	x.mu.Unlock()
+	x.Mu.Lock()
+	ts := x.Clusters[wantCluster].GetTransportSocket()
+	x.Mu.Unlock()
 	utc := &tlsv3.UpstreamTlsContext{}
 	if ts == nil || ts.GetTypedConfig().UnmarshalTo(utc) != nil {
 		t.Fatalf("cluster %s has no TLS transport socket: %v", wantCluster, ts)
@@ -233,10 +142,10 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 	// The pool's route turns Istio's ext_proc on toward the picker, with
 	// the pool's failure mode.
 	var pr *extprocv3.ExtProcPerRoute
-	waitFor(t, "the pool's route", testTimeout, func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		for _, rc := range x.routes {
+	gatewaytest.WaitFor(t, "the pool's route", testTimeout, func() bool {
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		for _, rc := range x.Routes {
 			for _, vh := range rc.GetVirtualHosts() {
 				for _, r := range vh.GetRoutes() {
 					if a := r.GetTypedPerFilterConfig()[istioExtProc]; a != nil {

@@ -1,0 +1,257 @@
+// Package gatewaytest is what the tests that run a real gateway control
+// plane (Envoy Gateway, Istio) share: a private network namespace to run
+// in, the API server with a kubeconfig for the control plane's process, an
+// xDS node that records what the control plane sends, and the Envoy
+// stand-in as the gateway's Envoy.
+package gatewaytest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/protobuf/types/known/anypb"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/test/controlplane"
+)
+
+// netnsEnv marks the re-run inside the namespace.
+const netnsEnv = "INFERGATE_TEST_NETNS"
+
+// Main is a TestMain body: the first run re-executes the test binary under
+// unshare with unshareArgs (e.g. --net, --mount) and returns its exit
+// code; the re-run calls setUp inside the new namespaces, then the tests.
+// Control planes that bind every interface or read fixed paths run there
+// without touching the machine.
+func Main(m *testing.M, unshareArgs []string, setUp func() error) int {
+	if os.Getenv(netnsEnv) == "" {
+		args := append(append(slices.Clone(unshareArgs), "--", os.Args[0]), os.Args[1:]...)
+		cmd := exec.Command("unshare", args...)
+		cmd.Env = append(os.Environ(), netnsEnv+"=1")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			if ee, ok := err.(*exec.ExitError); ok {
+				return ee.ExitCode()
+			}
+			fmt.Fprintln(os.Stderr, "unshare (needs root):", err)
+			return 1
+		}
+		return 0
+	}
+	if err := setUp(); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up the namespace:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// IP runs `ip args...`, for namespace set-up.
+func IP(args ...string) error {
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip %v: %w: %s", args, err, out)
+	}
+	return nil
+}
+
+// Cluster is the API server, a client of it, and a kubeconfig of an
+// administrator for the control plane's process.
+type Cluster struct {
+	Env        *controlplane.Env
+	Client     client.Client
+	Kubeconfig string
+	Dir        string // a temporary folder of the test
+}
+
+// StartCluster brings up the API server with the Gateway API and
+// InferencePool CRDs and those in crdDirs, until the test ends; user
+// names the administrator the kubeconfig is for.
+func StartCluster(t *testing.T, user string, crdDirs ...string) *Cluster {
+	t.Helper()
+	env, err := controlplane.Start(Ctx(t), crdDirs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme, err := controlplane.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := env.AddUser(user, "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kc := dir + "/kubeconfig"
+	if err := WriteKubeconfig(kc, admin); err != nil {
+		t.Fatal(err)
+	}
+	return &Cluster{Env: env, Client: c, Kubeconfig: kc, Dir: dir}
+}
+
+// WriteKubeconfig writes cfg as a kubeconfig file.
+func WriteKubeconfig(path string, cfg *rest.Config) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+// Ctx is a context for one step of a test, bounded well under go test's
+// own timeout.
+func Ctx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// WaitFor polls cond until it holds, failing the test after d.
+func WaitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Tail is the end of b, at most n bytes, for logs in failure messages.
+func Tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// XDS is an xDS node that keeps the last resources of each type it was
+// sent, decoded; read them under Mu.
+type XDS struct {
+	Mu        sync.Mutex
+	Listeners map[string]*listenerv3.Listener
+	Routes    map[string]*routev3.RouteConfiguration
+	Clusters  map[string]*clusterv3.Cluster
+}
+
+// CaptureXDS connects a node of cfg (Server, NodeID and the rest) to the
+// control plane until the test ends, subscribing to clusters and
+// listeners and to the routes the listeners name.
+func CaptureXDS(t *testing.T, cfg xdsclient.Config) *XDS {
+	t.Helper()
+	x := &XDS{}
+	var c *xdsclient.Client
+	h := xdsclient.HandlerFunc(func(_ context.Context, typ, _ string, rs []*anypb.Any) error {
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		switch typ {
+		case xdsclient.ListenerType:
+			x.Listeners = map[string]*listenerv3.Listener{}
+			var rds []string
+			for _, r := range rs {
+				l := &listenerv3.Listener{}
+				if err := r.UnmarshalTo(l); err != nil {
+					return err
+				}
+				x.Listeners[l.GetName()] = l
+				for _, hcm := range ListenerHCMs(l) {
+					if hcm.GetRds() != nil {
+						rds = append(rds, hcm.GetRds().GetRouteConfigName())
+					}
+				}
+			}
+			c.Subscribe(xdsclient.RouteType, rds)
+		case xdsclient.RouteType:
+			x.Routes = map[string]*routev3.RouteConfiguration{}
+			for _, r := range rs {
+				rc := &routev3.RouteConfiguration{}
+				if err := r.UnmarshalTo(rc); err != nil {
+					return err
+				}
+				x.Routes[rc.GetName()] = rc
+			}
+		case xdsclient.ClusterType:
+			x.Clusters = map[string]*clusterv3.Cluster{}
+			for _, r := range rs {
+				cl := &clusterv3.Cluster{}
+				if err := r.UnmarshalTo(cl); err != nil {
+					return err
+				}
+				x.Clusters[cl.GetName()] = cl
+			}
+		}
+		return nil
+	})
+	cfg.Logger = logr.Discard()
+	c, err := xdsclient.New(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Subscribe(xdsclient.ClusterType, nil)
+	c.Subscribe(xdsclient.ListenerType, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return x
+}
+
+// ListenerHCMs are the HTTP connection managers of every filter chain of l.
+func ListenerHCMs(l *listenerv3.Listener) []*hcmv3.HttpConnectionManager {
+	var out []*hcmv3.HttpConnectionManager
+	chains := slices.Clone(l.GetFilterChains())
+	if l.GetDefaultFilterChain() != nil {
+		chains = append(chains, l.GetDefaultFilterChain())
+	}
+	for _, fc := range chains {
+		for _, f := range fc.GetFilters() {
+			hcm := &hcmv3.HttpConnectionManager{}
+			if f.GetTypedConfig().UnmarshalTo(hcm) == nil {
+				out = append(out, hcm)
+			}
+		}
+	}
+	return out
+}
+
+// StandIn runs the Envoy stand-in as an xDS node of cfg until the test
+// ends, logging to the test in verbose runs.
+func StandIn(t *testing.T, cfg devproxy.NodeConfig) *devproxy.Node {
+	t.Helper()
+	cfg.Logger = logr.Discard()
+	if testing.Verbose() {
+		cfg.Logger = testr.New(t)
+	}
+	n, err := devproxy.NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return n
+}
