@@ -1,7 +1,6 @@
 package envoygateway
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -61,19 +60,7 @@ func egBinary(t *testing.T) string {
 	if bin := os.Getenv("INFERGATE_ENVOY_GATEWAY"); bin != "" {
 		return bin
 	}
-	ctx := gatewaytest.Ctx(t)
-	root, err := controlplane.ModuleRoot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "envoygateway.sh"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hack/envoygateway.sh: %v\n%s", err, stderr.String())
-	}
-	return filepath.Join(strings.TrimSpace(string(out)), "envoy-gateway")
+	return filepath.Join(gatewaytest.Built(t, "", "envoygateway.sh"), "envoy-gateway")
 }
 
 // egConfig is the EnvoyGateway resource; with extension set, infergate's

@@ -6,11 +6,14 @@
 package gatewaytest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,4 +257,27 @@ func StandIn(t *testing.T, cfg devproxy.NodeConfig) *devproxy.Node {
 	go func() { done <- n.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return n
+}
+
+// Built is the folder a hack/ build script prints (it builds once into
+// $HOME/.cache/infergate and reuses that), or $env when set (make test
+// runs the scripts first and sets it).
+func Built(t *testing.T, env, script string) string {
+	t.Helper()
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	ctx := Ctx(t)
+	root, err := controlplane.ModuleRoot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", script))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hack/%s: %v\n%s", script, err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -1,13 +1,11 @@
 package istio
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
 
@@ -36,26 +33,11 @@ type cluster struct {
 // testTimeout bounds each wait for istiod.
 const testTimeout = 60 * time.Second
 
-// istioDir is $INFERGATE_ISTIO (make test sets it), or the folder
-// hack/istio.sh builds once and caches.
+// istioDir holds pilot-discovery and Istio's CRDs: $INFERGATE_ISTIO (make
+// test sets it), or what hack/istio.sh builds once and caches.
 func istioDir(t *testing.T) string {
 	t.Helper()
-	if dir := os.Getenv("INFERGATE_ISTIO"); dir != "" {
-		return dir
-	}
-	ctx := gatewaytest.Ctx(t)
-	root, err := controlplane.ModuleRoot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "istio.sh"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hack/istio.sh: %v\n%s", err, stderr.String())
-	}
-	return strings.TrimSpace(string(out))
+	return gatewaytest.Built(t, "INFERGATE_ISTIO", "istio.sh")
 }
 
 // startCluster brings up the API server with the Gateway API, InferencePool
