@@ -124,6 +124,10 @@ type Config struct {
 	// (default 4, the figure the defaults above are calibrated with). Only
 	// the default is accepted with TokenizerWords.
 	BytesPerToken int
+
+	// Echo, when set, replaces the inference API with the echo server the
+	// upstream conformance suite expects (see Echo); metrics stay.
+	Echo *Echo
 }
 
 // WithDefaults returns a copy of c with zero-valued fields set to defaults.

@@ -238,6 +238,9 @@ func (s *Server) reported() reportedValues {
 }
 
 func (s *Server) routes() http.Handler {
+	if s.cfg.Echo != nil {
+		return s.echoRoutes()
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleGenerate(false))
 	mux.HandleFunc("POST /v1/chat/completions", s.handleGenerate(true))

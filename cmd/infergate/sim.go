@@ -37,6 +37,8 @@ type simOptions struct {
 	blockSize           int
 	tokenizer           string
 	bytesPerToken       int
+	echo                bool
+	echoNamespace       string
 }
 
 func newSimCommand() *cobra.Command {
@@ -75,6 +77,8 @@ func (o *simOptions) register(f *pflag.FlagSet) {
 	f.IntVar(&o.blockSize, "block-size", sim.DefaultBlockSize, "tokens per KV cache block")
 	f.StringVar(&o.tokenizer, "tokenizer", sim.DefaultTokenizer, "tokenizer of token counts, usage, metrics and KV blocks: bytes (a token every --bytes-per-token bytes) or words (white space and a word, long words cut every 8 bytes: about 5-6 bytes a token on English)")
 	f.IntVar(&o.bytesPerToken, "bytes-per-token", sim.DefaultBytesPerToken, "token size of --tokenizer bytes, 2 to 8; real tokenizers make about 2 (code, CJK, numbers) to 6 (long English words)")
+	f.BoolVar(&o.echo, "echo", false, "answer every request as Gateway API's echo-basic does (a JSON echo of the request, X-Echo-Set-Header honoured), the model server the upstream InferencePool conformance suite expects; the pod is --name (or $POD_NAME)")
+	f.StringVar(&o.echoNamespace, "echo-namespace", os.Getenv("NAMESPACE"), "namespace --echo reports (default $NAMESPACE, as echo-basic reads it)")
 }
 
 // check rejects flag values before they reach sim.Config, whose zero values
@@ -154,7 +158,21 @@ func (o simOptions) config(rank int) sim.Config {
 		BlockSize:           o.blockSize,
 		Tokenizer:           o.tokenizer,
 		BytesPerToken:       o.bytesPerToken,
+		Echo:                o.echoConfig(name),
 	}
+}
+
+// echoConfig is the echo mode's identity, nil without --echo. The pod is
+// the server's name, else $POD_NAME as echo-basic reads it.
+func (o simOptions) echoConfig(name string) *sim.Echo {
+	if !o.echo {
+		return nil
+	}
+	pod := name
+	if o.name == "" && os.Getenv("POD_NAME") != "" {
+		pod = os.Getenv("POD_NAME")
+	}
+	return &sim.Echo{Namespace: o.echoNamespace, Pod: pod, Ingress: os.Getenv("INGRESS_NAME"), Service: os.Getenv("SERVICE_NAME")}
 }
 
 // tokenizerName is how the log shows the tokenizer: bytes/4, words.

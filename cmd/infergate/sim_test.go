@@ -93,3 +93,30 @@ func TestSimHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestSimEchoFlags: --echo makes the server the conformance suite's echo
+// model server, named by --name or, as echo-basic reads it, $POD_NAME.
+func TestSimEchoFlags(t *testing.T) {
+	t.Setenv("POD_NAME", "primary-inference-model-server-7")
+	t.Setenv("NAMESPACE", "inference-conformance-app-backend")
+	for _, tc := range []struct {
+		args     []string
+		want     *sim.Echo
+		wantNone bool
+	}{
+		{args: nil, wantNone: true},
+		{args: []string{"--echo"}, want: &sim.Echo{Namespace: "inference-conformance-app-backend", Pod: "primary-inference-model-server-7"}},
+		{args: []string{"--echo", "--name", "pod-a", "--echo-namespace", "ns"}, want: &sim.Echo{Namespace: "ns", Pod: "pod-a"}},
+	} {
+		var o simOptions
+		f := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+		o.register(f)
+		if err := f.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		got := o.config(0).Echo
+		if tc.wantNone != (got == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("%v: echo %+v, want %+v", tc.args, got, tc.want)
+		}
+	}
+}
