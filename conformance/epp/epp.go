@@ -1,0 +1,261 @@
+// Package epp is the "epp" profile of the InferencePool conformance suite:
+// it checks that an Endpoint Picker served over Envoy ext_proc at an address
+// speaks the endpoint picker protocol (gateway-api-inference-extension
+// docs/proposals/004-endpoint-picker-protocol), with no Kubernetes cluster.
+//
+// The specs live in this non-test package so that a test (see epp_test.go)
+// or a CLI can run them: fill a Config, call Register before ginkgo's
+// RunSpecs, and set the Config's fields at any time before the specs run
+// (for instance once the picker under test has started). Envoy is played by
+// package extproctest with the processing mode gateways configure for
+// pickers (FULL_DUPLEX_STREAMED request body, trailers SEND).
+//
+// Core specs assert only what the upstream protocol requires and the
+// infergate README's protocol table promises. Specs labelled "extension"
+// check infergate behaviour beyond the upstream protocol (a comma-string
+// subset hint, a port-less IP in a hint); they are skipped unless
+// Config.Extensions is set.
+package epp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2" //nolint:revive // ginkgo DSL
+	. "github.com/onsi/gomega"    //nolint:revive // gomega DSL
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/inference/wire"
+)
+
+// Config is the endpoint picker under test.
+type Config struct {
+	// Address is the picker's ext_proc gRPC address, host:port.
+	Address string
+	// TLS dials with TLS without verifying the server certificate, as
+	// gateways configure picker clusters.
+	TLS bool
+	// Endpoints are the pool endpoints ("ip:port") the picker was
+	// configured with. The subset specs need at least two with distinct
+	// IPs to tell a honoured hint from a default pick.
+	Endpoints []string
+	// HealthAddress is where grpc.health.v1 is served; "" means Address.
+	HealthAddress string
+	// Model is the "model" of the completion requests; "" means
+	// DefaultModel. A picker that checks models must accept it.
+	Model string
+	// Extensions runs the specs labelled "extension" (infergate behaviour
+	// beyond the upstream protocol).
+	Extensions bool
+	// Timeout bounds each exchange; 0 means 10s.
+	Timeout time.Duration
+}
+
+// DefaultModel is the model requested when Config.Model is empty.
+const DefaultModel = "conformance-model"
+
+// ExtProcHealthService is the grpc.health.v1 service name the protocol
+// defines for the ext_proc service.
+const ExtProcHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+// Spec texts, so that callers can tell which behaviour failed.
+const (
+	SpecPick            = "answers a completion POST with a pool endpoint in the x-gateway-destination-endpoint header and the same value in envoy.lb dynamic metadata"
+	SpecClearRouteCache = "asks the proxy to clear its route cache with the pick"
+	SpecChunkedBody     = "picks for a body sent in several chunks and forwards the body unchanged"
+	SpecAntiSpoof       = "overwrites a client-sent x-gateway-destination-endpoint naming an address outside the pool"
+	SpecSubsetList      = "picks the one endpoint of a subset hint given as a list"
+	SpecSubsetNoMatch   = "answers 503 when the subset hint matches no pool endpoint"
+	SpecSubsetEmpty     = "answers 503 when the subset hint is an empty list"
+	SpecSubsetComma     = "honours a subset hint given as a comma-separated string"
+	SpecSubsetIPOnly    = "honours a subset hint naming an IP without a port"
+	SpecHealth          = "answers grpc.health.v1 SERVING for the ext_proc service"
+)
+
+// Addresses no pool may hold (RFC 5737 documentation ranges).
+const (
+	spoofEndpoint   = "203.0.113.7:8000"
+	outsideEndpoint = "192.0.2.1:9"
+)
+
+// Register adds the profile's specs to the ginkgo suite; cfg is read when
+// the specs run. It returns true so it can be called as `var _ = Register(cfg)`.
+func Register(cfg *Config) bool {
+	Describe("InferencePool conformance, profile epp: endpoint picker protocol", Label("epp"), func() {
+		var ctx context.Context
+
+		BeforeEach(func() {
+			Expect(cfg.Address).NotTo(BeEmpty(), "conformance config: Address of the picker under test is empty")
+			Expect(cfg.Endpoints).NotTo(BeEmpty(), "conformance config: the pool's Endpoints are not given")
+			timeout := cfg.Timeout
+			if timeout <= 0 {
+				timeout = 10 * time.Second
+			}
+			c, cancel := context.WithTimeout(context.Background(), timeout)
+			DeferCleanup(cancel)
+			ctx = c
+		})
+
+		It(SpecPick, func() {
+			res := run(ctx, cfg, nil, completion(cfg, nil))
+			pick := expectPick(cfg, res, cfg.Endpoints)
+			md := lbString(res, wire.DestinationEndpointKey)
+			Expect(md).To(Equal(pick), "the picker must set dynamic metadata %s/%s to the same value as the %s header (got %q, header %q): proxies that route on metadata need it",
+				wire.LBNamespace, wire.DestinationEndpointKey, wire.DestinationEndpointKey, md, pick)
+		})
+
+		It(SpecClearRouteCache, func() {
+			res := run(ctx, cfg, nil, completion(cfg, nil))
+			expectPick(cfg, res, cfg.Endpoints)
+			Expect(res.ClearRouteCache).To(BeTrue(), "the picker's request-path answer must set clear_route_cache so the proxy re-routes on the pick")
+		})
+
+		It(SpecChunkedBody, func() {
+			req := completion(cfg, nil)
+			body := req.Body[0]
+			third := len(body) / 3
+			req.Body = [][]byte{body[:third], body[third : 2*third], body[2*third:]}
+			res := run(ctx, cfg, nil, req)
+			expectPick(cfg, res, cfg.Endpoints)
+			Expect(string(res.Body)).To(Equal(string(body)), "a body delivered in 3 chunks (FULL_DUPLEX_STREAMED) must be forwarded unchanged by the picker")
+		})
+
+		It(SpecAntiSpoof, func() {
+			Expect(cfg.Endpoints).NotTo(ContainElement(spoofEndpoint), "conformance config: the pool must not contain %s", spoofEndpoint)
+			res := run(ctx, cfg, nil, completion(cfg, extproctest.Headers{{Key: wire.DestinationEndpointKey, Value: spoofEndpoint}}))
+			Expect(res.LocalReply).To(BeNil(), "the picker must pick for a request carrying a client-sent %s header, got local reply %v", wire.DestinationEndpointKey, res.LocalReply)
+			got := res.Headers.Values(wire.DestinationEndpointKey)
+			Expect(got).To(HaveLen(1), "the picker must overwrite a client-sent %s header (anti-spoof), the forwarded request has %q", wire.DestinationEndpointKey, got)
+			Expect(got[0]).NotTo(Equal(spoofEndpoint), "the client-sent %s: %s (outside the pool) survived: the picker must overwrite it", wire.DestinationEndpointKey, spoofEndpoint)
+			expectPick(cfg, res, cfg.Endpoints)
+		})
+
+		Context("subset hint "+wire.SubsetHintNamespace+" / "+wire.SubsetKey, func() {
+			It(SpecSubsetList, func() {
+				target := cfg.Endpoints[len(cfg.Endpoints)-1]
+				res := run(ctx, cfg, extproctest.SubsetHintMetadata(target), completion(cfg, nil))
+				expectPick(cfg, res, []string{target})
+			})
+
+			It(SpecSubsetNoMatch, func() {
+				Expect(cfg.Endpoints).NotTo(ContainElement(outsideEndpoint), "conformance config: the pool must not contain %s", outsideEndpoint)
+				res := run(ctx, cfg, extproctest.SubsetHintMetadata(outsideEndpoint), completion(cfg, nil))
+				expectImmediate503(res, fmt.Sprintf("a subset hint [%s] matching no pool endpoint", outsideEndpoint))
+			})
+
+			It(SpecSubsetEmpty, func() {
+				res := run(ctx, cfg, extproctest.SubsetHintMetadata(), completion(cfg, nil))
+				expectImmediate503(res, "an empty subset hint list")
+			})
+
+			It(SpecSubsetComma, Label("extension"), func() {
+				if !cfg.Extensions {
+					Skip("infergate extension (not in the upstream protocol); set Config.Extensions to run it")
+				}
+				target := cfg.Endpoints[len(cfg.Endpoints)-1]
+				hint := outsideEndpoint + "," + target
+				md := hintMetadata(structpb.NewStringValue(hint))
+				res := run(ctx, cfg, md, completion(cfg, nil))
+				expectPick(cfg, res, []string{target})
+			})
+
+			It(SpecSubsetIPOnly, Label("extension"), func() {
+				if !cfg.Extensions {
+					Skip("infergate extension (not in the upstream protocol); set Config.Extensions to run it")
+				}
+				target := cfg.Endpoints[len(cfg.Endpoints)-1]
+				ip, _, err := net.SplitHostPort(target)
+				Expect(err).NotTo(HaveOccurred(), "conformance config: endpoint %q is not ip:port", target)
+				var eligible []string
+				for _, e := range cfg.Endpoints {
+					if h, _, err := net.SplitHostPort(e); err == nil && h == ip {
+						eligible = append(eligible, e)
+					}
+				}
+				res := run(ctx, cfg, extproctest.SubsetHintMetadata(ip), completion(cfg, nil))
+				expectPick(cfg, res, eligible)
+			})
+		})
+
+		It(SpecHealth, func() {
+			addr := cfg.HealthAddress
+			if addr == "" {
+				addr = cfg.Address
+			}
+			conn, err := extproctest.Dial(addr, cfg.TLS, nil)
+			Expect(err).NotTo(HaveOccurred(), "dialing the health address %s", addr)
+			defer conn.Close()
+			resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: ExtProcHealthService})
+			Expect(err).NotTo(HaveOccurred(), "the picker must serve grpc.health.v1 Check for service %q at %s", ExtProcHealthService, addr)
+			Expect(resp.GetStatus()).To(Equal(healthpb.HealthCheckResponse_SERVING), "grpc.health.v1 %q at %s must be SERVING once the pool is loaded", ExtProcHealthService, addr)
+		})
+	})
+	return true
+}
+
+// completion is a JSON completion POST with the body in one chunk.
+func completion(cfg *Config, extra extproctest.Headers) extproctest.Request {
+	model := cfg.Model
+	if model == "" {
+		model = DefaultModel
+	}
+	body := fmt.Sprintf(`{"model":%q,"prompt":"Conformance check: say hello to the endpoint picker protocol.","max_tokens":8}`, model)
+	h := extproctest.Headers{{Key: "content-type", Value: "application/json"}}
+	h = append(h, extra...)
+	return extproctest.Request{Method: "POST", Path: "/v1/completions", Headers: h, Body: [][]byte{[]byte(body)}}
+}
+
+// run plays Envoy for one request path against the picker under test.
+func run(ctx context.Context, cfg *Config, md map[string]*structpb.Struct, req extproctest.Request) *extproctest.Result {
+	GinkgoHelper()
+	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "epp-conformance", Target: cfg.Address, TLS: cfg.TLS, ForwardMetadata: md})
+	Expect(err).NotTo(HaveOccurred(), "configuring the ext_proc client for %s", cfg.Address)
+	defer client.Close()
+	res, err := client.Run(ctx, req)
+	Expect(err).NotTo(HaveOccurred(), "the ext_proc exchange with %s did not complete", cfg.Address)
+	if lr := res.LocalReply; lr != nil && lr.Err != nil {
+		Fail(fmt.Sprintf("the ext_proc stream with %s failed (the proxy would answer %d): %v", cfg.Address, lr.Status, lr.Err))
+	}
+	return res
+}
+
+// expectPick checks that the request was let through with exactly one
+// x-gateway-destination-endpoint header whose endpoints (a comma list, best
+// first) all lie in allowed; it returns the header value.
+func expectPick(cfg *Config, res *extproctest.Result, allowed []string) string {
+	GinkgoHelper()
+	if lr := res.LocalReply; lr != nil {
+		Fail(fmt.Sprintf("the picker must pick an endpoint but answered with an immediate response %d (%s) %q", lr.Status, lr.Details, lr.Body))
+	}
+	vals := res.Headers.Values(wire.DestinationEndpointKey)
+	Expect(vals).To(HaveLen(1), "the picker must set exactly one %s header on the forwarded request, got %q", wire.DestinationEndpointKey, vals)
+	for _, e := range strings.Split(vals[0], ",") {
+		e = strings.TrimSpace(e)
+		Expect(allowed).To(ContainElement(e), "the picker chose %q (header %s: %q), which is not among the eligible endpoints %q of the pool %q",
+			e, wire.DestinationEndpointKey, vals[0], allowed, cfg.Endpoints)
+	}
+	return vals[0]
+}
+
+func expectImmediate503(res *extproctest.Result, what string) {
+	GinkgoHelper()
+	lr := res.LocalReply
+	if lr == nil {
+		Fail(fmt.Sprintf("for %s the picker must answer an ImmediateResponse 503, but it let the request through with %s: %q",
+			what, wire.DestinationEndpointKey, res.Headers.Values(wire.DestinationEndpointKey)))
+	}
+	Expect(lr.Status).To(Equal(503), "for %s the picker must answer an ImmediateResponse with status 503, got %d (%s)", what, lr.Status, lr.Details)
+}
+
+func lbString(res *extproctest.Result, key string) string {
+	return res.DynamicMetadata[wire.LBNamespace].GetFields()[key].GetStringValue()
+}
+
+func hintMetadata(v *structpb.Value) map[string]*structpb.Struct {
+	return map[string]*structpb.Struct{wire.SubsetHintNamespace: {Fields: map[string]*structpb.Value{wire.SubsetKey: v}}}
+}
