@@ -2,16 +2,12 @@ package epp_test
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,31 +15,19 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
-	"github.com/onsi/ginkgo/v2/types"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/conformance/epp"
+	"github.com/infergate/infergate/conformance/internal/brokentest"
 	eppsvc "github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/wire"
-	"github.com/infergate/infergate/internal/testcert"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/loopback"
-)
-
-// In a child process started by TestBrokenPickersFailTheirSpecs, brokenEnv
-// names the broken picker variant to run the suite against and reportEnv the
-// file the ginkgo report is written to.
-const (
-	brokenEnv = "INFERGATE_CONFORMANCE_BROKEN"
-	reportEnv = "INFERGATE_CONFORMANCE_REPORT"
 )
 
 var cfg = &epp.Config{}
@@ -51,19 +35,13 @@ var cfg = &epp.Config{}
 var _ = epp.Register(cfg)
 
 var _ = ReportAfterSuite("write report for the parent test", func(r Report) {
-	path := os.Getenv(reportEnv)
-	if path == "" {
-		return
-	}
-	b, err := json.Marshal(r)
-	Expect(err).NotTo(HaveOccurred())
-	Expect(os.WriteFile(path, b, 0o600)).To(Succeed())
+	Expect(brokentest.WriteReport(r)).To(Succeed())
 })
 
 // TestConformance runs the epp profile against infergate's picker, or, in a
 // child process, against a broken picker variant.
 func TestConformance(t *testing.T) {
-	if v := os.Getenv(brokenEnv); v != "" {
+	if v := brokentest.Variant(); v != "" {
 		d, ok := variants[v]
 		if !ok {
 			t.Fatalf("unknown broken variant %q", v)
@@ -152,79 +130,25 @@ var variants = map[string]struct {
 // the specs covering its defects fail, each with a message naming the
 // behaviour, and that every other spec passes.
 func TestBrokenPickersFailTheirSpecs(t *testing.T) {
-	if os.Getenv(brokenEnv) != "" {
-		t.Skip("child process")
-	}
 	all := []string{epp.SpecPick, epp.SpecClearRouteCache, epp.SpecChunkedBody, epp.SpecAntiSpoof, epp.SpecSubsetList,
 		epp.SpecSubsetNoMatch, epp.SpecSubsetEmpty, epp.SpecSubsetComma, epp.SpecSubsetIPOnly, epp.SpecHealth}
-	covered := map[string]bool{}
+	fail := map[string][]string{}
 	for name, v := range variants {
-		t.Run(name, func(t *testing.T) {
-			report := filepath.Join(t.TempDir(), "report.json")
-			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.count=1")
-			cmd.Env = append(os.Environ(), brokenEnv+"="+name, reportEnv+"="+report)
-			out, err := cmd.CombinedOutput()
-			var exitErr *exec.ExitError
-			if !errors.As(err, &exitErr) {
-				t.Fatalf("the suite against a broken picker must fail, got err %v\n%s", err, out)
-			}
-			b, err := os.ReadFile(report)
-			if err != nil {
-				t.Fatalf("no report: %v\n%s", err, out)
-			}
-			var r types.Report
-			if err := json.Unmarshal(b, &r); err != nil {
-				t.Fatal(err)
-			}
-			states := map[string]types.SpecState{}
-			for _, s := range r.SpecReports {
-				if s.LeafNodeType == types.NodeTypeIt {
-					states[s.LeafNodeText] = s.State
-					if s.State == types.SpecStateFailed {
-						t.Logf("%s: %s", s.LeafNodeText, s.Failure.Message)
-					}
-				}
-			}
-			for _, spec := range all {
-				want := types.SpecStatePassed
-				if slices.Contains(v.fail, spec) {
-					want = types.SpecStateFailed
-					covered[spec] = true
-				}
-				if states[spec] != want {
-					t.Errorf("spec %q: state %v, want %v", spec, states[spec], want)
-				}
-			}
-			if len(states) != len(all) {
-				t.Errorf("report has %d specs, want %d: %v", len(states), len(all), states)
-			}
-		})
+		fail[name] = v.fail
 	}
-	for _, spec := range all {
-		if !covered[spec] {
-			t.Errorf("no broken variant makes spec %q fail", spec)
-		}
-	}
+	brokentest.Check(t, all, fail)
 }
 
 // startBroken serves a scripted picker with the given defects on TLS.
 func startBroken(t *testing.T, endpoints []string, d defects) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	health := epp.ExtProcHealthService
+	if d.noHealth {
+		health = ""
 	}
-	cert := testcert.NewCA(t, "broken-epp").Server(t)
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
-	extprocv3.RegisterExternalProcessorServer(gs, &brokenPicker{endpoints: endpoints, d: d})
-	if !d.noHealth {
-		hs := health.NewServer()
-		hs.SetServingStatus(epp.ExtProcHealthService, healthpb.HealthCheckResponse_SERVING)
-		healthpb.RegisterHealthServer(gs, hs)
-	}
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	return ln.Addr().String()
+	return brokentest.Serve(t, func(gs *grpc.Server) {
+		extprocv3.RegisterExternalProcessorServer(gs, &brokenPicker{endpoints: endpoints, d: d})
+	}, health)
 }
 
 type brokenPicker struct {

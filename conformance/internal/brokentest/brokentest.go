@@ -1,0 +1,132 @@
+// Package brokentest is how the conformance profiles prove each spec can
+// fail: a profile's tests run the suite in a child process against
+// deliberately broken implementations and read ginkgo's report to check
+// that exactly the specs covering each defect failed.
+package brokentest
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/onsi/ginkgo/v2/types"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/infergate/infergate/internal/testcert"
+)
+
+// In a child process, variantEnv names the broken variant to run the
+// suite against and reportEnv the file ginkgo's report goes to.
+const (
+	variantEnv = "INFERGATE_CONFORMANCE_BROKEN"
+	reportEnv  = "INFERGATE_CONFORMANCE_REPORT"
+)
+
+// Variant is the broken variant this process is to run the suite
+// against, "" in the parent test.
+func Variant() string { return os.Getenv(variantEnv) }
+
+// WriteReport writes ginkgo's report where the parent test reads it; call
+// it from a ReportAfterSuite node. Nothing is written in the parent.
+func WriteReport(r types.Report) error {
+	path := os.Getenv(reportEnv)
+	if path == "" {
+		return nil
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// Check runs the test binary's TestConformance once per variant (name →
+// the specs it must fail) in a child process, and checks from the report
+// that exactly those of all specs failed and every other passed, and that
+// each spec fails for some variant.
+func Check(t *testing.T, all []string, variants map[string][]string) {
+	t.Helper()
+	if Variant() != "" {
+		t.Skip("child process")
+	}
+	covered := map[string]bool{}
+	for name, fail := range variants {
+		for _, spec := range fail {
+			covered[spec] = true
+		}
+		t.Run(name, func(t *testing.T) {
+			report := filepath.Join(t.TempDir(), "report.json")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.count=1")
+			cmd.Env = append(os.Environ(), variantEnv+"="+name, reportEnv+"="+report)
+			out, err := cmd.CombinedOutput()
+			if exitErr := (*exec.ExitError)(nil); !errors.As(err, &exitErr) {
+				t.Fatalf("the suite against a broken implementation must fail, got err %v\n%s", err, out)
+			}
+			b, err := os.ReadFile(report)
+			if err != nil {
+				t.Fatalf("no report: %v\n%s", err, out)
+			}
+			var r types.Report
+			if err := json.Unmarshal(b, &r); err != nil {
+				t.Fatal(err)
+			}
+			states := map[string]types.SpecState{}
+			for _, s := range r.SpecReports {
+				if s.LeafNodeType == types.NodeTypeIt {
+					states[s.LeafNodeText] = s.State
+					if s.State == types.SpecStateFailed {
+						t.Logf("%s: %s", s.LeafNodeText, s.Failure.Message)
+					}
+				}
+			}
+			for _, spec := range all {
+				want := types.SpecStatePassed
+				if slices.Contains(fail, spec) {
+					want = types.SpecStateFailed
+				}
+				if states[spec] != want {
+					t.Errorf("spec %q: state %v, want %v", spec, states[spec], want)
+				}
+			}
+			if len(states) != len(all) {
+				t.Errorf("report has %d specs, want %d: %v", len(states), len(all), states)
+			}
+		})
+	}
+	for _, spec := range all {
+		if !covered[spec] {
+			t.Errorf("no broken variant makes spec %q fail", spec)
+		}
+	}
+}
+
+// Serve runs a gRPC server on 127.0.0.1 over TLS (a test certificate)
+// until the test ends, with what register adds and, unless healthService
+// is "", grpc.health.v1 SERVING for it. It returns the address.
+func Serve(t *testing.T, register func(*grpc.Server), healthService string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := testcert.NewCA(t, "broken").Server(t)
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	register(gs)
+	if healthService != "" {
+		hs := health.NewServer()
+		hs.SetServingStatus(healthService, healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(gs, hs)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	return ln.Addr().String()
+}
