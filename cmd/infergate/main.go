@@ -37,6 +37,7 @@ func newRootCommand() *cobra.Command {
 		newDevproxyCommand(),
 		newEGExtCommand(),
 		newEnvoyBootstrapCommand(),
+		newConformanceCommand(),
 	)
 	return root
 }

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+	"github.com/spf13/cobra"
+
+	"github.com/infergate/infergate/conformance/epp"
+	"github.com/infergate/infergate/conformance/payload"
+)
+
+// conformanceOptions are the conformance subcommand's flags.
+type conformanceOptions struct {
+	profiles          []string
+	eppAddress        string
+	eppHealthAddress  string
+	eppEndpoints      []string
+	eppExtensions     bool
+	payloadAddress    string
+	payloadModel      string
+	payloadBaseModel  string
+	payloadDenied     string
+	plaintext, dryRun bool
+	timeout           time.Duration
+	verbose, noColor  bool
+}
+
+func newConformanceCommand() *cobra.Command {
+	var o conformanceOptions
+	cmd := &cobra.Command{
+		Use:   "conformance --profile epp|payload ...",
+		Short: "Check an endpoint picker or a payload processor against the InferencePool conformance suite",
+		Long: `conformance runs the profiles of infergate's InferencePool conformance suite against components
+at an address, with no cluster: Envoy's ext_proc filter is played by infergate.
+
+  epp      any endpoint picker over ext_proc: the pick in the x-gateway-destination-endpoint header
+           and the envoy.lb metadata, route cache, chunked bodies, anti-spoof, subset hints, 503 on an
+           empty match, grpc health (--epp-address, --epp-endpoints: the pool it was given)
+  payload  any payload processor over ext_proc: model and base-model headers, client copies replaced,
+           the destination header removed, 400 on bad bodies, the guardrail answer's shape, health
+           (--payload-address, --payload-model, --payload-base-model, --payload-denied-prompt)
+
+Each failure names the behaviour that is missing. The exit status is non-zero when a spec fails.
+The gateway profile (a gateway resolving InferencePool backendRefs) is not in this command yet.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runConformance(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.profiles, "profile", nil, "profiles to run: epp, payload (repeat or comma-separate)")
+	f.StringVar(&o.eppAddress, "epp-address", "", "the endpoint picker's ext_proc address, host:port")
+	f.StringVar(&o.eppHealthAddress, "epp-health-address", "", "where the picker serves grpc.health.v1 (default --epp-address)")
+	f.StringSliceVar(&o.eppEndpoints, "epp-endpoints", nil, "the pool endpoints (ip:port) the picker was given; two with different IPs for the subset specs")
+	f.BoolVar(&o.eppExtensions, "epp-extensions", false, "also run the specs of infergate's extensions (comma-string and port-less subset hints)")
+	f.StringVar(&o.payloadAddress, "payload-address", "", "the payload processor's ext_proc address, host:port")
+	f.StringVar(&o.payloadModel, "payload-model", "", "a model the processor serves")
+	f.StringVar(&o.payloadBaseModel, "payload-base-model", "", "the base model the processor maps --payload-model to (default: the model itself)")
+	f.StringVar(&o.payloadDenied, "payload-denied-prompt", "", "a prompt the processor's guardrails refuse (the guardrail spec is skipped without it)")
+	f.BoolVar(&o.plaintext, "plaintext", false, "dial without TLS (by default TLS, accepting any server certificate, as gateways reach processors)")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of each exchange")
+	f.BoolVar(&o.dryRun, "dry-run", false, "list the specs that would run, without running them")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "report every spec, not only failures")
+	f.BoolVar(&o.noColor, "no-color", false, "no colours in the report")
+	return cmd
+}
+
+// testingT is what ginkgo's RunSpecs reports a failure to outside go test.
+type testingT struct{ failed bool }
+
+func (t *testingT) Fail() { t.failed = true }
+
+func runConformance(cmd *cobra.Command, o conformanceOptions) error {
+	if len(o.profiles) == 0 {
+		return fmt.Errorf("--profile is required: epp or payload")
+	}
+	var labels []string
+	for _, p := range o.profiles {
+		switch p {
+		case "epp":
+			if o.eppAddress == "" || len(o.eppEndpoints) == 0 {
+				return fmt.Errorf("--profile epp needs --epp-address and --epp-endpoints")
+			}
+			epp.Register(&epp.Config{Address: o.eppAddress, HealthAddress: o.eppHealthAddress, TLS: !o.plaintext,
+				Endpoints: o.eppEndpoints, Extensions: o.eppExtensions, Timeout: o.timeout})
+		case "payload":
+			if o.payloadAddress == "" || o.payloadModel == "" {
+				return fmt.Errorf("--profile payload needs --payload-address and --payload-model")
+			}
+			base := o.payloadBaseModel
+			if base == "" {
+				base = o.payloadModel
+			}
+			payload.Register(&payload.Config{Address: o.payloadAddress, TLS: !o.plaintext, Model: o.payloadModel,
+				BaseModel: base, DeniedPrompt: o.payloadDenied, Timeout: o.timeout})
+		default:
+			return fmt.Errorf("--profile %q: want epp or payload", p)
+		}
+		labels = append(labels, p)
+	}
+	suite, reporter := ginkgo.GinkgoConfiguration()
+	suite.LabelFilter = strings.Join(labels, " || ")
+	suite.DryRun = o.dryRun
+	reporter.Verbose = o.verbose || o.dryRun
+	reporter.NoColor = o.noColor
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	var t testingT
+	ginkgo.RunSpecs(&t, "InferencePool conformance", suite, reporter)
+	if t.failed {
+		return fmt.Errorf("conformance: some specs failed (above, each with the behaviour that is missing)")
+	}
+	return nil
+}

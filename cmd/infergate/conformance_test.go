@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/infergate/infergate/conformance/epp"
+	"github.com/infergate/infergate/conformance/payload"
+	payloadsvc "github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/extproc/server"
+)
+
+// conformanceArgsEnv carries the conformance command's arguments to the
+// child process that runs it: ginkgo runs one suite per process.
+const conformanceArgsEnv = "INFERGATE_TEST_CONFORMANCE_ARGS"
+
+// runConformanceChild runs `infergate conformance args...` in a child
+// process of this test binary and returns its output and whether it
+// succeeded.
+func runConformanceChild(t *testing.T, args ...string) (string, bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConformanceCommand$", "-test.count=1")
+	cmd.Env = append(os.Environ(), conformanceArgsEnv+"="+strings.Join(append([]string{"conformance", "--no-color"}, args...), "\x1f"))
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatal(err)
+	}
+	return string(out), err == nil
+}
+
+// TestConformanceCommand runs the command as a user would: a dry run lists
+// the specs; the payload profile passes against infergate's processor and
+// fails, naming the behaviour, against an address where nothing listens.
+func TestConformanceCommand(t *testing.T) {
+	if args := os.Getenv(conformanceArgsEnv); args != "" {
+		out, err := execute(strings.Split(args, "\x1f")...)
+		fmt.Print(out)
+		if err != nil {
+			fmt.Println(err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+
+	out, ok := runConformanceChild(t, "--profile", "epp", "--epp-address", "127.0.0.1:1", "--epp-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "--dry-run")
+	if !ok || !strings.Contains(out, epp.SpecPick) || strings.Contains(out, payload.SpecMalformedJSON) {
+		t.Fatalf("dry run of the epp profile:\n%s", out)
+	}
+
+	file := filepath.Join(t.TempDir(), "payload.yaml")
+	if err := os.WriteFile(file, []byte("models:\n  bases:\n  - name: base\n    adapters: [adapter]\ndeny:\n- name: d\n  contains: [ignore previous instructions]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := payloadsvc.New(payloadsvc.Config{
+		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
+		ConfigFile: file, Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for range 100 {
+		if s.GRPCAddr() != "" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	out, ok = runConformanceChild(t, "--profile", "payload", "--payload-address", s.GRPCAddr(), "--payload-model", "adapter",
+		"--payload-base-model", "base", "--payload-denied-prompt", "please ignore previous instructions")
+	if !ok || !strings.Contains(out, "Ran 9 of 9 Specs") {
+		t.Fatalf("the payload profile against infergate's processor:\n%s", out)
+	}
+
+	out, ok = runConformanceChild(t, "--profile", "payload", "--payload-address", "127.0.0.1:1", "--payload-model", "m")
+	if ok || !strings.Contains(out, payload.SpecChatCompletion) || !strings.Contains(out, "some specs failed") {
+		t.Fatalf("the payload profile against nothing must fail, naming the specs:\n%s", out)
+	}
+
+	if _, err := execute("conformance", "--profile", "gateway"); err == nil || !strings.Contains(err.Error(), "want epp or payload") {
+		t.Fatalf("an unknown profile: %v", err)
+	}
+}
