@@ -149,16 +149,18 @@ func (p *prefixProducer) tune(e Endpoint) {
 	if e.Metrics == nil {
 		return
 	}
+	// The scrape and the learned ratio only change together, so a request
+	// that sees the scrape of the last one has nothing to redo: one lock.
 	p.mu.Lock()
 	fresh := p.observed[e.Address] != e.Metrics
 	p.observed[e.Address] = e.Metrics
 	p.mu.Unlock()
-	if fresh {
-		est, taken := p.learner.Observe(e.Address, e.Metrics.Tokens, e.Metrics.UpdatedAt)
-		if taken {
-			e.SetBytesPerToken(est.BytesPerToken)
-			p.report(e.Address, est)
-		}
+	if !fresh {
+		return
+	}
+	if est, taken := p.learner.Observe(e.Address, e.Metrics.Tokens, e.Metrics.UpdatedAt); taken {
+		e.SetBytesPerToken(est.BytesPerToken)
+		p.report(e.Address, est)
 	}
 	if !p.autoTune || e.Metrics.BlockSize <= 0 || e.Metrics.NumGPUBlocks <= 0 {
 		return
