@@ -76,7 +76,7 @@ bench-stalled: build
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
 
-## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the dev proxy, the picker and simulators under five routing configs (about 15 minutes).
+## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the dev proxy, the picker and simulators under five routing configs (about 12 minutes on 2 cores).
 bench-routing: build
 	$(GO) run ./bench/routing --binary $(BIN)
 

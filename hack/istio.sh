@@ -6,8 +6,7 @@
 #   hack/istio.sh crds   only fetches the module and prints the folder
 #                        that holds crds/ (Istio's CRDs, for tests that
 #                        apply Istio objects without running istiod).
-# The first build takes about 15 minutes on 2 cores (830 CPU-s, 2.4 GB of
-# memory); later runs reuse it.
+# The first build takes several minutes on 2 cores; later runs reuse it.
 set -euo pipefail
 
 # The newest pseudo-version the module proxy serves (istio.io/istio tags no
@@ -35,7 +34,7 @@ crds() {
 }
 
 build() {
-	log "building pilot-discovery $ISTIO_VERSION from istio.io/istio (about 15 minutes the first time)"
+	log "building pilot-discovery $ISTIO_VERSION from istio.io/istio (several minutes the first time)"
 	(
 		cd "$1"
 		CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" -o "$DIR/pilot-discovery.partial" ./pilot/cmd/pilot-discovery
