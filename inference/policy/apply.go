@@ -161,7 +161,7 @@ func (p *Policy) Apply(raw []byte) Result {
 	}
 	if p.strictText {
 		if path := body.UnreadText(); path != "" {
-			return reject(400, ReasonUnreadText, "strictText", "%s holds text the guardrails do not read; this gateway refuses such fields", cut(path))
+			return reject(400, ReasonUnreadText, "strictText", "%s holds text the guardrails do not read; this gateway refuses such fields", cut(path, 200))
 		}
 	}
 	model, err := body.Model()
@@ -317,19 +317,12 @@ func describeJSON(v []byte) string {
 	return excerpt(v)
 }
 
-// excerpt is a number as written, cut to a readable length (numbers are
-// ASCII, so any cut is valid UTF-8).
-func excerpt(num []byte) string {
-	const maxLen = 24
-	if len(num) > maxLen {
-		return string(num[:maxLen]) + "…"
-	}
-	return string(num)
-}
+// excerpt is a number as written, cut to a readable length.
+func excerpt(num []byte) string { return cut(string(num), 24) }
 
-// cut shortens a client-chosen string (a field path) for a message.
-func cut(s string) string {
-	const maxLen = 200
+// cut shortens a client-chosen string (a number, a field path) to at
+// most maxLen bytes for a message, on a character boundary.
+func cut(s string, maxLen int) string {
 	if len(s) <= maxLen {
 		return s
 	}
