@@ -20,10 +20,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -229,18 +227,11 @@ func check(c Config) error {
 
 // address parses host:port.
 func address(field, hostPort string) (*corev3.Address, error) {
-	host, port, err := net.SplitHostPort(hostPort)
+	host, port, err := xdsbuild.HostPort(hostPort)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %q: %w", field, hostPort, err)
 	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil || n == 0 {
-		return nil, fmt.Errorf("%s: %q: port must be 1-65535", field, hostPort)
-	}
-	if host == "" {
-		return nil, fmt.Errorf("%s: %q: host is empty", field, hostPort)
-	}
-	return xdsbuild.SocketAddress(host, uint32(n)), nil
+	return xdsbuild.SocketAddress(host, port), nil
 }
 
 func pickerCluster(p Pool) string { return "infergate/epp/" + p.Name }
@@ -248,16 +239,15 @@ func pickerFilter(p Pool) string  { return "envoy.filters.http.ext_proc/infergat
 
 // processorCluster reaches an ext_proc server.
 func processorCluster(name string, p Processor, cert *xdsbuild.ClientCert) (*clusterv3.Cluster, error) {
-	addr, err := address("address", p.Address)
+	host, port, err := xdsbuild.HostPort(p.Address)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("address %q: %w", p.Address, err)
 	}
-	sa := addr.GetSocketAddress()
 	var tls *xdsbuild.TLS
 	if !p.Plaintext {
-		tls = &xdsbuild.TLS{SNI: sa.GetAddress(), ClientCert: cert}
+		tls = &xdsbuild.TLS{SNI: host, ClientCert: cert}
 	}
-	return xdsbuild.GRPCCluster(name, sa.GetAddress(), sa.GetPortValue(), tls), nil
+	return xdsbuild.GRPCCluster(name, host, port, tls), nil
 }
 
 // pickedCluster sends a request to the address the picker put in

@@ -2,7 +2,6 @@ package envoygateway
 
 import (
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,15 +165,11 @@ func ModifyCluster(c *clusterv3.Cluster, p *Pool, endpoints []string, eds *EDSSe
 
 // hostPort is an ip:port as an Envoy socket address.
 func hostPort(ep string) (*corev3.Address, error) {
-	host, port, err := net.SplitHostPort(ep)
+	host, port, err := xdsbuild.HostPort(ep)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %q: %w", ep, err)
 	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("endpoint %q: %w", ep, err)
-	}
-	return xdsbuild.SocketAddress(host, uint32(n)), nil
+	return xdsbuild.SocketAddress(host, port), nil
 }
 
 // Config is what the extension adds to a translation besides the pools'
@@ -351,11 +346,7 @@ func eppHost(p *Pool) string {
 // serverCluster reaches a gRPC server of the extension's setup (its own
 // EDS service, the payload processor) at host:port over HTTP/2.
 func serverCluster(name, addr string, useTLS bool, cert *ClientCert) (*clusterv3.Cluster, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
+	host, port, err := xdsbuild.HostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: %w", name, addr, err)
 	}
@@ -363,7 +354,7 @@ func serverCluster(name, addr string, useTLS bool, cert *ClientCert) (*clusterv3
 	if useTLS {
 		tls = &xdsbuild.TLS{SNI: host, ClientCert: cert}
 	}
-	return xdsbuild.GRPCCluster(name, host, uint32(n), tls), nil
+	return xdsbuild.GRPCCluster(name, host, port, tls), nil
 }
 
 // Payload is the payload processor the extension puts in front of the

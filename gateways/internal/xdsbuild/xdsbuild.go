@@ -7,6 +7,10 @@
 package xdsbuild
 
 import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -210,4 +214,21 @@ func StripSteering() *headermutationv3.HeaderMutation {
 	return &headermutationv3.HeaderMutation{Mutations: &headermutationv3.Mutations{
 		RequestMutations: []*mutationrulesv3.HeaderMutation{{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: wire.DestinationEndpointKey}}},
 	}}
+}
+
+// HostPort splits "host:port", refusing an empty host and a port outside
+// 1-65535, so a mistyped address fails at translation, not in Envoy.
+func HostPort(hostPort string) (string, uint32, error) {
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return "", 0, fmt.Errorf("port %q must be 1-65535", port)
+	}
+	if host == "" {
+		return "", 0, errors.New("the host is empty")
+	}
+	return host, uint32(n), nil
 }
