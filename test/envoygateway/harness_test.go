@@ -1,7 +1,6 @@
 package envoygateway
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -106,9 +105,9 @@ logging:
 func (c *cluster) startEG(t *testing.T, extension string) {
 	t.Helper()
 	bin := egBinary(t)
-	env := append(os.Environ(), "KUBECONFIG="+c.Kubeconfig, "ENVOY_GATEWAY_NAMESPACE="+egNamespace)
+	env := []string{"KUBECONFIG=" + c.Kubeconfig, "ENVOY_GATEWAY_NAMESPACE=" + egNamespace}
 	certgen := exec.CommandContext(gatewaytest.Ctx(t), bin, "certgen", "--disable-topology-injector")
-	certgen.Env = env
+	certgen.Env = append(os.Environ(), env...)
 	if out, err := certgen.CombinedOutput(); err != nil {
 		t.Fatalf("envoy-gateway certgen: %v\n%s", err, out)
 	}
@@ -125,29 +124,7 @@ func (c *cluster) startEG(t *testing.T, extension string) {
 	if err := os.WriteFile(cfgPath, []byte(egConfig(extension)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(c.Dir, "envoy-gateway.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "server", "--config-path", cfgPath)
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-		_ = logf.Close()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("envoy-gateway log (last 4 KiB):\n%s", gatewaytest.Tail(out, 4096))
-		}
-	})
+	c.Run(t, "envoy-gateway", env, bin, "server", "--config-path", cfgPath)
 }
 
 // gatewayObjects are a GatewayClass for Envoy Gateway and a Gateway with an

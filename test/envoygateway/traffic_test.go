@@ -10,10 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,8 +25,6 @@ import (
 
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
-	"github.com/infergate/infergate/extproc/epp"
-	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
@@ -86,36 +81,6 @@ func (c *cluster) modelServersFrom(t *testing.T, ns, pool string, first, n int) 
 	return byAddr
 }
 
-// startPicker runs the endpoint picker on 127.0.0.1:9002 (the pool's
-// endpointPickerRef port) over TLS, fed a pool file of the servers.
-func startPicker(t *testing.T, servers map[string]string) (stop func()) {
-	t.Helper()
-	var sb strings.Builder
-	sb.WriteString("name: pool\nendpoints:\n")
-	for addr, name := range servers {
-		fmt.Fprintf(&sb, "- address: %s\n  name: %s\n", addr, name)
-	}
-	pool := filepath.Join(t.TempDir(), "pool.yaml")
-	if err := os.WriteFile(pool, []byte(sb.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := epp.NewService(epp.Config{
-		Server: server.Options{GRPCAddr: "127.0.0.1:9002", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
-		PoolFile: pool, MetricsStaleness: 2 * time.Second, Logger: logr.Discard(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Run(ctx); close(done) }()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
-}
-
 // standIn runs the Envoy stand-in as the Gateway's Envoy: an xDS node of
 // Envoy Gateway, with the certificate Envoy Gateway issued, whose node
 // cluster names the Gateway.
@@ -138,6 +103,10 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 		DebugMetadata: true,
 	})
 }
+
+// pickerAddr is where the pools' picker listens: the pools'
+// endpointPickerRef port, on the namespace's loopback.
+const pickerAddr = "127.0.0.1:9002"
 
 type reply struct {
 	status        int
@@ -179,7 +148,7 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 	ns := "traffic"
 	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	servers := c.modelServers(t, ns, "llama", 3)
-	stopPicker := startPicker(t, servers)
+	stopPicker := gatewaytest.StartPicker(t, pickerAddr, servers)
 	c.create(t, gatewayObjects(ns)...)
 	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
 	if cond := c.routeCondition(t, ns, "llm-route", "ResolvedRefs"); cond.Status != metav1.ConditionTrue {
@@ -265,7 +234,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	ns := "hookerror"
 	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	servers := c.modelServers(t, ns, "llama", 2)
-	stopPicker := startPicker(t, servers)
+	stopPicker := gatewaytest.StartPicker(t, pickerAddr, servers)
 	c.create(t, gatewayObjects(ns)...)
 	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
 	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")

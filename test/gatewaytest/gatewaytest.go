@@ -32,6 +32,9 @@ import (
 
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/extproc/epp"
+	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/controlplane"
 )
 
@@ -143,12 +146,34 @@ func WaitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
-// Tail is the end of b, at most n bytes, for logs in failure messages.
-func Tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
+// Run starts a control plane's process, bin args..., with env added to
+// this process's, until the test ends (an interrupt, then a kill after 10
+// s). Its output goes to name.log in the cluster's folder, whose last lines
+// are shown when the test fails, or always in verbose runs.
+func (c *Cluster) Run(t *testing.T, name string, env []string, bin string, args ...string) {
+	t.Helper()
+	logPath := filepath.Join(c.Dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return b
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		_ = logf.Close()
+		if t.Failed() || testing.Verbose() {
+			t.Logf("%s log (last lines):\n%s", name, childproc.Tail(logPath, 60))
+		}
+	})
 }
 
 // XDS is an xDS node that keeps the last resources of each type it was
@@ -280,4 +305,34 @@ func Built(t *testing.T, env, script string) string {
 		t.Fatalf("hack/%s: %v\n%s", script, err, stderr.String())
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// StartPicker runs infergate's endpoint picker at addr over TLS, fed a
+// pool file of servers (address → name), until the test ends or stop.
+func StartPicker(t *testing.T, addr string, servers map[string]string) (stop func()) {
+	t.Helper()
+	var sb strings.Builder
+	sb.WriteString("name: pool\nendpoints:\n")
+	for a, name := range servers {
+		fmt.Fprintf(&sb, "- address: %s\n  name: %s\n", a, name)
+	}
+	pool := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(pool, []byte(sb.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := epp.NewService(epp.Config{
+		Server: server.Options{GRPCAddr: addr, HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
+		PoolFile: pool, MetricsStaleness: 2 * time.Second, Logger: logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }

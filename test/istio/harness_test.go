@@ -1,10 +1,7 @@
 package istio
 
 import (
-	"context"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -76,37 +73,15 @@ const istiodXDS = "127.0.0.1:15010"
 // makes), until the test ends, and waits for it to be ready.
 func (c *cluster) startIstiod(t *testing.T) {
 	t.Helper()
-	logPath := filepath.Join(c.Dir, "istiod.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, filepath.Join(c.istio, "pilot-discovery"), "discovery",
-		"--kubeconfig", c.Kubeconfig, "--domain", "cluster.local",
-		"--grpcAddr", istiodXDS, "--httpAddr", "127.0.0.1:8080", "--monitoringAddr", "127.0.0.1:15014",
-		"--secureGRPCAddr", "127.0.0.1:15012", "--httpsAddr", "127.0.0.1:15017")
-	cmd.Env = append(os.Environ(),
-		"POD_NAMESPACE="+istioNamespace, "POD_NAME=istiod-0", "CLUSTER_ID=Kubernetes", "REVISION=default",
+	c.Run(t, "istiod", []string{
+		"POD_NAMESPACE=" + istioNamespace, "POD_NAME=istiod-0", "CLUSTER_ID=Kubernetes", "REVISION=default",
 		"ENABLE_GATEWAY_API_INFERENCE_EXTENSION=true",
 		"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false",
 		"PILOT_ENABLE_ANALYSIS=false", "VALIDATION_WEBHOOK_CONFIG_NAME=", "ISTIOD_CUSTOM_HOST=istiod.istio-system.svc",
-	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-		_ = logf.Close()
-		if t.Failed() || testing.Verbose() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("istiod log (last 8 KiB):\n%s", gatewaytest.Tail(out, 8192))
-		}
-	})
+	}, filepath.Join(c.istio, "pilot-discovery"), "discovery",
+		"--kubeconfig", c.Kubeconfig, "--domain", "cluster.local",
+		"--grpcAddr", istiodXDS, "--httpAddr", "127.0.0.1:8080", "--monitoringAddr", "127.0.0.1:15014",
+		"--secureGRPCAddr", "127.0.0.1:15012", "--httpsAddr", "127.0.0.1:15017")
 	gatewaytest.WaitFor(t, "istiod ready", 90*time.Second, func() bool {
 		resp, err := http.Get("http://127.0.0.1:8080/ready")
 		if err != nil {

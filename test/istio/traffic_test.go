@@ -9,14 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
@@ -38,36 +36,6 @@ func modelServers(t *testing.T, n int) map[string]string {
 		byAddr[loopback.ServeAt(t, fmt.Sprintf("%s:%d", podAddr(i), modelPort), s.Serve)] = name
 	}
 	return byAddr
-}
-
-// startPicker runs the pool's picker at its pod's address over TLS, fed a
-// pool file of the model servers; stop ends it.
-func startPicker(t *testing.T, servers map[string]string) (stop func()) {
-	t.Helper()
-	var sb strings.Builder
-	sb.WriteString("name: llama\nendpoints:\n")
-	for addr, name := range servers {
-		fmt.Fprintf(&sb, "- address: %s\n  name: %s\n", addr, name)
-	}
-	pool := filepath.Join(t.TempDir(), "pool.yaml")
-	if err := os.WriteFile(pool, []byte(sb.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := epp.NewService(epp.Config{
-		Server: server.Options{GRPCAddr: fmt.Sprintf("%s:%d", podAddr(pickerIndex), pickerPort), HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
-		PoolFile: pool, MetricsStaleness: 2 * time.Second, Logger: logr.Discard(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Run(ctx); close(done) }()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
 }
 
 // startPayload runs the payload processor at its pod's address over TLS,
@@ -148,7 +116,7 @@ func TestTrafficThroughIstio(t *testing.T) {
 			c := startCluster(t)
 			c.startIstiod(t)
 			servers := modelServers(t, 2)
-			stopPicker := startPicker(t, servers)
+			stopPicker := gatewaytest.StartPicker(t, fmt.Sprintf("%s:%d", podAddr(pickerIndex), pickerPort), servers)
 			startPayload(t)
 			c.install(t, mode, 2)
 			n := standIn(t)
