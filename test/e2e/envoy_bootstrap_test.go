@@ -1,18 +1,16 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoy"
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -25,32 +23,13 @@ func startBootstrap(t *testing.T, cfg envoy.Config) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := devproxy.NewNode(devproxy.NodeConfig{
+	n := gatewaytest.StandIn(t, devproxy.NodeConfig{
 		Bootstrap:     b,
 		FreePorts:     true,
 		Timeouts:      devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
-		Logger:        logr.Discard(),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("stand-in from the bootstrap: %v", err)
-		}
-	})
-	var addr string
-	waitFor(t, "the bootstrap's listener serves", func() bool {
-		a, ok := n.ListenerAddr(envoy.ListenerName)
-		addr = a
-		return ok
-	})
-	return "http://" + addr
+	return gatewaytest.ListenerURL(t, n, envoy.ListenerName)
 }
 
 // TestPlainEnvoyBootstrap runs the stand-in from a rendered bootstrap in

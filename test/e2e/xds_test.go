@@ -9,14 +9,13 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
 	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // startNode runs the stand-in as an xDS node of srv until the test ends and
@@ -29,37 +28,14 @@ func startNode(t testing.TB, srv *xdstest.Server, listener string) (*devproxy.No
 // startNodeResolving is startNode with the stand-in's table of host names.
 func startNodeResolving(t testing.TB, srv *xdstest.Server, listener string, resolve map[string]string) (*devproxy.Node, string) {
 	t.Helper()
-	log := logr.Discard()
-	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
-		log = testr.New(tt)
-	}
-	n, err := devproxy.NewNode(devproxy.NodeConfig{
+	n := gatewaytest.StandIn(t, devproxy.NodeConfig{
 		XDS:           xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
 		FreePorts:     true,
 		Resolve:       resolve,
 		Timeouts:      devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
-		Logger:        log,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("node: %v", err)
-		}
-	})
-	var addr string
-	waitFor(t, "listener "+listener+" serves", func() bool {
-		a, ok := n.ListenerAddr(listener)
-		addr = a
-		return ok
-	})
-	return n, "http://" + addr
+	return n, gatewaytest.ListenerURL(t, n, listener)
 }
 
 // requireNoNACK fails the test with the stand-in's reason for any rejected update.

@@ -265,13 +265,14 @@ func ListenerHCMs(l *listenerv3.Listener) []*hcmv3.HttpConnectionManager {
 	return out
 }
 
-// StandIn runs the Envoy stand-in as an xDS node of cfg until the test
-// ends, logging to the test in verbose runs.
-func StandIn(t *testing.T, cfg devproxy.NodeConfig) *devproxy.Node {
+// StandIn runs the Envoy stand-in as an xDS node of cfg (or from its
+// bootstrap) until the test ends, logging to the test in verbose runs; a
+// Run that ends in error fails the test.
+func StandIn(t testing.TB, cfg devproxy.NodeConfig) *devproxy.Node {
 	t.Helper()
 	cfg.Logger = logr.Discard()
-	if testing.Verbose() {
-		cfg.Logger = testr.New(t)
+	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
+		cfg.Logger = testr.New(tt)
 	}
 	n, err := devproxy.NewNode(cfg)
 	if err != nil {
@@ -280,8 +281,31 @@ func StandIn(t *testing.T, cfg devproxy.NodeConfig) *devproxy.Node {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("stand-in: %v", err)
+		}
+	})
 	return n
+}
+
+// ListenerURL waits until the stand-in serves the first of listeners it
+// has, and returns its base URL.
+func ListenerURL(t testing.TB, n *devproxy.Node, listeners ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		for _, l := range listeners {
+			if a, ok := n.ListenerAddr(l); ok {
+				return "http://" + a
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stand-in serves none of %v", listeners)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Built is the folder a hack/ build script prints (it builds once into

@@ -120,16 +120,7 @@ func TestTrafficThroughIstio(t *testing.T) {
 			startPayload(t)
 			c.install(t, mode, 2)
 			n := standIn(t)
-			var base string
-			gatewaytest.WaitFor(t, "the Gateway's listener on the stand-in", testTimeout, func() bool {
-				for _, name := range []string{"0.0.0.0_80", "0.0.0.0_8080"} {
-					if a, ok := n.ListenerAddr(name); ok {
-						base = "http://" + a
-						return true
-					}
-				}
-				return false
-			})
+			base := gatewaytest.ListenerURL(t, n, "0.0.0.0_80", "0.0.0.0_8080")
 			var r reply
 			gatewaytest.WaitFor(t, "a first answer from a model server", testTimeout, func() bool {
 				r = post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"hello","max_tokens":2}`)
