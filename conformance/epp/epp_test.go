@@ -233,16 +233,8 @@ func (p *brokenPicker) Process(srv extprocv3.ExternalProcessor_ProcessServer) er
 			if err != nil || !ok {
 				return err
 			}
-			if len(chunks) == 0 {
-				chunks = [][]byte{nil}
-			}
-			if p.d.dropFirstChunk && len(chunks) > 1 {
-				chunks = chunks[1:]
-			}
-			for i, c := range chunks {
-				if err := srv.Send(fakeproc.Streamed(false, c, i == len(chunks)-1)); err != nil {
-					return err
-				}
+			if err := brokentest.SendBody(srv, chunks, p.d.dropFirstChunk); err != nil {
+				return err
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			if err := srv.Send(fakeproc.TrailersResp(false, nil)); err != nil {

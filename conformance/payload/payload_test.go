@@ -238,16 +238,8 @@ func (p *brokenProcessor) Process(srv extprocv3.ExternalProcessor_ProcessServer)
 			if err := srv.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: m, ClearRouteCache: m != nil})); err != nil {
 				return err
 			}
-			if len(chunks) == 0 {
-				chunks = [][]byte{nil}
-			}
-			if p.d.dropFirstChunk && len(chunks) > 1 {
-				chunks = chunks[1:]
-			}
-			for i, c := range chunks {
-				if err := srv.Send(fakeproc.Streamed(false, c, i == len(chunks)-1)); err != nil {
-					return err
-				}
+			if err := brokentest.SendBody(srv, chunks, p.d.dropFirstChunk); err != nil {
+				return err
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			if err := srv.Send(fakeproc.TrailersResp(false, nil)); err != nil {

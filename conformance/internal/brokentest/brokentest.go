@@ -15,12 +15,14 @@ import (
 	"slices"
 	"testing"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/onsi/ginkgo/v2/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	"github.com/infergate/infergate/internal/testcert"
 )
 
@@ -126,4 +128,24 @@ func Serve(t *testing.T, register func(*grpc.Server), healthService string) stri
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	return ln.Addr().String()
+}
+
+// SendBody re-emits a request body the way a FULL_DUPLEX_STREAMED
+// processor does once it has decided: the chunks it received (an empty
+// body as one empty chunk), the last marked end of stream; dropFirst
+// leaves out the first of several chunks, a defect the chunked-body specs
+// must catch.
+func SendBody(srv extprocv3.ExternalProcessor_ProcessServer, chunks [][]byte, dropFirst bool) error {
+	if len(chunks) == 0 {
+		chunks = [][]byte{nil}
+	}
+	if dropFirst && len(chunks) > 1 {
+		chunks = chunks[1:]
+	}
+	for i, c := range chunks {
+		if err := srv.Send(fakeproc.Streamed(false, c, i == len(chunks)-1)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
