@@ -220,52 +220,38 @@ func (fl *devproxyFlags) runXDS(cmd *cobra.Command) error {
 	if fl.nodeID == "" {
 		return errors.New("--node-id is required with --xds-server")
 	}
-	resolve, err := fl.resolveTable()
-	if err != nil {
-		return err
-	}
 	tlsCfg, err := fl.xdsTLSConfig()
 	if err != nil {
 		return err
 	}
-	log, err := fl.logs.logger()
-	if err != nil {
-		return fmt.Errorf("devproxy logger: %w", err)
-	}
-	tuneGC()
-	out := cmd.OutOrStdout()
-	node, err := devproxy.NewNode(devproxy.NodeConfig{
+	return fl.runNode(cmd, devproxy.NodeConfig{
 		XDS: xdsclient.Config{
 			Server: fl.xdsServer, NodeID: fl.nodeID, NodeCluster: fl.nodeCluster, TLS: tlsCfg,
 		},
-		Address:       fl.address,
-		FreePorts:     fl.freePorts,
-		Resolve:       resolve,
-		Timeouts:      devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect},
-		DebugMetadata: fl.debugMetadata,
-		Logger:        log,
-		OnListener: func(name, xdsAddr, bound string) {
-			// One line per listener, so scripts using --free-ports can find it.
-			_, _ = fmt.Fprintf(out, "devproxy listener %s (xDS %s) on http://%s\n", name, xdsAddr, bound)
-		},
-	})
-	if err != nil {
-		return err
-	}
-	log.Info("devproxy started in xDS mode", "xdsServer", fl.xdsServer, "nodeID", fl.nodeID)
-	return node.Run(cmd.Context())
+		FreePorts: fl.freePorts,
+	}, "xDS", "xdsServer", fl.xdsServer, "nodeID", fl.nodeID)
 }
 
 // runBootstrap serves an Envoy bootstrap's static resources: each listener
 // on --address at the bootstrap's port, until the command's context ends.
 func (fl *devproxyFlags) runBootstrap(cmd *cobra.Command) error {
-	resolve, err := fl.resolveTable()
-	if err != nil {
-		return err
-	}
 	bs, err := devproxy.LoadBootstrap(fl.bootstrap)
 	if err != nil {
 		return fmt.Errorf("--bootstrap: %w", err)
+	}
+	if err := fl.runNode(cmd, devproxy.NodeConfig{Bootstrap: bs}, "bootstrap", "bootstrap", fl.bootstrap); err != nil {
+		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
+	}
+	return nil
+}
+
+// runNode runs the stand-in as a node configured by cfg (its source of
+// configuration set) and the flags both modes share, until the command's
+// context ends; source names the mode in its output.
+func (fl *devproxyFlags) runNode(cmd *cobra.Command, cfg devproxy.NodeConfig, source string, logKV ...any) error {
+	resolve, err := fl.resolveTable()
+	if err != nil {
+		return err
 	}
 	log, err := fl.logs.logger()
 	if err != nil {
@@ -273,26 +259,19 @@ func (fl *devproxyFlags) runBootstrap(cmd *cobra.Command) error {
 	}
 	tuneGC()
 	out := cmd.OutOrStdout()
-	node, err := devproxy.NewNode(devproxy.NodeConfig{
-		Bootstrap:     bs,
-		Address:       fl.address,
-		Resolve:       resolve,
-		Timeouts:      devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect},
-		DebugMetadata: fl.debugMetadata,
-		Logger:        log,
-		OnListener: func(name, addr, bound string) {
-			// One line per listener, as in xDS mode.
-			_, _ = fmt.Fprintf(out, "devproxy listener %s (bootstrap %s) on http://%s\n", name, addr, bound)
-		},
-	})
+	cfg.Address, cfg.Resolve, cfg.Logger = fl.address, resolve, log
+	cfg.Timeouts = devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect}
+	cfg.DebugMetadata = fl.debugMetadata
+	cfg.OnListener = func(name, addr, bound string) {
+		// One line per listener, so scripts using --free-ports can find it.
+		_, _ = fmt.Fprintf(out, "devproxy listener %s (%s %s) on http://%s\n", name, source, addr, bound)
+	}
+	node, err := devproxy.NewNode(cfg)
 	if err != nil {
-		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
+		return err
 	}
-	log.Info("devproxy started in bootstrap mode", "bootstrap", fl.bootstrap)
-	if err := node.Run(cmd.Context()); err != nil {
-		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
-	}
-	return nil
+	log.Info("devproxy started in "+source+" mode", logKV...)
+	return node.Run(cmd.Context())
 }
 
 // resolveTable parses --resolve.
