@@ -36,8 +36,14 @@ type Options struct {
 	MetricsStaleness time.Duration
 	// EmitScores adds each target's score to the envoy.lb metadata.
 	EmitScores bool
-	Registerer prometheus.Registerer
-	Logger     logr.Logger
+	// ConformanceTest makes the picker the test picker the upstream
+	// InferencePool conformance suite expects: each pick also asks the
+	// echo server to report it (X-Echo-Set-Header), and every response
+	// carries the endpoint the proxy says served it (ConformanceServedHeader),
+	// or why it cannot.
+	ConformanceTest bool
+	Registerer      prometheus.Registerer
+	Logger          logr.Logger
 }
 
 // Picker is the endpoint picker's ext_proc handler.
@@ -220,9 +226,13 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	if log := p.opts.Logger.V(1); log.Enabled() {
 		log.Info("picked", "request", req.ID, "model", req.Model, "targets", value, "profile", res.Primary, "score", targets[0].Score)
 	}
+	// Overwrite: a client-supplied destination header must never survive.
+	set := []server.Header{{Name: DestinationHeader, Value: value}}
+	if p.opts.ConformanceTest {
+		set = append(set, server.Header{Name: EchoSetHeader, Value: ConformanceServedHeader + ":" + x.picked[0]})
+	}
 	return &server.Decision{
-		// Overwrite: a client-supplied destination header must never survive.
-		SetHeaders:      []server.Header{{Name: DestinationHeader, Value: value}},
+		SetHeaders:      set,
 		Body:            rewritten,
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
 		ClearRouteCache: true,
@@ -318,7 +328,19 @@ func firstHeader(h server.Headers, names ...string) string {
 
 func (x *exchange) HandleResponseHeaders(ctx context.Context, r *server.Response) *server.Decision {
 	x.noteServed(ctx, r.Metadata)
-	return nil
+	if !x.p.opts.ConformanceTest {
+		return nil
+	}
+	// The suite compares this with the endpoint it steered to: the value
+	// must come from the proxy's report, not from the pick.
+	served := "fail: missing envoy lb metadata"
+	if lb, ok := r.Metadata[LBNamespace]; ok {
+		served = "fail: missing destination endpoint served metadata"
+		if v, ok := lb.GetFields()[ServedKey]; ok {
+			served = v.GetStringValue()
+		}
+	}
+	return &server.Decision{SetHeaders: []server.Header{{Name: ConformanceServedHeader, Value: served}}}
 }
 
 func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) ([]byte, *structpb.Struct) {

@@ -37,12 +37,13 @@ type rig struct {
 }
 
 type rigOpts struct {
-	configText string
-	endpoints  []datastore.Spec
-	priorities map[string]int
-	bodyLimit  int64
-	emitScores bool
-	queueTTL   time.Duration // > 0 turns flow control on
+	configText  string
+	endpoints   []datastore.Spec
+	priorities  map[string]int
+	bodyLimit   int64
+	emitScores  bool
+	conformance bool
+	queueTTL    time.Duration // > 0 turns flow control on
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -82,6 +83,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		// Scorers treat metrics as fresh for the whole test.
 		MetricsStaleness: time.Minute,
 		EmitScores:       o.emitScores,
+		ConformanceTest:  o.conformance,
 		Registerer:       reg,
 		Logger:           logr.Discard(),
 	})
@@ -386,7 +388,15 @@ schedulingProfiles:
 			t.Fatalf("destination %q, want the steered 10.0.0.2:8000", got)
 		}
 	}
-	r.do(t, call{body: completion}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+	// Without the header every endpoint stays a candidate, as in the
+	// upstream suite's picker (its status probes name none).
+	seen := map[string]bool{}
+	for range 60 {
+		seen[r.do(t, call{body: completion}).destination(t)] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("without the header the picks went to %v, want all three endpoints", seen)
+	}
 	r.do(t, call{body: completion, headers: map[string]string{scheduling.EndpointSelectionHeader: "10.0.0.9:8000"}}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
 }
 
@@ -544,27 +554,82 @@ func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
 	}
 }
 
+// respondHeaders sends the upstream's response headers with the served
+// endpoint (none when md is nil) and returns the picker's answer.
+func respondHeaders(t *testing.T, a *answer, md *corev3.Metadata) *extprocv3.HeadersResponse {
+	t.Helper()
+	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true,
+	}}, MetadataContext: md}
+	if err := a.stream.Send(msg); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.stream.CloseSend()
+	_, _ = a.stream.Recv() // EOF once the picker closed the exchange
+	return resp.GetResponseHeaders()
+}
+
+func servedMetadata(fields map[string]*structpb.Value) *corev3.Metadata {
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.LBNamespace: {Fields: fields}}}
+}
+
+// TestConformanceTestMode: the picker the upstream conformance suite runs
+// asks the echo server to name the pick, and reports on the response the
+// endpoint the proxy says served, or why it cannot.
+func TestConformanceTestMode(t *testing.T) {
+	r := newRig(t, rigOpts{conformance: true, endpoints: specs("10.0.0.1:3000")})
+	a := r.do(t, call{})
+	if got, _ := a.header(t, epp.EchoSetHeader); got != epp.ConformanceServedHeader+":10.0.0.1:3000" {
+		t.Fatalf("%s = %q", epp.EchoSetHeader, got)
+	}
+	cases := []struct {
+		name string
+		md   *corev3.Metadata
+		want string
+	}{
+		{"served reported", servedMetadata(map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue("10.0.0.1:3000")}), "10.0.0.1:3000"},
+		{"no envoy.lb metadata", nil, "fail: missing envoy lb metadata"},
+		{"no served key", servedMetadata(map[string]*structpb.Value{"other": structpb.NewStringValue("x")}), "fail: missing destination endpoint served metadata"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := respondHeaders(t, r.do(t, call{body: completion}), tc.md)
+			var got string
+			for _, o := range h.GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if o.GetHeader().GetKey() == epp.ConformanceServedHeader {
+					got = string(o.GetHeader().GetRawValue())
+				}
+			}
+			if got != tc.want {
+				t.Fatalf("%s = %q, want %q", epp.ConformanceServedHeader, got, tc.want)
+			}
+		})
+	}
+	// Outside the mode neither header is added.
+	plain := newRig(t, rigOpts{endpoints: specs("10.0.0.1:3000")})
+	a = plain.do(t, call{})
+	if _, ok := a.header(t, epp.EchoSetHeader); ok {
+		t.Fatal("X-Echo-Set-Header outside conformance-test mode")
+	}
+	if h := respondHeaders(t, plain.do(t, call{body: completion}), nil); len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) != 0 {
+		t.Fatalf("response headers set outside conformance-test mode: %v", h)
+	}
+}
+
 func TestServedEndpointIsRecorded(t *testing.T) {
 	cfg := queueWithFallbacks(2)
 	r := newRig(t, rigOpts{configText: cfg, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")})
 	respond := func(a *answer, served string) {
 		t.Helper()
-		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true,
-		}}}
+		var md *corev3.Metadata
 		if served != "" {
-			msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-				epp.LBNamespace: {Fields: map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue(served)}},
-			}}
+			md = servedMetadata(map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue(served)})
 		}
-		if err := a.stream.Send(msg); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := a.stream.Recv(); err != nil {
-			t.Fatal(err)
-		}
-		_ = a.stream.CloseSend()
-		_, _ = a.stream.Recv() // EOF once the picker closed the exchange
+		respondHeaders(t, a, md)
 	}
 	a := r.do(t, call{body: completion})
 	list := strings.Split(a.destination(t), ",")

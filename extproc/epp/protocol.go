@@ -21,6 +21,13 @@ const (
 	// ScoresKey (in LBNamespace) carries per-endpoint scores when enabled.
 	ScoresKey = "x-gateway-destination-endpoint-scores"
 
+	// ConformanceServedHeader is the response header in which the
+	// conformance-test picker reports the served endpoint, and EchoSetHeader
+	// the request header that asks the suite's echo server to set a
+	// response header (name:value) of its own.
+	ConformanceServedHeader = "x-conformance-test-served-endpoint"
+	EchoSetHeader           = "X-Echo-Set-Header"
+
 	// ObjectiveHeader names the request's objective (→ priority);
 	// LegacyObjectiveHeader is the older name, still honoured.
 	ObjectiveHeader       = "x-llm-d-inference-objective"

@@ -34,8 +34,12 @@ type Config struct {
 	// Kube follows an InferencePool and its Pods (Kubernetes mode).
 	Kube *KubeConfig
 	// ConfigFile or ConfigText hold an EndpointPickerConfig; neither means
-	// config.DefaultConfig.
+	// config.DefaultConfig, or config.ConformanceTestConfig in
+	// ConformanceTest mode.
 	ConfigFile, ConfigText string
+	// ConformanceTest runs the picker as the upstream conformance suite's
+	// test picker (Options.ConformanceTest).
+	ConformanceTest bool
 	// RefreshInterval overrides the config's scrape interval when > 0.
 	RefreshInterval time.Duration
 	// MetricsStaleness: endpoint metrics older than this count as unknown.
@@ -105,7 +109,11 @@ func NewService(cfg Config) (*Service, error) {
 			err = fmt.Errorf("--config-text: %w", err)
 		}
 	default:
-		loaded, err = config.Load([]byte(config.DefaultConfig))
+		def := config.DefaultConfig
+		if cfg.ConformanceTest {
+			def = config.ConformanceTestConfig
+		}
+		loaded, err = config.Load([]byte(def))
 	}
 	if err != nil {
 		return nil, err
@@ -171,6 +179,7 @@ func NewService(cfg Config) (*Service, error) {
 		Queue:            queue,
 		MetricsStaleness: cfg.MetricsStaleness,
 		EmitScores:       cfg.EmitScores,
+		ConformanceTest:  cfg.ConformanceTest,
 		Registerer:       reg,
 		Logger:           cfg.Logger.WithName("picker"),
 	})

@@ -92,6 +92,22 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 `
 
+// ConformanceTestConfig is the test picker of conformance runs: any
+// endpoint the request's test-epp-endpoint-selection header names (all of
+// them without it), at random. Model servers there are echo servers with
+// no metrics, so no scorer has anything to read.
+const ConformanceTestConfig = `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: header-based-testing-filter
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: header-based-testing-filter
+  - pluginRef: random-picker
+`
+
 // MinScrapeInterval is the shortest metrics scrape interval accepted.
 const MinScrapeInterval = 50 * time.Millisecond
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/inference/wire"
@@ -155,12 +156,18 @@ const EndpointSelectionHeader = wire.EndpointSelectionHeader
 
 type headerTestingFilter struct{ named }
 
-// Filter keeps the named endpoints; a request without the header, or naming
-// none of the candidates, keeps none, so it is answered 503 rather than
-// routed somewhere the test did not ask for.
+// Filter keeps the named endpoints; a request naming none of the
+// candidates keeps none, so it is answered 503 rather than routed
+// somewhere the test did not ask for. A request without the header (or
+// with an empty one) keeps them all, as the upstream conformance suite's
+// picker does: its body-less status probes name no endpoint.
 func (headerTestingFilter) Filter(_ context.Context, req *Request, eps []Endpoint) []Endpoint {
+	list := req.Headers[EndpointSelectionHeader]
+	if strings.TrimSpace(list) == "" {
+		return eps
+	}
 	set := datastore.NewAddressSet()
-	set.AddList(req.Headers[EndpointSelectionHeader])
+	set.AddList(list)
 	out := make([]Endpoint, 0, 1)
 	for _, e := range eps {
 		if set.Allows(e.Endpoint) {

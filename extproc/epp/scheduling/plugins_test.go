@@ -154,8 +154,8 @@ func TestHeaderTestingFilter(t *testing.T) {
 		header *string
 		want   []string
 	}{
-		{"no header keeps none", nil, nil},
-		{"empty header keeps none", ptr(""), nil},
+		{"no header keeps all", nil, []string{"10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "[fd00::3]:8000"}},
+		{"empty header keeps all", ptr(" "), []string{"10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "[fd00::3]:8000"}},
 		{"exact ip:port", ptr("10.0.0.2:8000"), []string{"10.0.0.2:8000"}},
 		{"ip alone keeps every rank", ptr("10.0.0.1"), []string{"10.0.0.1:8000", "10.0.0.1:8001"}},
 		{"list with spaces", ptr(" 10.0.0.1:8001 , 10.0.0.2:8000"), []string{"10.0.0.1:8001", "10.0.0.2:8000"}},
