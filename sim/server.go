@@ -82,9 +82,14 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve serves the API on ln until ctx ends, then shuts down gracefully,
 // cutting requests still running after a short grace period, and returns
-// nil. It closes ln.
+// nil. It closes ln. HTTP/1.1 and HTTP/2 without TLS (h2c, prior
+// knowledge) are both served, as a model server behind a pool whose
+// appProtocol is kubernetes.io/h2c must.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, Protocols: &protocols}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -39,6 +39,7 @@ type simOptions struct {
 	bytesPerToken       int
 	echo                bool
 	echoNamespace       string
+	h2cPort             int
 }
 
 func newSimCommand() *cobra.Command {
@@ -78,6 +79,7 @@ func (o *simOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.tokenizer, "tokenizer", sim.DefaultTokenizer, "tokenizer of token counts, usage, metrics and KV blocks: bytes (a token every --bytes-per-token bytes) or words (white space and a word, long words cut every 8 bytes: about 5-6 bytes a token on English)")
 	f.IntVar(&o.bytesPerToken, "bytes-per-token", sim.DefaultBytesPerToken, "token size of --tokenizer bytes, 2 to 8; real tokenizers make about 2 (code, CJK, numbers) to 6 (long English words)")
 	f.BoolVar(&o.echo, "echo", false, "answer every request as Gateway API's echo-basic does (a JSON echo of the request, X-Echo-Set-Header honoured), the model server the upstream InferencePool conformance suite expects; the pod is --name (or $POD_NAME)")
+	f.IntVar(&o.h2cPort, "h2c-port", 0, "also serve the first server on this port, for clients that speak HTTP/2 without TLS (h2c) as a pool with appProtocol kubernetes.io/h2c asks; every port serves h2c and HTTP/1.1 alike (echo-basic's H2C_PORT). 0: none")
 	f.StringVar(&o.echoNamespace, "echo-namespace", os.Getenv("NAMESPACE"), "namespace --echo reports (default $NAMESPACE, as echo-basic reads it)")
 }
 
@@ -109,6 +111,9 @@ func (o simOptions) check() error {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("--%s must not be negative, got %s", flag, d))
 		}
+	}
+	if o.h2cPort < 0 || o.h2cPort > 65535 {
+		errs = append(errs, fmt.Errorf("--h2c-port must be within 0..65535, got %d", o.h2cPort))
 	}
 	if !(o.timeScale > 0) {
 		errs = append(errs, fmt.Errorf("--time-scale must be greater than 0, got %g", o.timeScale))
@@ -231,6 +236,14 @@ func runSim(ctx context.Context, o simOptions) error {
 			return fmt.Errorf("--address/--port: %w", err)
 		}
 		servers[i], listeners = s, append(listeners, ln)
+	}
+	if o.h2cPort != 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(o.address, strconv.Itoa(o.h2cPort)))
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("--address/--h2c-port: %w", err)
+		}
+		servers, listeners = append(servers, servers[0]), append(listeners, ln)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)

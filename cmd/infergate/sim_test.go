@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -119,4 +126,63 @@ func TestSimEchoFlags(t *testing.T) {
 			t.Errorf("%v: echo %+v, want %+v", tc.args, got, tc.want)
 		}
 	}
+}
+
+// TestSimH2CPort: --h2c-port serves the first server over HTTP/2 without
+// TLS (prior knowledge), as a pool with appProtocol kubernetes.io/h2c
+// reaches it; the echo reports the port and the protocol.
+func TestSimH2CPort(t *testing.T) {
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runSim(ctx, simOptions{address: "127.0.0.1", port: 0, dataParallelSize: 1, name: "pod-a", model: sim.DefaultModel,
+			maxLoRAs: sim.DefaultMaxLoRAs, maxNumSeqs: sim.DefaultMaxNumSeqs, maxWaitingQueue: sim.DefaultMaxWaitingQueue,
+			timeScale: 1, kvCacheTokens: sim.DefaultKVCacheTokens, blockSize: sim.DefaultBlockSize, tokenizer: sim.DefaultTokenizer,
+			bytesPerToken: sim.DefaultBytesPerToken, echo: true, h2cPort: port})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	c := &http.Client{Transport: &http.Transport{Protocols: &protocols}, Timeout: 5 * time.Second}
+	url := fmt.Sprintf("http://127.0.0.1:%d/echo", port)
+	var resp *http.Response
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if resp, err = c.Get(url); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer resp.Body.Close()
+	var echo struct {
+		Proto    string `json:"proto"`
+		HTTPPort string `json:"httpPort"`
+		Pod      string `json:"pod"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&echo); err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 || echo.Proto != "HTTP/2.0" || echo.HTTPPort != strconv.Itoa(port) || echo.Pod != "pod-a" {
+		t.Fatalf("h2c: %s, echo %+v", resp.Proto, echo)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
