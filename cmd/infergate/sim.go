@@ -203,6 +203,9 @@ func runSim(ctx context.Context, o simOptions) error {
 		return err
 	}
 	if o.name == "" {
+		o.name = os.Getenv("POD_NAME") // a Pod's name, as the downward API gives it
+	}
+	if o.name == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
 			host = sim.DefaultName

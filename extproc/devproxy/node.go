@@ -51,7 +51,11 @@ type NodeConfig struct {
 	// unless ResolveOnly.
 	Resolve     map[string]string
 	ResolveOnly bool
-	Timeouts    Timeouts
+	// Lookup, if set, resolves the names Resolve does not hold, in place of
+	// the system resolver: a test's cluster DNS (Service names to their
+	// cluster IPs, say).
+	Lookup   func(ctx context.Context, host string) (string, error)
+	Timeouts Timeouts
 	// DebugMetadata adds DebugMetadataHeader to responses.
 	DebugMetadata bool
 	Logger        logr.Logger
@@ -458,11 +462,18 @@ func (n *Node) resolve(host string) (string, error) {
 	if ip, ok := n.cfg.Resolve[host]; ok {
 		return ip, nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if n.cfg.Lookup != nil {
+		ip, err := n.cfg.Lookup(ctx, host)
+		if err != nil {
+			return "", fmt.Errorf("resolving %q: %w", host, err)
+		}
+		return ip, nil
+	}
 	if n.cfg.ResolveOnly {
 		return "", fmt.Errorf("%q is not in the stand-in's resolve table", host)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
 		return "", fmt.Errorf("resolving %q: %w (add it to the stand-in's resolve table)", host, err)

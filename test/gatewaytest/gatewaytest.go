@@ -360,3 +360,15 @@ func StartPicker(t *testing.T, addr string, servers map[string]string) (stop fun
 	t.Cleanup(stop)
 	return stop
 }
+
+// Infergate builds the infergate command into the test's temporary folder
+// and returns its path (Go's build cache makes a second build a link).
+func Infergate(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "infergate")
+	out, err := exec.CommandContext(Ctx(t), "go", "build", "-o", bin, "github.com/infergate/infergate/cmd/infergate").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build infergate: %v\n%s", err, out)
+	}
+	return bin
+}
