@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -74,6 +75,21 @@ const ProfileName = gie.GatewayLayerProfileName
 // DefaultTimeouts are upstream's, for a real cluster.
 func DefaultTimeouts() gwconfig.TimeoutConfig {
 	return gieconfig.DefaultInferenceExtensionTimeoutConfig().TimeoutConfig
+}
+
+// CappedTimeouts are upstream's timeouts with none longer than limit (the
+// poll interval and the fixed waits under it stay): for a control plane
+// that converges in seconds, so that a gateway that never converges fails
+// a run in minutes rather than hours.
+func CappedTimeouts(limit time.Duration) gwconfig.TimeoutConfig {
+	cfg := DefaultTimeouts()
+	v := reflect.ValueOf(&cfg).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Type() == reflect.TypeFor[time.Duration]() && time.Duration(f.Int()) > limit {
+			f.SetInt(int64(limit))
+		}
+	}
+	return cfg
 }
 
 // Tests are the tests of the profile, in the order they run.

@@ -2,29 +2,17 @@ package envoygateway
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
-
-// egNamespace is where Envoy Gateway runs and keeps its certificates.
-const egNamespace = "envoy-gateway-system"
-
-// controllerName is Envoy Gateway's default GatewayClass controller.
-const controllerName = "gateway.envoyproxy.io/gatewayclass-controller"
 
 type cluster struct {
 	*gatewaytest.Cluster
@@ -34,13 +22,7 @@ type cluster struct {
 // and Envoy Gateway CRDs, and writes a kubeconfig for the processes.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	egDir, err := controlplane.ModuleDir(gatewaytest.Ctx(t), "github.com/envoyproxy/gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := &cluster{gatewaytest.StartCluster(t, "envoy-gateway", filepath.Join(egDir, "charts", "gateway-helm", "charts", "crds", "crds", "generated"))}
-	cl.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egNamespace}})
-	return cl
+	return &cluster{gatewaytest.StartCluster(t, "envoy-gateway", gatewaytest.EnvoyGatewayCRDs(t))}
 }
 
 func (c *cluster) create(t *testing.T, objs ...client.Object) {
@@ -52,79 +34,11 @@ func (c *cluster) create(t *testing.T, objs ...client.Object) {
 	}
 }
 
-// egBinary is $INFERGATE_ENVOY_GATEWAY (make test sets it), or the binary
-// hack/envoygateway.sh builds once and caches.
-func egBinary(t *testing.T) string {
-	t.Helper()
-	if bin := os.Getenv("INFERGATE_ENVOY_GATEWAY"); bin != "" {
-		return bin
-	}
-	return filepath.Join(gatewaytest.Built(t, "", "envoygateway.sh"), "envoy-gateway")
-}
-
-// egConfig is the EnvoyGateway resource; with extension set, infergate's
-// extension server is registered for InferencePool backends.
-func egConfig(extension string) string {
-	cfg := `apiVersion: gateway.envoyproxy.io/v1alpha1
-kind: EnvoyGateway
-gateway:
-  controllerName: ` + controllerName + `
-provider:
-  type: Kubernetes
-  kubernetes:
-    proxyTopologyInjector:
-      disabled: true
-logging:
-  level:
-    default: info
-`
-	if extension != "" {
-		host, port, _ := strings.Cut(extension, ":")
-		cfg += `extensionManager:
-  backendResources:
-  - group: inference.networking.k8s.io
-    version: v1
-    kind: InferencePool
-  hooks:
-    xdsTranslator:
-      post: [Route, Cluster, Translation]
-      translation:
-        listener: {includeAll: true}
-        route: {includeAll: true}
-        cluster: {includeAll: true}
-  service:
-    ip:
-      address: ` + host + `
-      port: ` + port + `
-`
-	}
-	return cfg
-}
-
-// startEG runs certgen and Envoy Gateway's controller until the test ends.
+// startEG runs Envoy Gateway's controller, with the extension at
+// extension if set, until the test ends.
 func (c *cluster) startEG(t *testing.T, extension string) {
 	t.Helper()
-	bin := egBinary(t)
-	env := []string{"KUBECONFIG=" + c.Kubeconfig, "ENVOY_GATEWAY_NAMESPACE=" + egNamespace}
-	certgen := exec.CommandContext(gatewaytest.Ctx(t), bin, "certgen", "--disable-topology-injector")
-	certgen.Env = append(os.Environ(), env...)
-	if out, err := certgen.CombinedOutput(); err != nil {
-		t.Fatalf("envoy-gateway certgen: %v\n%s", err, out)
-	}
-	var secret corev1.Secret
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy-gateway"}, &secret); err != nil {
-		t.Fatal(err)
-	}
-	for file, key := range map[string]string{"tls.crt": "tls.crt", "tls.key": "tls.key", "ca.crt": "ca.crt"} {
-		if err := os.WriteFile(filepath.Join("/certs", file), secret.Data[key], 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfgPath := filepath.Join(c.Dir, "envoy-gateway.yaml")
-	if err := os.WriteFile(cfgPath, []byte(egConfig(extension)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c.Run(t, "envoy-gateway", env, bin, "server", "--config-path", cfgPath)
+	gatewaytest.StartEnvoyGateway(t, c.Cluster, extension)
 }
 
 // gatewayObjects are a GatewayClass for Envoy Gateway and a Gateway with an
@@ -133,7 +47,7 @@ func gatewayObjects(ns string) []client.Object {
 	return []client.Object{
 		&gatewayv1.GatewayClass{
 			ObjectMeta: metav1.ObjectMeta{Name: "eg"},
-			Spec:       gatewayv1.GatewayClassSpec{ControllerName: controllerName},
+			Spec:       gatewayv1.GatewayClassSpec{ControllerName: gatewaytest.EnvoyGatewayController},
 		},
 		&gatewayv1.Gateway{
 			ObjectMeta: metav1.ObjectMeta{Name: "inference-gateway", Namespace: ns},

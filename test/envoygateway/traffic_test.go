@@ -2,8 +2,6 @@ package envoygateway
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,28 +29,6 @@ import (
 	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/loopback"
 )
-
-// egXDS is Envoy Gateway's xDS server inside the test's namespace.
-const egXDS = "127.0.0.1:18000"
-
-// envoyTLS is what Envoy Gateway's Envoy presents to its xDS server: the
-// "envoy" certificate certgen issued, and its CA.
-func (c *cluster) envoyTLS(t *testing.T) *tls.Config {
-	t.Helper()
-	var s corev1.Secret
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: egNamespace, Name: "envoy"}, &s); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(s.Data["ca.crt"]) {
-		t.Fatal("no CA in the envoy secret")
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "envoy-gateway", MinVersion: tls.VersionTLS12}
-}
 
 // modelServers runs simulators as the pool's pods: app=<pool> pods whose
 // IPs (127.0.1.x, inside the namespace) the simulators listen on.
@@ -94,7 +70,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 	}
 	return gatewaytest.StandIn(t, devproxy.NodeConfig{
 		XDS: xdsclient.Config{
-			Server: egXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t),
+			Server: gatewaytest.EnvoyGatewayXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: gatewaytest.EnvoyGatewayTLS(t, c.Cluster),
 		},
 		FreePorts:     true,
 		Resolve:       resolve,

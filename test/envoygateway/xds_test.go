@@ -23,7 +23,7 @@ import (
 // captureXDS records what Envoy Gateway sends the Gateway's Envoy.
 func (c *cluster) captureXDS(t *testing.T, ns, gateway string) *gatewaytest.XDS {
 	t.Helper()
-	return gatewaytest.CaptureXDS(t, xdsclient.Config{Server: egXDS, NodeID: "capture", NodeCluster: ns + "/" + gateway, TLS: c.envoyTLS(t)})
+	return gatewaytest.CaptureXDS(t, xdsclient.Config{Server: gatewaytest.EnvoyGatewayXDS, NodeID: "capture", NodeCluster: ns + "/" + gateway, TLS: gatewaytest.EnvoyGatewayTLS(t, c.Cluster)})
 }
 
 // listenerHCM is the first connection manager of l.
