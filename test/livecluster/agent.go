@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -224,7 +225,7 @@ func (a *agent) report(ctx context.Context, p *corev1.Pod, rp *runningPod) {
 	}
 	st := corev1.PodStatus{
 		Phase: corev1.PodRunning, PodIP: rp.ip, PodIPs: []corev1.PodIP{{IP: rp.ip}}, HostIP: NodeIP,
-		HostIPs: []corev1.HostIP{{IP: NodeIP}}, StartTime: &now, QOSClass: corev1.PodQOSBestEffort,
+		HostIPs: []corev1.HostIP{{IP: NodeIP}}, StartTime: &now, QOSClass: p.Status.QOSClass,
 		Conditions: []corev1.PodCondition{cond(corev1.PodScheduled, true), cond(corev1.PodInitialized, true),
 			cond(corev1.ContainersReady, ready), cond(corev1.PodReady, ready)},
 	}
@@ -244,7 +245,10 @@ func (a *agent) report(ctx context.Context, p *corev1.Pod, rp *runningPod) {
 	fresh := p.DeepCopy()
 	fresh.Status = st
 	if err := a.c.Client.Status().Update(ctx, fresh); err != nil {
-		return // a conflict or a deleted Pod: the next sync sees the new state
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			a.event(p, "status: "+err.Error())
+		}
+		return // the next sync tries again with the Pod as it is then
 	}
 	a.mu.Lock()
 	rp.ready, rp.pod = ready, fresh
@@ -309,7 +313,9 @@ func (a *agent) event(p *corev1.Pod, msg string) {
 	path := filepath.Join(a.logDir, fmt.Sprintf("%s_%s.event", p.Namespace, p.Name))
 	_ = os.WriteFile(path, []byte(msg+"\n"), 0o600)
 	a.mu.Lock()
-	a.logs = append(a.logs, path)
+	if !slices.Contains(a.logs, path) {
+		a.logs = append(a.logs, path)
+	}
 	a.mu.Unlock()
 }
 

@@ -68,6 +68,10 @@ type Config struct {
 	NodeMetadata *structpb.Struct
 	// TLS secures the channel; nil means plaintext.
 	TLS *tls.Config
+	// Token, when set, is asked for a bearer token on every stream, sent as
+	// the authorization header (the service-account JWT that Envoy
+	// Gateway's gateway-namespace mode checks, say). It needs TLS.
+	Token func(ctx context.Context) (string, error)
 	// Logger receives connection events, ignored responses and NACKs at
 	// level 0, every request and response at V(1).
 	Logger logr.Logger
@@ -81,6 +85,9 @@ type Config struct {
 func (c Config) withDefaults() (Config, error) {
 	if c.Server == "" {
 		return c, errors.New("xdsclient: Config.Server is required")
+	}
+	if c.Token != nil && c.TLS == nil {
+		return c, errors.New("xdsclient: Config.Token needs TLS (a bearer token is not sent in plaintext)")
 	}
 	if c.NodeID == "" {
 		return c, errors.New("xdsclient: Config.NodeID is required (control planes key node state on it)")

@@ -78,8 +78,11 @@ func (c *Client) dial() (*grpc.ClientConn, error) {
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
 	}
-	conn, err := grpc.NewClient(target,
-		grpc.WithTransportCredentials(creds),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if c.cfg.Token != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(c.cfg.Token)))
+	}
+	conn, err := grpc.NewClient(target, append(opts,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)),
 		// Keep grpc's own reconnect backoff within ours; its default
 		// (1s growing to 120s) would dominate after a control plane restart.
@@ -91,13 +94,26 @@ func (c *Client) dial() (*grpc.ClientConn, error) {
 				MaxDelay:   c.cfg.BackoffMax,
 			},
 			MinConnectTimeout: 5 * time.Second,
-		}),
+		}))...,
 	)
 	if err != nil {
 		return nil, fmt.Errorf("xdsclient: channel to %s: %w", c.cfg.Server, err)
 	}
 	return conn, nil
 }
+
+// bearer sends Config.Token's token as the authorization header.
+type bearer func(ctx context.Context) (string, error)
+
+func (b bearer) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	tok, err := b(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("xdsclient: token: %w", err)
+	}
+	return map[string]string{"authorization": "Bearer " + tok}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return true }
 
 // discoveryStream is the client side of a state-of-the-world stream, ADS
 // or single-type: the same messages either way.
