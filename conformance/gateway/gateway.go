@@ -38,8 +38,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/version"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
 	gwconfig "sigs.k8s.io/gateway-api/conformance/utils/config"
+	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
 )
 
 // Options configure a run.

@@ -358,7 +358,9 @@ func (n *Node) syncSide(want map[string]*sideSource) {
 		ss := n.side[src]
 		if ss == nil {
 			cfg := n.cfg.XDS
-			cfg.Service, cfg.Server, cfg.TLS = xdsclient.EndpointService, w.target.addr, nil
+			// The ADS server's credentials are its own: an EDS cluster has
+			// its TLS (below) and no token, as its gRPC service would.
+			cfg.Service, cfg.Server, cfg.TLS, cfg.Token = xdsclient.EndpointService, w.target.addr, nil, nil
 			if w.target.tls {
 				// As for ext_proc clusters: TLS that accepts the server's
 				// certificate and presents the cluster's client certificate.

@@ -38,7 +38,7 @@ func (c *cluster) create(t *testing.T, objs ...client.Object) {
 // extension if set, until the test ends.
 func (c *cluster) startEG(t *testing.T, extension string) {
 	t.Helper()
-	gatewaytest.StartEnvoyGateway(t, c.Cluster, extension)
+	gatewaytest.StartEnvoyGateway(t, c.Cluster, gatewaytest.EnvoyGateway{Extension: extension})
 }
 
 // gatewayObjects are a GatewayClass for Envoy Gateway and a Gateway with an

@@ -1,19 +1,24 @@
 package gatewaytest
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
 	"github.com/infergate/infergate/test/controlplane"
 )
 
@@ -47,10 +52,37 @@ func envoyGatewayBinary(t *testing.T) string {
 	return filepath.Join(Built(t, "", "envoygateway.sh"), "envoy-gateway")
 }
 
-// EnvoyGatewayConfig is the EnvoyGateway resource; with extension (host:port)
-// set, infergate's extension server is registered for InferencePool
-// backends.
-func EnvoyGatewayConfig(extension string) string {
+// EnvoyGateway says how Envoy Gateway runs.
+type EnvoyGateway struct {
+	// Extension, when set (host:port), registers infergate's extension
+	// server for InferencePool backends.
+	Extension string
+	// GatewayNamespaceMode deploys each Gateway's Envoy in the Gateway's
+	// namespace (provider.kubernetes.deploy.type GatewayNamespace), as the
+	// upstream conformance suite needs (it wants a ready Pod in the
+	// Gateways' namespace). Envoy Gateway then authenticates its proxies
+	// by service-account token, through the API server's TokenReview with
+	// in-cluster credentials: the test mounts InClusterCredentials.
+	GatewayNamespaceMode bool
+}
+
+// InClusterCredentials is where a Pod's service-account credentials are,
+// and where Envoy Gateway reads them in gateway-namespace mode; a test that
+// uses the mode mounts a private tmpfs there (PrivateMounts).
+const InClusterCredentials = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// EnvoyGatewayAudience is the audience of the tokens Envoy Gateway's xDS
+// server accepts in gateway-namespace mode.
+const EnvoyGatewayAudience = "envoy-gateway." + EnvoyGatewayNamespace + ".svc.cluster.local"
+
+// EnvoyGatewayConfig is the EnvoyGateway resource for eg.
+func EnvoyGatewayConfig(eg EnvoyGateway) string {
+	deploy := ""
+	if eg.GatewayNamespaceMode {
+		deploy = `
+    deploy:
+      type: GatewayNamespace`
+	}
 	cfg := `apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: EnvoyGateway
 gateway:
@@ -59,13 +91,13 @@ provider:
   type: Kubernetes
   kubernetes:
     proxyTopologyInjector:
-      disabled: true
+      disabled: true` + deploy + `
 logging:
   level:
     default: info
 `
-	if extension != "" {
-		host, port, _ := strings.Cut(extension, ":")
+	if eg.Extension != "" {
+		host, port, _ := strings.Cut(eg.Extension, ":")
 		cfg += `extensionManager:
   backendResources:
   - group: inference.networking.k8s.io
@@ -87,11 +119,10 @@ logging:
 	return cfg
 }
 
-// StartEnvoyGateway runs certgen and Envoy Gateway's controller (with the
-// extension at extension, if set) until the test ends. Envoy Gateway reads
-// its certificates from /certs: the test runs in a mount namespace with a
-// private /certs.
-func StartEnvoyGateway(t *testing.T, c *Cluster, extension string) {
+// StartEnvoyGateway runs certgen and Envoy Gateway's controller as eg says
+// until the test ends. Envoy Gateway reads its certificates from /certs:
+// the test runs in a mount namespace with a private /certs.
+func StartEnvoyGateway(t *testing.T, c *Cluster, eg EnvoyGateway) {
 	t.Helper()
 	if err := c.Client.Create(Ctx(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: EnvoyGatewayNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -112,8 +143,11 @@ func StartEnvoyGateway(t *testing.T, c *Cluster, extension string) {
 			t.Fatal(err)
 		}
 	}
+	if eg.GatewayNamespaceMode {
+		env = append(env, inClusterCredentials(t, c)...)
+	}
 	cfgPath := filepath.Join(c.Dir, "envoy-gateway.yaml")
-	if err := os.WriteFile(cfgPath, []byte(EnvoyGatewayConfig(extension)), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(EnvoyGatewayConfig(eg)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.Run(t, "envoy-gateway", env, bin, "server", "--config-path", cfgPath)
@@ -137,3 +171,69 @@ func EnvoyGatewayTLS(t *testing.T, c *Cluster) *tls.Config {
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "envoy-gateway", MinVersion: tls.VersionTLS12}
 }
+
+// inClusterCredentials gives Envoy Gateway the credentials a Pod of its
+// own would have (a service account bound to cluster-admin, its token and
+// the API server's CA in InClusterCredentials) and returns the environment
+// that points rest.InClusterConfig at the API server.
+func inClusterCredentials(t *testing.T, c *Cluster) []string {
+	t.Helper()
+	ctx := Ctx(t)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "envoy-gateway", Namespace: EnvoyGatewayNamespace}}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "envoy-gateway"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: sa.Namespace}},
+	}
+	for _, o := range []client.Object{sa, binding} {
+		if err := c.Client.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))}}
+	if err := c.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatalf("service-account token for Envoy Gateway: %v", err)
+	}
+	for file, data := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": c.Env.Config.CAData, "namespace": []byte(EnvoyGatewayNamespace)} {
+		if err := os.WriteFile(filepath.Join(InClusterCredentials, file), data, 0o600); err != nil {
+			t.Fatalf("in-cluster credentials (the test must mount a private %s): %v", InClusterCredentials, err)
+		}
+	}
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(c.Env.Config.Host, "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port}
+}
+
+// EnvoyGatewayProxyXDS is the xDS client configuration of the Envoy in
+// pod, which Envoy Gateway deployed for the Gateway it names in its
+// labels: in gateway-namespace mode server-verified TLS and a token of the
+// Pod's service account bound to the Pod, else the "envoy" client
+// certificate.
+func EnvoyGatewayProxyXDS(t *testing.T, c *Cluster, pod *corev1.Pod, gatewayNamespaceMode bool) xdsclient.Config {
+	t.Helper()
+	cfg := xdsclient.Config{
+		Server: EnvoyGatewayXDS, NodeID: pod.Name,
+		NodeCluster: pod.Labels["gateway.envoyproxy.io/owning-gateway-namespace"] + "/" + pod.Labels["gateway.envoyproxy.io/owning-gateway-name"],
+		TLS:         EnvoyGatewayTLS(t, c),
+	}
+	if !gatewayNamespaceMode {
+		return cfg
+	}
+	cfg.TLS.Certificates = nil
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: pod.Spec.ServiceAccountName, Namespace: pod.Namespace}}
+	ref := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	cfg.Token = func(ctx context.Context) (string, error) {
+		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+			Audiences: []string{EnvoyGatewayAudience}, ExpirationSeconds: ptrTo(int64(3600)), BoundObjectRef: ref,
+		}}
+		if err := c.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+			return "", err
+		}
+		return tr.Status.Token, nil
+	}
+	return cfg
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -371,4 +372,20 @@ func Infergate(t *testing.T) string {
 		t.Fatalf("go build infergate: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// PrivateMounts mounts an empty tmpfs on each folder (made if missing),
+// for a test in its own mount namespace: control planes that read fixed
+// paths (Envoy Gateway's /certs, in-cluster credentials) find the test's
+// files there and nothing else sees them.
+func PrivateMounts(dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if err := syscall.Mount("tmpfs", d, "tmpfs", 0, "size=1m"); err != nil {
+			return fmt.Errorf("mount a private %s: %w", d, err)
+		}
+	}
+	return nil
 }

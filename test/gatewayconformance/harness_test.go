@@ -1,0 +1,150 @@
+package gatewayconformance
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
+
+	"github.com/infergate/infergate/conformance/gateway"
+	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/test/controlplane"
+	"github.com/infergate/infergate/test/gatewaytest"
+	"github.com/infergate/infergate/test/livecluster"
+	"github.com/infergate/infergate/test/loopback"
+)
+
+// image is the reference the base manifests run infergate under; the node
+// runs it as the infergate binary the test builds.
+const image = "infergate.test/infergate:conformance"
+
+// gatewayClass is the class the runs test.
+const gatewayClass = "conformance"
+
+// run is one gateway control plane under test on a live cluster.
+type run struct {
+	*livecluster.Live
+	name    string // the implementation's name in the report path
+	version string // the implementation's version
+}
+
+// startLive brings up the API server (with crdDirs), the controllers and
+// the node running infergate's binary.
+func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
+	t.Helper()
+	c := gatewaytest.StartCluster(t, "conformance", crdDirs...)
+	return livecluster.Start(t, c, livecluster.Config{
+		Images: map[string]string{image: gatewaytest.Infergate(t)},
+		Env:    []string{"KUBECONFIG=" + c.Kubeconfig},
+	})
+}
+
+// startExtension runs infergate's Envoy Gateway extension on the
+// namespace's loopback and returns its address.
+func startExtension(t *testing.T, l *livecluster.Live) string {
+	t.Helper()
+	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
+		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: ln.Addr().String(), Kube: l.Env.Config, Logger: logr.Discard()})
+	})
+}
+
+// gatewayClassFor creates the class under test for controller.
+func gatewayClassFor(t *testing.T, l *livecluster.Live, controller string) {
+	t.Helper()
+	gc := &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: gatewayClass}, Spec: gatewayv1.GatewayClassSpec{ControllerName: gatewayv1.GatewayController(controller)}}
+	if err := l.Client.Create(gatewaytest.Ctx(t), gc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// envoyGatewayProxies plays the Envoy of every Gateway Envoy Gateway
+// deploys: for each of its Envoy Pods that runs, a stand-in bound to the
+// Pod's address takes that Gateway's configuration from Envoy Gateway's
+// xDS, authenticated as that Pod. It stops when the returned function is
+// called.
+func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode bool) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		started := map[string]bool{}
+		for ctx.Err() == nil {
+			var pods corev1.PodList
+			if err := l.Client.List(ctx, &pods, client.HasLabels{"gateway.envoyproxy.io/owning-gateway-name"}); err == nil {
+				for i := range pods.Items {
+					p := &pods.Items[i]
+					if started[p.Name] || p.Status.PodIP == "" || p.DeletionTimestamp != nil {
+						continue
+					}
+					started[p.Name] = true
+					xds := gatewaytest.EnvoyGatewayProxyXDS(t, l.Cluster, p, gatewayNamespaceMode)
+					t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
+					gatewaytest.StandIn(t, devproxy.NodeConfig{
+						XDS:      xds,
+						Address:  p.Status.PodIP,
+						Lookup:   l.Lookup,
+						Timeouts: devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second},
+					})
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
+}
+
+// options are the profile's options for a run on the test cluster: the
+// suite's waits capped (the control planes here converge in seconds), the
+// report written where $INFERGATE_CONFORMANCE_REPORTS says, else in the
+// test's folder.
+func (r *run) options(t *testing.T) gateway.Options {
+	t.Helper()
+	timeouts := gateway.CappedTimeouts(45 * time.Second)
+	root, err := controlplane.ModuleRoot(gatewaytest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gateway.Options{
+		RestConfig:           r.Env.Config,
+		GatewayClass:         gatewayClass,
+		CleanupBaseResources: true,
+		Images:               gateway.Images{EPP: image, ModelServer: image},
+		Timeouts:             &timeouts,
+		ReportOutput:         r.reportPath(t),
+		// One test, while working on it.
+		RunTest: os.Getenv("INFERGATE_CONFORMANCE_RUN_TEST"),
+		Implementation: confv1.Implementation{
+			Organization: "infergate", Project: r.name, URL: "https://github.com/infergate/infergate",
+			Version: r.version + "+infergate-" + strings.TrimSpace(string(v)), Contact: []string{"@infergate/maintainers"},
+		},
+	}
+}
+
+// reportPath is where the run's report goes.
+func (r *run) reportPath(t *testing.T) string {
+	dir := os.Getenv("INFERGATE_CONFORMANCE_REPORTS")
+	if dir == "" {
+		return filepath.Join(t.TempDir(), "report.yaml")
+	}
+	return filepath.Join(dir, r.name, fmt.Sprintf("%s-default-gateway-report.yaml", r.version))
+}
