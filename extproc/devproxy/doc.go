@@ -272,8 +272,8 @@
 // timeouts, retry priorities, retry host predicates but previous_hosts,
 // reset-before-request, retriable headers, rate-limited back-off and
 // include_attempt_count_in_response; hedging, redirects,
-// request_headers_to_add; query-parameter, runtime, grpc and metadata
-// route matches; grpc_timeout_offset; ring hash, maglev and subset load
+// request_headers_to_add; query-parameter, grpc and metadata route
+// matches; grpc_timeout_offset; ring hash, maglev and subset load
 // balancing; transport_socket_matcher; TLS to model servers; certificate
 // validation (validation_context); TLS versions outside 1.2 to 1.3 and
 // cipher, curve and signature settings; more than one tls_certificates

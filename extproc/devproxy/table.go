@@ -257,7 +257,16 @@ type routeMatch struct {
 	regex           *regexp.Regexp
 	caseInsensitive bool // RouteMatch.case_sensitive false
 	headers         []headerMatch
+	// fraction, when set, is runtime_fraction's default value: the route
+	// matches that share of the requests it would otherwise match, drawn
+	// per request. Splitting one rule's traffic between routes by weight
+	// this way (the first route takes w1/Σw, the next w2 of the rest...)
+	// lets each share carry its own per-route filter configuration.
+	fraction *fraction
 }
+
+// fraction is numerator/denominator.
+type fraction struct{ numerator, denominator uint64 }
 
 func (m *routeMatch) matches(h extproctest.Headers) bool {
 	p := h.Get(":path")
@@ -286,6 +295,9 @@ func (m *routeMatch) matches(h extproctest.Headers) bool {
 		if !hm.matches(h) {
 			return false
 		}
+	}
+	if f := m.fraction; f != nil && rand.Uint64N(f.denominator) >= f.numerator {
+		return false
 	}
 	return true
 }

@@ -32,6 +32,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -843,6 +844,18 @@ func buildMatch(where string, m *routev3.RouteMatch) (routeMatch, error) {
 			return out, err
 		}
 		out.headers = append(out.headers, hm)
+	}
+	if rf := m.GetRuntimeFraction(); rf != nil {
+		if err := checkAll(where+".runtime_fraction", rf, rf.GetDefaultValue()); err != nil {
+			return out, err
+		}
+		den, ok := map[typev3.FractionalPercent_DenominatorType]uint64{
+			typev3.FractionalPercent_HUNDRED: 100, typev3.FractionalPercent_TEN_THOUSAND: 10_000, typev3.FractionalPercent_MILLION: 1_000_000,
+		}[rf.GetDefaultValue().GetDenominator()]
+		if !ok {
+			return out, fmt.Errorf("%s.runtime_fraction: denominator %v is not one Envoy knows", where, rf.GetDefaultValue().GetDenominator())
+		}
+		out.fraction = &fraction{numerator: min(uint64(rf.GetDefaultValue().GetNumerator()), den), denominator: den}
 	}
 	return out, nil
 }

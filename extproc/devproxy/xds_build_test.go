@@ -747,13 +747,13 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 			want: []string{"query_parameters", `"` + xdstest.EGRouteName + `".match`},
 		},
 		{
-			name: "RouteMatch runtime_fraction", shape: istio,
+			name: "RouteMatch runtime_fraction with an unknown denominator", shape: istio,
 			mutate: func(t *testing.T, r *resources) {
 				xbIstioRoute(r).Match.RuntimeFraction = &corev3.RuntimeFractionalPercent{
-					DefaultValue: &typev3.FractionalPercent{Numerator: 50}, RuntimeKey: "canary",
+					DefaultValue: &typev3.FractionalPercent{Numerator: 50, Denominator: 7}, RuntimeKey: "canary",
 				}
 			},
-			want: []string{"runtime_fraction"},
+			want: []string{"runtime_fraction", "denominator"},
 		},
 		{
 			name: "RouteMatch grpc", shape: istio,
@@ -1216,6 +1216,47 @@ func TestRouteMatching(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRouteMatchRuntimeFraction: a runtime_fraction route matches its
+// default value's share of the requests its path matches, never a request
+// its path does not; the runtime key is ignored (no runtime layer).
+func TestRouteMatchRuntimeFraction(t *testing.T) {
+	share := func(num uint32, den typev3.FractionalPercent_DenominatorType) *routev3.RouteMatch {
+		return &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1"},
+			RuntimeFraction: &corev3.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{Numerator: num, Denominator: den}, RuntimeKey: "split"}}
+	}
+	const n = 4000
+	for _, tc := range []struct {
+		name     string
+		match    *routev3.RouteMatch
+		min, max int // matches out of n
+	}{
+		{"0 of 100", share(0, typev3.FractionalPercent_HUNDRED), 0, 0},
+		{"100 of 100", share(100, typev3.FractionalPercent_HUNDRED), n, n},
+		{"above the denominator is all", share(200, typev3.FractionalPercent_HUNDRED), n, n},
+		{"70 of 100", share(70, typev3.FractionalPercent_HUNDRED), n * 66 / 100, n * 74 / 100},
+		{"300000 of a million", share(300_000, typev3.FractionalPercent_MILLION), n * 26 / 100, n * 34 / 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := buildMatch("match", tc.match)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := 0
+			for range n {
+				if m.matches(xbHeaders("gw.example", "/v1/x")) {
+					got++
+				}
+			}
+			if got < tc.min || got > tc.max {
+				t.Fatalf("%d of %d requests matched, want %d..%d", got, n, tc.min, tc.max)
+			}
+			if m.matches(xbHeaders("gw.example", "/v2")) {
+				t.Fatal("a fraction matched a path its prefix does not")
+			}
+		})
+	}
 }
 
 func TestVirtualHostSelection(t *testing.T) {

@@ -235,7 +235,14 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		},
 	},
 	"envoy.config.route.v3.RouteMatch": {
-		reads: []string{"prefix", "path", "safe_regex", "path_separated_prefix", "case_sensitive", "headers"},
+		reads: []string{"prefix", "path", "safe_regex", "path_separated_prefix", "case_sensitive", "headers", "runtime_fraction"},
+	},
+	"envoy.config.core.v3.RuntimeFractionalPercent": {
+		reads:   []string{"default_value"},
+		ignores: map[string]string{"runtime_key": "the stand-in has no runtime layer: the default value always applies"},
+	},
+	"envoy.type.v3.FractionalPercent": {
+		reads: []string{"numerator", "denominator"},
 	},
 	"envoy.config.route.v3.HeaderMatcher": {
 		reads: []string{"name", "exact_match", "prefix_match", "suffix_match", "contains_match", "safe_regex_match",
