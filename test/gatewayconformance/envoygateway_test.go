@@ -1,7 +1,12 @@
 package gatewayconformance
 
 import (
+	"os"
+	"strings"
 	"testing"
+	"time"
+
+	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 
 	"github.com/infergate/infergate/conformance/gateway"
 	"github.com/infergate/infergate/test/gatewaytest"
@@ -16,5 +21,35 @@ func TestEnvoyGatewayWithExtension(t *testing.T) {
 	stop := envoyGatewayProxies(t, l, true)
 	defer stop()
 	r := &run{Live: l, name: "envoy-gateway-infergate", version: "v1.9.1"}
-	gateway.Run(t, r.options(t))
+	gateway.Run(t, r.options(t, 45*time.Second))
+}
+
+// TestPlainEnvoyGateway: Envoy Gateway v1.9.1 without the extension, what
+// users run today, fails the profile: its routes to an InferencePool are
+// ResolvedRefs=False with reason InvalidKind and nothing reaches a pool.
+// The run is a child process (a failing profile fails its test); this test
+// checks that it failed, why, and that the report says so.
+func TestPlainEnvoyGateway(t *testing.T) {
+	if os.Getenv(childEnv) == "plain-envoy-gateway" {
+		l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
+		gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{GatewayNamespaceMode: true})
+		gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
+		stop := envoyGatewayProxies(t, l, true)
+		defer stop()
+		r := &run{Live: l, name: "envoy-gateway", version: "v1.9.1"}
+		// Every test fails at its first wait: keep the waits short.
+		o := r.options(t, 10*time.Second)
+		gateway.Run(t, o)
+		return
+	}
+	report, out := runChild(t, "plain-envoy-gateway", "envoy-gateway", "v1.9.1", "^TestPlainEnvoyGateway$")
+	if !strings.Contains(out, "InvalidKind") {
+		t.Errorf("the run never shows reason InvalidKind:\n%s", tail(out, 80))
+	}
+	core := report.ProfileReports[0].Core
+	if core.Result != confv1.Failure || core.Passed != 0 || core.Failed != uint32(len(gateway.Tests())) {
+		t.Fatalf("plain Envoy Gateway: %s, %d passed, %d failed (%v), want every one of %d tests failed\n%s",
+			core.Result, core.Passed, core.Failed, core.FailedTests, len(gateway.Tests()), tail(out, 80))
+	}
+	t.Logf("plain Envoy Gateway v1.9.1: %s, failed %v", core.Result, core.FailedTests)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,8 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/infergate/infergate/conformance/gateway"
 	"github.com/infergate/infergate/extproc/devproxy"
@@ -113,9 +116,9 @@ func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode
 // suite's waits capped (the control planes here converge in seconds), the
 // report written where $INFERGATE_CONFORMANCE_REPORTS says, else in the
 // test's folder.
-func (r *run) options(t *testing.T) gateway.Options {
+func (r *run) options(t *testing.T, maxWait time.Duration) gateway.Options {
 	t.Helper()
-	timeouts := gateway.CappedTimeouts(45 * time.Second)
+	timeouts := gateway.CappedTimeouts(maxWait)
 	root, err := controlplane.ModuleRoot(gatewaytest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -140,11 +143,72 @@ func (r *run) options(t *testing.T) gateway.Options {
 	}
 }
 
-// reportPath is where the run's report goes.
+// reportPath is where the run's report goes: where a parent test asked
+// (reportEnv), else under $INFERGATE_CONFORMANCE_REPORTS, else in the
+// test's folder.
 func (r *run) reportPath(t *testing.T) string {
+	if p := os.Getenv(reportEnv); p != "" && r.Live != nil {
+		return p
+	}
 	dir := os.Getenv("INFERGATE_CONFORMANCE_REPORTS")
 	if dir == "" {
 		return filepath.Join(t.TempDir(), "report.yaml")
 	}
 	return filepath.Join(dir, r.name, fmt.Sprintf("%s-default-gateway-report.yaml", r.version))
+}
+
+// A run expected to fail goes to a child process: childEnv names it,
+// reportEnv is where its report goes.
+const (
+	childEnv  = "INFERGATE_CONFORMANCE_CHILD"
+	reportEnv = "INFERGATE_CONFORMANCE_CHILD_REPORT"
+)
+
+// runChild runs the test binary's tests matching pattern as a child
+// process in a network namespace of its own, with childEnv=name; the
+// child must fail. It returns the child's report and output. With
+// $INFERGATE_CONFORMANCE_REPORTS set, the report is kept there too, as
+// implName's at implVersion.
+func runChild(t *testing.T, name, implName, implVersion, pattern string) (*gie.GatewayAPIInferenceExtensionConformanceReport, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "report.yaml")
+	cmd := exec.Command(os.Args[0], "-test.run", pattern, "-test.v", "-test.timeout", "15m")
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, gatewaytest.NetnsEnv+"=") { // the child makes its own namespace
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	cmd.Env = append(cmd.Env, childEnv+"="+name, reportEnv+"="+path)
+	outB, err := cmd.CombinedOutput()
+	out := string(outB)
+	if err == nil {
+		t.Fatalf("the %s run passed; it must fail:\n%s", name, tail(out, 80))
+	}
+	b, rerr := os.ReadFile(path)
+	if rerr != nil {
+		t.Fatalf("the %s run wrote no report (%v):\n%s", name, rerr, tail(out, 120))
+	}
+	var report gie.GatewayAPIInferenceExtensionConformanceReport
+	if err := yaml.Unmarshal(b, &report); err != nil {
+		t.Fatal(err)
+	}
+	if len(report.ProfileReports) != 1 {
+		t.Fatalf("report profiles: %+v", report.ProfileReports)
+	}
+	if dir := os.Getenv("INFERGATE_CONFORMANCE_REPORTS"); dir != "" {
+		keep := (&run{name: implName, version: implVersion}).reportPath(t)
+		if err := os.MkdirAll(filepath.Dir(keep), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(keep, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &report, out
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

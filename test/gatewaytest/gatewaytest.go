@@ -39,8 +39,9 @@ import (
 	"github.com/infergate/infergate/test/controlplane"
 )
 
-// netnsEnv marks the re-run inside the namespace.
-const netnsEnv = "INFERGATE_TEST_NETNS"
+// NetnsEnv marks the re-run inside the namespace; a child test process
+// that is to make a namespace of its own runs without it.
+const NetnsEnv = "INFERGATE_TEST_NETNS"
 
 // Main is a TestMain body: the first run re-executes the test binary under
 // unshare with unshareArgs (e.g. --net, --mount) and returns its exit
@@ -48,10 +49,10 @@ const netnsEnv = "INFERGATE_TEST_NETNS"
 // Control planes that bind every interface or read fixed paths run there
 // without touching the machine.
 func Main(m *testing.M, unshareArgs []string, setUp func() error) int {
-	if os.Getenv(netnsEnv) == "" {
+	if os.Getenv(NetnsEnv) == "" {
 		args := append(append(slices.Clone(unshareArgs), "--", os.Args[0]), os.Args[1:]...)
 		cmd := exec.Command("unshare", args...)
-		cmd.Env = append(os.Environ(), netnsEnv+"=1")
+		cmd.Env = append(os.Environ(), NetnsEnv+"=1")
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			if ee, ok := err.(*exec.ExitError); ok {
