@@ -140,13 +140,18 @@
 //	authority unless ignore_port_in_host_matching); the first route whose
 //	match holds: prefix, path, path_separated_prefix, safe_regex (the whole
 //	path, query string excluded), case_sensitive, header matchers (string
-//	matchers, present, invert; repeated values joined by ","). A route is
-//	matched when the first filter needs it and again after an ext_proc
-//	answer with clear_route_cache.
+//	matchers, present, invert; repeated values joined by ","),
+//	runtime_fraction's default value. A route is matched when the first
+//	filter needs it and again after an ext_proc answer with
+//	clear_route_cache; each request draws one random value (Envoy's stream
+//	id) for runtime fractions and weighted clusters, so a re-match takes
+//	the same share and cluster.
 //	  RouteConfiguration, VirtualHost.domains, RouteMatch, HeaderMatcher
 //	  TestRouteMatching, TestVirtualHostSelection, TestRouteRematchedAfterClearRouteCache
 //
-//	Route actions: cluster, weighted_clusters (by weight per request),
+//	Route actions: cluster, weighted_clusters (by weight per request; a
+//	cluster's typed_per_filter_config is the most specific level for the
+//	requests that take it: TestWeightedClusterFilterConfig),
 //	direct_response (its body inline or a filename read when the update
 //	is built), timeout (15s default, 0 none, within Timeouts.Route),
 //	max_grpc_timeout (a gRPC request's timeout is its grpc-timeout header,

@@ -62,7 +62,7 @@ func TestIstioGatewayShape(t *testing.T) {
 		pm.downstreamPropagation != nil || pm.id != xbNode.id || pm.value == "" {
 		t.Errorf("metadata exchange %+v", pm)
 	}
-	rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"))
+	rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"), 0)
 	if rt == nil || rt.name != xdstest.IstioRetryRouteName {
 		t.Fatalf("matched %+v", rt)
 	}
@@ -178,7 +178,7 @@ func TestTransportSocketsInBuild(t *testing.T) {
 			c.TransportSocketMatches = xdstest.IstioAutoMTLS(xdstest.IstioEPPCluster)
 			markFirst(r, xdstest.IstioEPPCluster)
 		}), env)
-		rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"))
+		rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"), 0)
 		if cfg := rt.filters[1].Config(); cfg.Target != secretNotSuppliedTarget {
 			t.Fatalf("client %+v", cfg)
 		}

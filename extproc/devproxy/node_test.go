@@ -296,6 +296,66 @@ func TestRouterLocalReplies(t *testing.T) {
 	}
 }
 
+// TestWeightedClusterFilterConfig: a weighted cluster's
+// typed_per_filter_config reaches the filters of the requests that take
+// it, and a request keeps its cluster when a filter clears the route cache
+// (Envoy draws both from the stream id): each pool's picker sees exactly the
+// requests that go to its pool, as a rule split between two InferencePools
+// needs.
+func TestWeightedClusterFilterConfig(t *testing.T) {
+	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	// Each picker names itself in the destination header; the static
+	// clusters ignore it, the upstreams show who processed the request.
+	pa := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "picker-a"}))
+	pb := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: "picker-b"}))
+	idle := &extprocfilterv3.ProcessingMode{RequestHeaderMode: extprocfilterv3.ProcessingMode_SKIP, ResponseHeaderMode: extprocfilterv3.ProcessingMode_SKIP}
+	on := xdstest.Any(&extprocfilterv3.ExtProcPerRoute{Override: &extprocfilterv3.ExtProcPerRoute_Overrides{Overrides: &extprocfilterv3.ExtProcOverrides{
+		ProcessingMode: xdstest.DuplexMode(),
+	}}})
+	rc := &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{
+		Name: "vh", Domains: []string{"*"},
+		Routes: []*routev3.Route{{
+			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{
+				WeightedClusters: &routev3.WeightedCluster{Clusters: []*routev3.WeightedCluster_ClusterWeight{
+					{Name: "a", Weight: wrapperspb.UInt32(70), TypedPerFilterConfig: map[string]*anypb.Any{"pa": on}},
+					{Name: "b", Weight: wrapperspb.UInt32(30), TypedPerFilterConfig: map[string]*anypb.Any{"pb": on}},
+				}},
+			}}},
+		}},
+	}}}
+	srv := xdstest.Start(t)
+	srv.Set(t, "1",
+		xdstest.Listener("l", 80, "r",
+			xdstest.HTTPFilter("pa", xdstest.ExtProc("pa", idle, false), false),
+			xdstest.HTTPFilter("pb", xdstest.ExtProc("pb", idle, false), false)),
+		rc, xdstest.StaticCluster("pa", pa.Addr), xdstest.StaticCluster("pb", pb.Addr),
+		xdstest.StaticCluster("a", a.Addr), xdstest.StaticCluster("b", b.Addr))
+	n := testNode(t, srv)
+	url := listenerURL(t, n, "l") + "/v1/completions"
+	const total = 200
+	hits := map[string]int{}
+	for range total {
+		resp, body := get(t, url)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		up, want := a, "picker-a"
+		if body == "hello from "+b.Addr {
+			up, want = b, "picker-b"
+		}
+		h, _ := up.Last()
+		if got := h.Get(wire.DestinationEndpointKey); got != want {
+			t.Fatalf("a request to %s was processed by %q, want %q alone", up.Addr, got, want)
+		}
+		hits[want]++
+	}
+	// 70/30 over 200 requests: 4.5 sigma is ±0.146.
+	if share := float64(hits["picker-a"]) / total; share < 0.55 || share > 0.85 {
+		t.Fatalf("split %v, want about 70/30", hits)
+	}
+}
+
 // TestListenersFollowUpdates: a listener that leaves LDS stops serving, a
 // new one starts, and a cluster update reaches a listener in place.
 func TestListenersFollowUpdates(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -231,6 +232,9 @@ type request struct {
 	// took (nil before the router, or none).
 	t  *table
 	rt *route
+	// rv is the request's random value (Envoy's stream id): route matches
+	// and the weighted cluster pick draw from it.
+	rv uint64
 	// router is the metadata the router writes (override_host's
 	// selected_host_key).
 	router map[string]*structpb.Struct
@@ -297,7 +301,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// a client that leaves or a route timeout still cancels them at once.
 	exCtx, exCancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, exCancel)
-	rq := &request{router: map[string]*structpb.Struct{}, t: t}
+	rq := &request{router: map[string]*structpb.Struct{}, t: t, rv: rand.Uint64()} //nolint:gosec // Envoy's stream id: load spreading, not security
 	defer func() {
 		stop()
 		p.closers.Add(1)
@@ -328,7 +332,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Envoy matches the route when a filter first asks for it and keeps it
 	// until a filter clears the route cache.
-	rt := t.match(hdrs)
+	rv := rq.rv
+	rt := t.match(hdrs, rv)
 	first := rt
 	for i, f := range t.filters {
 		if !t.inChain(first, i) {
@@ -343,7 +348,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if f.peer != nil {
 			var pc peerCtx
-			name, c := t.routeCluster(rt)
+			name, c := t.routeCluster(rt, rv)
 			hdrs, pc = f.peer.onRequest(hdrs, name, c)
 			rq.steps = append(rq.steps, respStep{peer: f.peer, pc: pc})
 			continue
@@ -375,7 +380,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rq.stale = true
 		if f.alwaysRematch || (f.rematch && ex.ClearRouteCache()) {
-			rt = t.match(hdrs)
+			rt = t.match(hdrs, rv)
 		}
 	}
 	p.route(ctx, w, t, rt, rq, hdrs, body)
@@ -390,14 +395,14 @@ func matchesAll(ms []headerMatch, h extproctest.Headers) bool {
 	return true
 }
 
-// routeCluster is the cluster a request on rt goes to, as filters see it
-// (Envoy's upstream cluster info): "" and nil without one. Weighted
-// clusters that would differ for a filter are NACKed (checkPeerClusters).
-func (t *table) routeCluster(rt *route) (string, *cluster) {
+// routeCluster is the cluster a request with random value rv goes to on
+// rt, as filters see it (Envoy's upstream cluster info, fixed when the route
+// is matched): "" and nil without one.
+func (t *table) routeCluster(rt *route, rv uint64) (string, *cluster) {
 	if rt == nil || len(rt.clusters) == 0 {
 		return "", nil
 	}
-	name := rt.clusters[0].name
+	name := rt.cluster(rv)
 	return name, t.clusters[name]
 }
 
@@ -432,7 +437,9 @@ func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *
 		ctx, cancel = context.WithTimeoutCause(ctx, timeout, errTimeout)
 		defer cancel()
 	}
-	cl := t.clusters[rt.pickCluster()]
+	// A resolved route has one cluster, or weighted ones without filter
+	// configuration: any is the one picked at the first match.
+	cl := t.clusters[rt.cluster(rq.rv)]
 	if cl == nil {
 		closeBody(body)
 		// cluster_not_found: an empty local reply, 503 unless the route
@@ -727,7 +734,7 @@ func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, rq *request,
 	for i := len(rq.steps) - 1; i >= 0; i-- {
 		st := rq.steps[i]
 		if st.peer != nil {
-			name, c := rq.t.routeCluster(rq.rt)
+			name, c := rq.t.routeCluster(rq.rt, rq.rv)
 			h = st.peer.onResponse(h, st.pc, name, c)
 			continue
 		}

@@ -1,11 +1,12 @@
 package devproxy
 
 import (
-	"math/rand/v2"
 	"net"
 	"regexp"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/infergate/infergate/extproc/extproctest"
 )
@@ -110,12 +111,19 @@ type route struct {
 	// listener's): how much request body a retry may replay.
 	bufferLimit int
 	clusters    []weightedCluster
-	direct      *directResponse
+	// variants, when a weighted cluster carries typed_per_filter_config,
+	// are this route once per cluster (in clusters' order), each with that
+	// cluster alone and its configuration merged in.
+	variants []*route
+	direct   *directResponse
 }
 
 type weightedCluster struct {
 	name   string
 	weight uint32
+	// perFilter is ClusterWeight.typed_per_filter_config, the most
+	// specific level of a request that takes this cluster.
+	perFilter map[string]*anypb.Any
 }
 
 // directResponse is Route.direct_response.
@@ -124,27 +132,44 @@ type directResponse struct {
 	body   string
 }
 
-// pickCluster chooses among weighted_clusters by weight, as Envoy does per
-// request.
-func (r *route) pickCluster() string {
+// pickCluster chooses among weighted_clusters by weight with the
+// request's random value, as Envoy does when it resolves the route
+// (WeightedClusterUtil::pickCluster with the stream id): a request re-matched
+// after clear_route_cache takes the same cluster.
+func (r *route) pickCluster(rv uint64) int {
 	if len(r.clusters) == 1 {
-		return r.clusters[0].name
+		return 0
 	}
 	var total uint64
 	for _, c := range r.clusters {
 		total += uint64(c.weight)
 	}
 	if total == 0 {
-		return r.clusters[0].name
+		return 0
 	}
-	n := rand.Uint64N(total) //nolint:gosec // load spreading, not security
-	for _, c := range r.clusters {
+	n := rv % total
+	for i, c := range r.clusters {
 		if n < uint64(c.weight) {
-			return c.name
+			return i
 		}
 		n -= uint64(c.weight)
 	}
-	return r.clusters[len(r.clusters)-1].name
+	return len(r.clusters) - 1
+}
+
+// cluster is the name of the cluster the request with random value rv
+// takes on r.
+func (r *route) cluster(rv uint64) string { return r.clusters[r.pickCluster(rv)].name }
+
+// resolve is the route a request with random value rv takes: r itself, or,
+// when r's weighted clusters carry filter configuration, the variant of the
+// cluster picked, whose filters see that configuration as Envoy's
+// WeightedClusterEntry makes them see it.
+func (r *route) resolve(rv uint64) *route {
+	if r == nil || len(r.variants) == 0 {
+		return r
+	}
+	return r.variants[r.pickCluster(rv)]
 }
 
 // chainState is a route's word on one filter's place in the chain.
@@ -183,7 +208,10 @@ func (t *table) clientFor(rt *route, i int) *extproctest.Client {
 // match finds the route for a request's current headers: the virtual host
 // by :authority, then the first route whose match holds. nil means no route
 // (Envoy answers 404 at the router).
-func (t *table) match(h extproctest.Headers) *route {
+//
+// rv is the request's random value (Envoy's stream id), the same at every
+// match: it draws runtime_fraction and picks a weighted cluster.
+func (t *table) match(h extproctest.Headers, rv uint64) *route {
 	if t.routes == nil {
 		return nil
 	}
@@ -192,8 +220,8 @@ func (t *table) match(h extproctest.Headers) *route {
 		return nil
 	}
 	for _, r := range vh.routes {
-		if r.match.matches(h) {
-			return r
+		if r.match.matches(h, rv) {
+			return r.resolve(rv)
 		}
 	}
 	return nil
@@ -259,7 +287,7 @@ type routeMatch struct {
 	headers         []headerMatch
 	// fraction, when set, is runtime_fraction's default value: the route
 	// matches that share of the requests it would otherwise match, drawn
-	// per request. Splitting one rule's traffic between routes by weight
+	// from the request's random value (the same at every match). Splitting one rule's traffic between routes by weight
 	// this way (the first route takes w1/Σw, the next w2 of the rest...)
 	// lets each share carry its own per-route filter configuration.
 	fraction *fraction
@@ -268,7 +296,7 @@ type routeMatch struct {
 // fraction is numerator/denominator.
 type fraction struct{ numerator, denominator uint64 }
 
-func (m *routeMatch) matches(h extproctest.Headers) bool {
+func (m *routeMatch) matches(h extproctest.Headers, rv uint64) bool {
 	p := h.Get(":path")
 	if i := strings.IndexAny(p, "?#"); i >= 0 {
 		p = p[:i] // Envoy matches the path without the query string
@@ -296,7 +324,8 @@ func (m *routeMatch) matches(h extproctest.Headers) bool {
 			return false
 		}
 	}
-	if f := m.fraction; f != nil && rand.Uint64N(f.denominator) >= f.numerator {
+	// Envoy's featureEnabled: random_value % denominator < numerator.
+	if f := m.fraction; f != nil && rv%f.denominator >= f.numerator {
 		return false
 	}
 	return true

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -666,9 +667,6 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 		if err := buildAction(where+".route", a.Route, out, hb.table); err != nil {
 			return nil, err
 		}
-		if err := hb.checkPeerClusters(where, out); err != nil {
-			return nil, err
-		}
 		if b := r.GetPerRequestBufferLimitBytes(); b != nil {
 			out.bufferLimit = int(b.GetValue())
 		}
@@ -691,56 +689,67 @@ func (hb *hcmBuild) route(where string, r *routev3.Route, vh *routev3.VirtualHos
 	out.removeHeaders = append(out.removeHeaders, vh.GetRequestHeadersToRemove()...)
 	out.removeHeaders = append(out.removeHeaders, rc.GetRequestHeadersToRemove()...)
 	levels := []map[string]*anypb.Any{rc.GetTypedPerFilterConfig(), vh.GetTypedPerFilterConfig(), r.GetTypedPerFilterConfig()}
-	for _, level := range levels {
-		for name := range level {
-			if hb.passThrough[name] {
-				return nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of a pass-through filter is not implemented by the stand-in", where, name)
-			}
-		}
+	if out.chain, out.filters, err = hb.routeFilters(where, levels); err != nil {
+		return nil, err
 	}
-	for i, p := range hb.procs {
-		if p.proto == nil {
-			for _, level := range levels {
-				if _, ok := level[p.name]; ok {
-					return nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of this filter is not implemented by the stand-in", where, p.name)
-				}
+	if !slices.ContainsFunc(out.clusters, func(c weightedCluster) bool { return len(c.perFilter) > 0 }) {
+		return out, nil
+	}
+	// A weighted cluster's typed_per_filter_config is the most specific
+	// level for the requests that take it; which filters are in the chain
+	// is still the route's (WeightedClusterEntry leaves filterDisabled to
+	// its route).
+	for i, c := range out.clusters {
+		v := *out
+		v.clusters = []weightedCluster{c}
+		cwhere := fmt.Sprintf("%s.route.weighted_clusters.clusters[%d]", where, i)
+		for name, cfg := range c.perFilter {
+			if cfg.GetTypeUrl() == filterConfigType {
+				// Whether Envoy lets a weighted cluster take a filter in or
+				// out of the chain is not reproduced.
+				return nil, fmt.Errorf("%s.typed_per_filter_config[%q]: a FilterConfig on a weighted cluster is not implemented by the stand-in", cwhere, name)
 			}
-			out.chain = append(out.chain, chainDefault)
-			out.filters = append(out.filters, nil)
-			continue
 		}
-		state, c, err := routeFilter(where, p, hb.table.filters[i].client, levels, hb.targets, hb.env)
-		if err != nil {
+		if _, v.filters, err = hb.routeFilters(cwhere, append(slices.Clone(levels), c.perFilter)); err != nil {
 			return nil, err
 		}
-		out.chain = append(out.chain, state)
-		out.filters = append(out.filters, c)
+		out.variants = append(out.variants, &v)
 	}
 	return out, nil
 }
 
-// checkPeerClusters NACKs a route whose weighted clusters would make
-// istio.metadata_exchange send its headers to some and not others: Envoy
-// decides with the cluster it picks when the route is matched, the
-// stand-in only when the router runs.
-func (hb *hcmBuild) checkPeerClusters(where string, rt *route) error {
-	if len(rt.clusters) < 2 {
-		return nil
-	}
-	for _, p := range hb.procs {
-		if p.peer == nil {
-			continue
-		}
-		for _, entries := range [][]bool{p.peer.upstreamPropagation, p.peer.downstreamPropagation} {
-			first := propagates(entries, rt.clusters[0].name, hb.table.clusters[rt.clusters[0].name])
-			for _, wc := range rt.clusters[1:] {
-				if propagates(entries, wc.name, hb.table.clusters[wc.name]) != first {
-					return fmt.Errorf("%s: weighted clusters %q and %q differ in whether %q sends its headers (istio disable_mx, external), which the stand-in does not reproduce", where, rt.clusters[0].name, wc.name, p.name)
-				}
+// routeFilters is the chain state and ext_proc client of every filter on a
+// route whose typed_per_filter_config levels (least specific first) are
+// levels.
+func (hb *hcmBuild) routeFilters(where string, levels []map[string]*anypb.Any) ([]chainState, []*extproctest.Client, error) {
+	for _, level := range levels {
+		for name := range level {
+			if hb.passThrough[name] {
+				return nil, nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of a pass-through filter is not implemented by the stand-in", where, name)
 			}
 		}
 	}
-	return nil
+	var chain []chainState
+	var filters []*extproctest.Client
+	for i, p := range hb.procs {
+		if p.proto == nil {
+			for _, level := range levels {
+				if _, ok := level[p.name]; ok {
+					return nil, nil, fmt.Errorf("%s: typed_per_filter_config[%q]: per-route config of this filter is not implemented by the stand-in", where, p.name)
+				}
+			}
+			chain = append(chain, chainDefault)
+			filters = append(filters, nil)
+			continue
+		}
+		state, c, err := routeFilter(where, p, hb.table.filters[i].client, levels, hb.targets, hb.env)
+		if err != nil {
+			return nil, nil, err
+		}
+		chain = append(chain, state)
+		filters = append(filters, c)
+	}
+	return chain, filters, nil
 }
 
 // routeFilter reads the typed_per_filter_config entries for filter p on a
@@ -963,7 +972,7 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 			if err := checkFields(fmt.Sprintf("%s.weighted_clusters.clusters[%d]", where, i), c); err != nil {
 				return err
 			}
-			out.clusters = append(out.clusters, weightedCluster{name: c.GetName(), weight: c.GetWeight().GetValue()})
+			out.clusters = append(out.clusters, weightedCluster{name: c.GetName(), weight: c.GetWeight().GetValue(), perFilter: c.GetTypedPerFilterConfig()})
 		}
 		if len(out.clusters) == 0 {
 			return fmt.Errorf("%s: weighted_clusters without clusters", where)

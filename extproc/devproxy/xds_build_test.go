@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -271,7 +272,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 		if c := tb.filters[0].client; c == nil || c.Config().Target != missingClusterTarget {
 			t.Errorf("listener-level client %+v", c)
 		}
-		rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"))
+		rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"), 0)
 		if rt == nil || rt.name != "default.llm-route.0" {
 			t.Fatalf("matched %+v", rt)
 		}
@@ -295,10 +296,10 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 		if !tb.filters[0].disabled {
 			t.Error("the filter Envoy Gateway adds disabled is not")
 		}
-		if rt := tb.match(xbHeaders("gw.example:8080", "/other/x")); rt == nil || tb.inChain(rt, 0) || rt.clusters[0].name != xdstest.EGOtherCluster {
+		if rt := tb.match(xbHeaders("gw.example:8080", "/other/x"), 0); rt == nil || tb.inChain(rt, 0) || rt.clusters[0].name != xdstest.EGOtherCluster {
 			t.Errorf("other route %+v", rt)
 		}
-		rt := tb.match(xbHeaders("gw.example:8080", "/v1/chat/completions"))
+		rt := tb.match(xbHeaders("gw.example:8080", "/v1/chat/completions"), 0)
 		if rt == nil || rt.name != xdstest.EGRouteName || rt.filters[0] == nil {
 			t.Fatalf("matched %+v", rt)
 		}
@@ -807,7 +808,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 			want: []string{"cluster_header"},
 		},
 		{
-			name: "weighted cluster with its own typed_per_filter_config", shape: eg,
+			name: "weighted cluster with a FilterConfig", shape: eg,
 			mutate: func(t *testing.T, r *resources) {
 				xbEGOtherRoute(r).GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{
 					Clusters: []*routev3.WeightedCluster_ClusterWeight{{
@@ -816,7 +817,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 					}},
 				}}
 			},
-			want: []string{"ClusterWeight.typed_per_filter_config"},
+			want: []string{"weighted_clusters.clusters[0].typed_per_filter_config", "FilterConfig on a weighted cluster"},
 		},
 		{
 			name: "route to a cluster with upstream TLS", shape: eg,
@@ -1068,7 +1069,7 @@ func TestBuildAcceptsWhatItIgnores(t *testing.T) {
 			tc.mutate(t, r)
 			tb := xbBuildOne(t, r, env)
 			// The configuration still routes as before.
-			rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"))
+			rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"), 0)
 			if rt == nil || rt.filters[0] == nil {
 				t.Fatalf("the pool's route is %+v", rt)
 			}
@@ -1194,7 +1195,7 @@ func TestRouteMatching(t *testing.T) {
 			if err != nil {
 				t.Fatalf("buildMatch: %v", err)
 			}
-			if got := m.matches(tc.h); got != tc.want {
+			if got := m.matches(tc.h, 0); got != tc.want {
 				t.Errorf("matches(%v) = %v, want %v", tc.h, got, tc.want)
 			}
 		})
@@ -1220,7 +1221,8 @@ func TestRouteMatching(t *testing.T) {
 
 // TestRouteMatchRuntimeFraction: a runtime_fraction route matches its
 // default value's share of the requests its path matches, never a request
-// its path does not; the runtime key is ignored (no runtime layer).
+// its path does not, and the same way for one request every time; the
+// runtime key is ignored (no runtime layer).
 func TestRouteMatchRuntimeFraction(t *testing.T) {
 	share := func(num uint32, den typev3.FractionalPercent_DenominatorType) *routev3.RouteMatch {
 		return &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1"},
@@ -1245,14 +1247,21 @@ func TestRouteMatchRuntimeFraction(t *testing.T) {
 			}
 			got := 0
 			for range n {
-				if m.matches(xbHeaders("gw.example", "/v1/x")) {
+				rv := rand.Uint64()
+				ok := m.matches(xbHeaders("gw.example", "/v1/x"), rv)
+				if ok {
 					got++
+				}
+				// Envoy draws from the stream id: a request matched again
+				// after clear_route_cache matches the same way.
+				if m.matches(xbHeaders("gw.example", "/v1/x"), rv) != ok {
+					t.Fatalf("random value %d matched once and not again", rv)
 				}
 			}
 			if got < tc.min || got > tc.max {
 				t.Fatalf("%d of %d requests matched, want %d..%d", got, n, tc.min, tc.max)
 			}
-			if m.matches(xbHeaders("gw.example", "/v2")) {
+			if m.matches(xbHeaders("gw.example", "/v2"), 0) {
 				t.Fatal("a fraction matched a path its prefix does not")
 			}
 		})

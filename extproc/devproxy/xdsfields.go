@@ -283,7 +283,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"total_weight": "deprecated; the weights' sum is used"},
 	},
 	"envoy.config.route.v3.WeightedCluster.ClusterWeight": {
-		reads: []string{"name", "weight"},
+		reads: []string{"name", "weight", "typed_per_filter_config"},
 	},
 	"envoy.config.route.v3.DirectResponseAction": {
 		reads: []string{"status", "body"},
