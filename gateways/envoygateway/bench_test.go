@@ -61,7 +61,7 @@ func BenchmarkPostTranslateModify(b *testing.B) {
 	cs, ls, rcs := translation(b, 100, 20, 2)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := ModifyTranslation(cs, ls, rcs, Config{}); err != nil {
+		if _, _, err := ModifyTranslation(context.Background(), cs, ls, rcs, Config{}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -72,7 +72,7 @@ func BenchmarkPostTranslateModify(b *testing.B) {
 func BenchmarkPostTranslateModifyGRPC(b *testing.B) {
 	cs, ls, rcs := translation(b, 100, 20, 2)
 	g := grpc.NewServer()
-	NewServer(nil, Config{}, logr.Discard()).Register(g)
+	NewServer(nil, nil, Config{}, logr.Discard()).Register(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +103,7 @@ func BenchmarkMemory1000Pools(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
 		cs, ls, rcs := translation(b, 1000, 1000, 4)
-		outC, outL, err := ModifyTranslation(cs, ls, rcs, Config{})
+		outC, outL, err := ModifyTranslation(context.Background(), cs, ls, rcs, Config{}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package envoygateway
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,7 +69,7 @@ func TestClientCertOnProcessorClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{EDS: &EDSServer{Address: "egext.infergate.svc:5005", TLS: true}, Payload: &Payload{Address: "payload.infergate.svc:9004", TLS: true}, ClientCert: cc}
-	clusters, _, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, cfg)
+	clusters, _, err := ModifyTranslation(context.Background(), []*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

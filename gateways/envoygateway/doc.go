@@ -23,6 +23,15 @@
 //     override_host, hosts outside the pool are skipped, a FailOpen pool whose
 //     picker is down is balanced round robin over its endpoints, and the
 //     host that served is reported to the picker (selected_host_key);
+//   - a rule split between InferencePools by weight (Envoy Gateway renders
+//     its backendRefs as one cluster) becomes weighted clusters, one per
+//     pool with that pool's endpoints, each turning its own pool's picker
+//     on in the weighted cluster's typed_per_filter_config: Envoy picks the
+//     cluster when it matches the route (and the same one when a filter
+//     clears the route cache), so a pool's picker only ever chooses among
+//     its own pods. The weights come from the HTTPRoute (the hooks are not
+//     given them), read from the extension's cache; a rule that mixes
+//     pools with other backends answers 500;
 //   - Translation (PostTranslateModify): the picker's cluster (STRICT_DNS
 //     <service>.<namespace>.svc.cluster.local, HTTP/2, TLS accepting its
 //     self-signed certificate) and one ext_proc filter per pool on each HTTP

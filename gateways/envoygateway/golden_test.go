@@ -2,6 +2,7 @@ package envoygateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"os"
@@ -35,7 +36,7 @@ func TestTranslationGolden(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, l, rc, nc := poolTranslation(t, "10.0.0.1:8000", "10.0.0.2:8000")
-			clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, tc.cfg)
+			clusters, listeners, err := ModifyTranslation(context.Background(), []*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, tc.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -108,7 +108,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		endpointservice.RegisterEndpointDiscoveryServiceServer(g, serverv3.NewServer(ctx, cache, nil))
 	}
-	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, cfg, o.Logger).Register(g)
+	NewServer(KubeEndpoints{Reader: mgr.GetCache()}, KubeRules{Reader: mgr.GetCache()}, cfg, o.Logger).Register(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	ln := o.Listener

@@ -1,7 +1,9 @@
 package envoygateway
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/gateways/internal/xdsbuild"
 	"github.com/infergate/infergate/inference/wire"
@@ -70,32 +73,81 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 		out.TypedPerFilterConfig = map[string]*anypb.Any{}
 	}
 	out.TypedPerFilterConfig[FilterName(p)] = xdsbuild.Any(xdsbuild.PickerOnRoute(p.ResponseBody))
-	md, err := poolMetadata(p)
-	if err != nil {
-		return nil, err
-	}
-	if out.Metadata == nil {
-		out.Metadata = &corev3.Metadata{}
-	}
-	if out.Metadata.FilterMetadata == nil {
-		out.Metadata.FilterMetadata = map[string]*structpb.Struct{}
-	}
-	out.Metadata.FilterMetadata[MetadataNamespace] = md
-	return out, nil
+	return out, setRouteMetadata(out, []*Pool{p}, "")
 }
 
-// poolMetadata carries the pool into the route, so that PostTranslateModify
+// SplitRoute turns the route of an HTTPRoute rule whose backendRefs are
+// several InferencePools (Envoy Gateway renders them as one cluster, base)
+// into weighted clusters, one per pool (PoolClusterName), each enabling its
+// own pool's picker: Envoy picks the cluster when it matches the route, and
+// a weighted cluster's per-filter configuration applies to the requests
+// that take it, so a pool's picker only ever chooses among its own pods.
+// weights[i] is pools[i]'s; a pool of weight 0 gets no traffic, and a rule
+// whose weights are all 0 answers 500, as Gateway API asks.
+func SplitRoute(route *routev3.Route, pools []*Pool, weights []uint32) (*routev3.Route, error) {
+	base := route.GetRoute().GetCluster()
+	if base == "" {
+		return nil, fmt.Errorf("route %q splits between pools but does not name one cluster", route.GetName())
+	}
+	var wcs []*routev3.WeightedCluster_ClusterWeight
+	for i, p := range pools {
+		if weights[i] == 0 {
+			continue
+		}
+		wcs = append(wcs, &routev3.WeightedCluster_ClusterWeight{
+			Name: PoolClusterName(base, p), Weight: wrapperspb.UInt32(weights[i]),
+			TypedPerFilterConfig: map[string]*anypb.Any{FilterName(p): xdsbuild.Any(xdsbuild.PickerOnRoute(p.ResponseBody))},
+		})
+	}
+	if len(wcs) == 0 {
+		return ModifyRoute(route, nil, fmt.Errorf("%w: every backendRef of the rule has weight 0", ErrInvalidPool))
+	}
+	out := proto.Clone(route).(*routev3.Route)
+	out.GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
+	return out, setRouteMetadata(out, pools, base)
+}
+
+// PoolClusterName is pool p's share of a route split between pools whose
+// rule Envoy Gateway rendered as the cluster base.
+func PoolClusterName(base string, p *Pool) string { return base + "/inferencepool/" + p.Key() }
+
+// setRouteMetadata records the pools a route serves (and, for a split
+// route, the cluster Envoy Gateway rendered) for PostTranslateModify.
+func setRouteMetadata(r *routev3.Route, pools []*Pool, split string) error {
+	list := make([]any, len(pools))
+	for i, p := range pools {
+		list[i] = poolFields(p)
+	}
+	fields := map[string]any{"pools": list}
+	if split != "" {
+		fields["split"] = split
+	}
+	md, err := structpb.NewStruct(fields)
+	if err != nil {
+		return err
+	}
+	if r.Metadata == nil {
+		r.Metadata = &corev3.Metadata{}
+	}
+	if r.Metadata.FilterMetadata == nil {
+		r.Metadata.FilterMetadata = map[string]*structpb.Struct{}
+	}
+	r.Metadata.FilterMetadata[MetadataNamespace] = md
+	return nil
+}
+
+// poolFields carry the pool into the route, so that PostTranslateModify
 // renders the picker's filter and cluster from the same pool the route saw.
-func poolMetadata(p *Pool) (*structpb.Struct, error) {
+func poolFields(p *Pool) map[string]any {
 	ports := make([]any, len(p.TargetPorts))
 	for i, tp := range p.TargetPorts {
 		ports[i] = float64(tp)
 	}
-	return structpb.NewStruct(map[string]any{
+	return map[string]any{
 		"namespace": p.Namespace, "name": p.Name, "targetPorts": ports,
 		"eppService": p.EPPService, "eppPort": float64(p.EPPPort),
 		"failOpen": p.FailOpen, "responseBody": p.ResponseBody, "plaintext": p.Plaintext,
-	})
+	}
 }
 
 func poolFromMetadata(s *structpb.Struct) *Pool {
@@ -194,11 +246,16 @@ type ClientCert = xdsbuild.ClientCert
 // cluster and its ext_proc filter: disabled on the listener and enabled
 // only by the pool's routes (ModifyRoute), inserted just before the router
 // so that every other filter, the payload processor's included, runs first.
-func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, cfg Config) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
+// A route split between pools (SplitRoute) gets one cluster per pool, made
+// from the cluster Envoy Gateway rendered for the rule; without cfg.EDS
+// their endpoints are read from endpoints.
+func ModifyTranslation(ctx context.Context, clusters []*clusterv3.Cluster, listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, cfg Config, endpoints Endpoints) ([]*clusterv3.Cluster, []*listenerv3.Listener, error) {
 	eds, payload := cfg.EDS, cfg.Payload
 	// Pools by route configuration.
 	byRC := map[string][]*Pool{}
 	pools := map[string]*Pool{}
+	fields := map[string]*structpb.Value{}
+	splits := map[string]splitShare{} // by cluster name
 	for _, rc := range routes {
 		seen := map[string]bool{}
 		for _, vh := range rc.GetVirtualHosts() {
@@ -207,29 +264,36 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 				if md == nil {
 					continue
 				}
-				p := poolFromMetadata(md)
-				if seen[p.Key()] {
-					continue
+				base := md.GetFields()["split"].GetStringValue()
+				for _, v := range md.GetFields()["pools"].GetListValue().GetValues() {
+					p := poolFromMetadata(v.GetStructValue())
+					if prev, ok := fields[p.Key()]; ok && !proto.Equal(prev, v) {
+						return nil, nil, fmt.Errorf("pool %s rendered twice with different settings in one translation", p.Key())
+					}
+					fields[p.Key()], pools[p.Key()] = v, p
+					if base != "" {
+						splits[PoolClusterName(base, p)] = splitShare{base: base, pool: p}
+					}
+					if !seen[p.Key()] {
+						seen[p.Key()] = true
+						byRC[rc.GetName()] = append(byRC[rc.GetName()], p)
+					}
 				}
-				seen[p.Key()] = true
-				if prev, ok := pools[p.Key()]; ok && !proto.Equal(mustStruct(prev), md) {
-					return nil, nil, fmt.Errorf("pool %s rendered twice with different settings in one translation", p.Key())
-				}
-				pools[p.Key()] = p
-				byRC[rc.GetName()] = append(byRC[rc.GetName()], p)
 			}
 		}
 	}
 	if len(pools) == 0 {
 		return clusters, listeners, nil
 	}
-	keys := make([]string, 0, len(pools))
-	for k := range pools {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	outClusters := slices.Clone(clusters)
-	for _, k := range keys {
+	for _, name := range slices.Sorted(maps.Keys(splits)) {
+		c, err := splitCluster(ctx, clusters, name, splits[name], eds, endpoints)
+		if err != nil {
+			return nil, nil, err
+		}
+		outClusters = append(outClusters, c)
+	}
+	for _, k := range slices.Sorted(maps.Keys(pools)) {
 		outClusters = append(outClusters, eppCluster(pools[k], cfg.ClientCert))
 	}
 	for _, srv := range []struct {
@@ -262,12 +326,32 @@ func ModifyTranslation(clusters []*clusterv3.Cluster, listeners []*listenerv3.Li
 	return outClusters, outListeners, nil
 }
 
-func mustStruct(p *Pool) *structpb.Struct {
-	s, err := poolMetadata(p)
-	if err != nil {
-		panic(err) // unreachable: only strings, numbers and bools
+// splitShare is one pool's cluster of a route split between pools.
+type splitShare struct {
+	base string // the cluster Envoy Gateway rendered for the rule
+	pool *Pool
+}
+
+// splitCluster is the cluster name of a split route: the rule's cluster
+// with the pool's endpoints (ModifyCluster).
+func splitCluster(ctx context.Context, clusters []*clusterv3.Cluster, name string, sh splitShare, eds *EDSServer, endpoints Endpoints) (*clusterv3.Cluster, error) {
+	i := slices.IndexFunc(clusters, func(c *clusterv3.Cluster) bool { return c.GetName() == sh.base })
+	if i < 0 {
+		return nil, fmt.Errorf("cluster %q of a route split between pools is not in the translation", sh.base)
 	}
-	return s
+	c := proto.Clone(clusters[i]).(*clusterv3.Cluster)
+	c.Name = name
+	var eps []string
+	if eds == nil {
+		if endpoints == nil {
+			return nil, fmt.Errorf("cluster %q: no endpoint source", name)
+		}
+		var err error
+		if eps, err = endpoints.Endpoints(ctx, sh.pool); err != nil {
+			return nil, fmt.Errorf("endpoints of pool %s: %w", sh.pool.Key(), err)
+		}
+	}
+	return ModifyCluster(c, sh.pool, eps, eds)
 }
 
 // addFilters inserts the pools' filters into every HTTP connection manager

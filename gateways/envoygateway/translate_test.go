@@ -1,17 +1,22 @@
 package envoygateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	pb "github.com/envoyproxy/gateway/proto/extension"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -134,7 +139,7 @@ func poolTranslation(t *testing.T, endpoints ...string) (*Pool, *listenerv3.List
 
 func TestTranslationShape(t *testing.T) {
 	p, l, rc, nc := poolTranslation(t, "10.0.0.1:8000", "10.0.0.2:8000")
-	clusters, listeners, err := ModifyTranslation([]*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, Config{})
+	clusters, listeners, err := ModifyTranslation(context.Background(), []*clusterv3.Cluster{nc}, []*listenerv3.Listener{l}, []*routev3.RouteConfiguration{rc}, Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +181,7 @@ func TestTranslationShape(t *testing.T) {
 	}
 	// Translating again (Envoy Gateway calls the hook on every
 	// translation, with its own fresh resources) adds nothing twice.
-	_, again, err := ModifyTranslation(clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, Config{})
+	_, again, err := ModifyTranslation(context.Background(), clusters[:1], listeners, []*routev3.RouteConfiguration{rc}, Config{}, nil)
 	if err != nil || !proto.Equal(again[0], listeners[0]) {
 		t.Fatalf("second translation changed the listener: %v", err)
 	}
@@ -192,5 +197,173 @@ func TestInvalidPoolRouteAnswers500(t *testing.T) {
 	dr := r.GetDirectResponse()
 	if dr.GetStatus() != 500 || !strings.Contains(dr.GetBody().GetInlineString(), "endpointPickerRef is required") {
 		t.Fatalf("route %v", r)
+	}
+}
+
+// ruleWeights is a Rules answering from a map (or with err).
+// The first missFirst answers are NotFound, as from a cache that has not
+// seen the HTTPRoute yet.
+type ruleWeights struct {
+	weights   map[string]uint32
+	err       error
+	missFirst int
+	asked     []RuleRef
+}
+
+func (r *ruleWeights) PoolWeights(_ context.Context, ref RuleRef) (map[string]uint32, error) {
+	r.asked = append(r.asked, ref)
+	if len(r.asked) <= r.missFirst {
+		return nil, errors.New(`httproutes.gateway.networking.k8s.io "llm-route" not found`)
+	}
+	return r.weights, r.err
+}
+
+// poolEndpoints is an Endpoints answering from a map by pool.
+type poolEndpoints map[string][]string
+
+func (e poolEndpoints) Endpoints(_ context.Context, p *Pool) ([]string, error) {
+	return e[p.Key()], nil
+}
+
+// splitTranslation runs the three hooks as Envoy Gateway does for a rule
+// whose backendRefs are the pools llama (weight 70) and llama-b (30):
+// one route to one cluster, both pools attached to each.
+func splitTranslation(t *testing.T, rules Rules) (*routev3.RouteConfiguration, []*clusterv3.Cluster, []*listenerv3.Listener) {
+	t.Helper()
+	ctx := context.Background()
+	second := poolJSON(t, func(m map[string]any) {
+		m["metadata"].(map[string]any)["name"] = "llama-b"
+		epp(m)["name"] = "llama-b-epp"
+		epp(m)["failureMode"] = "FailClose"
+	})
+	res := []*pb.ExtensionResource{{UnstructuredBytes: poolJSON(t, nil)}, {UnstructuredBytes: second}}
+	s := NewServer(poolEndpoints{"default/llama": {"10.0.0.1:8000"}, "default/llama-b": {"10.0.1.1:8000", "10.0.1.2:8000"}}, rules, Config{}, logr.Discard())
+	s.rulesWait = 500 * time.Millisecond
+	l, rc, c := egInput()
+	rr, err := s.PostRouteModify(ctx, &pb.PostRouteModifyRequest{Route: rc.VirtualHosts[0].Routes[0], PostRouteContext: &pb.PostRouteExtensionContext{ExtensionResources: res}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.VirtualHosts[0].Routes[0] = rr.GetRoute()
+	cr, err := s.PostClusterModify(ctx, &pb.PostClusterModifyRequest{Cluster: c, PostClusterContext: &pb.PostClusterExtensionContext{BackendExtensionResources: res}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := s.PostTranslateModify(ctx, &pb.PostTranslateModifyRequest{
+		Clusters: []*clusterv3.Cluster{cr.GetCluster()}, Listeners: []*listenerv3.Listener{l}, Routes: []*routev3.RouteConfiguration{rc},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, tr.GetClusters(), tr.GetListeners()
+}
+
+// TestSplitBetweenPools: a rule split between two InferencePools becomes
+// weighted clusters, one per pool with that pool's endpoints, each
+// enabling its own pool's picker, with the rule's weights.
+//
+// The rule is read from a cache that has not seen the HTTPRoute at first.
+func TestSplitBetweenPools(t *testing.T) {
+	rules := &ruleWeights{weights: map[string]uint32{"default/llama": 70, "default/llama-b": 30}, missFirst: 2}
+	rc, clusters, listeners := splitTranslation(t, rules)
+	if len(rules.asked) != 3 || rules.asked[2] != (RuleRef{Namespace: "default", Name: "llm-route", Rule: 0}) {
+		t.Fatalf("rules asked %v, want the rule of the route three times", rules.asked)
+	}
+	r := rc.VirtualHosts[0].Routes[0]
+	if err := r.Validate(); err != nil {
+		t.Fatalf("Envoy's proto validation: %v", err)
+	}
+	wcs := r.GetRoute().GetWeightedClusters().GetClusters()
+	if len(wcs) != 2 {
+		t.Fatalf("route action %v, want two weighted clusters", r.GetRoute())
+	}
+	byName := map[string]*clusterv3.Cluster{}
+	for _, c := range clusters {
+		byName[c.GetName()] = c
+	}
+	for i, want := range []struct {
+		pool, other string
+		weight      uint32
+		endpoints   int
+	}{{"default/llama", "default/llama-b", 70, 1}, {"default/llama-b", "default/llama", 30, 2}} {
+		p := &Pool{Namespace: "default", Name: strings.TrimPrefix(want.pool, "default/")}
+		o := &Pool{Namespace: "default", Name: strings.TrimPrefix(want.other, "default/")}
+		wc := wcs[i]
+		if wc.GetName() != PoolClusterName(routeCluster, p) || wc.GetWeight().GetValue() != want.weight {
+			t.Errorf("weighted cluster %d: %s weight %d, want %s weight %d", i, wc.GetName(), wc.GetWeight().GetValue(), PoolClusterName(routeCluster, p), want.weight)
+		}
+		if _, ok := wc.GetTypedPerFilterConfig()[FilterName(p)]; !ok {
+			t.Errorf("weighted cluster %s does not enable its pool's picker: %v", wc.GetName(), wc.GetTypedPerFilterConfig())
+		}
+		if _, ok := wc.GetTypedPerFilterConfig()[FilterName(o)]; ok {
+			t.Errorf("weighted cluster %s enables the other pool's picker", wc.GetName())
+		}
+		c := byName[wc.GetName()]
+		if c == nil {
+			t.Fatalf("no cluster %s in %v", wc.GetName(), slices.Collect(maps.Keys(byName)))
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("cluster %s: Envoy's proto validation: %v", c.GetName(), err)
+		}
+		if n := len(c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()); n != want.endpoints {
+			t.Errorf("cluster %s has %d endpoints, want %s's %d", c.GetName(), n, want.pool, want.endpoints)
+		}
+		if byName[EPPClusterName(p)] == nil {
+			t.Errorf("no picker cluster for %s", want.pool)
+		}
+	}
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := listeners[0].FilterChains[0].Filters[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range hcm.GetHttpFilters() {
+		names = append(names, f.GetName())
+	}
+	want := []string{StripFilterName, FilterPrefix + "default/llama", FilterPrefix + "default/llama-b", "envoy.filters.http.router"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("filters %v, want %v", names, want)
+	}
+}
+
+// TestSplitBetweenPoolsErrors: a split rule whose weights cannot be read
+// in time, or are all 0, answers 500 naming why.
+func TestSplitBetweenPoolsErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules Rules
+		want  string
+	}{
+		{"no rule source", nil, "reads no HTTPRoutes"},
+		{"rule unreadable", &ruleWeights{err: errors.New("httproutes is forbidden")}, "httproutes is forbidden"},
+		{"pool not in the rule", &ruleWeights{weights: map[string]uint32{"default/llama": 1}}, "no backendRef to pool default/llama-b"},
+		{"all weights 0", &ruleWeights{weights: map[string]uint32{"default/llama": 0, "default/llama-b": 0}}, "weight 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc, _, _ := splitTranslation(t, tc.rules)
+			dr := rc.VirtualHosts[0].Routes[0].GetDirectResponse()
+			if dr.GetStatus() != 500 || !strings.Contains(dr.GetBody().GetInlineString(), tc.want) {
+				t.Fatalf("route answers %d %q, want 500 containing %q", dr.GetStatus(), dr.GetBody().GetInlineString(), tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRouteName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want RuleRef
+		ok   bool
+	}{
+		{"httproute/default/llm-route/rule/0/match/0/*", RuleRef{"default", "llm-route", 0}, true},
+		{"httproute/app/r/rule/12/match/3/api.example.com", RuleRef{"app", "r", 12}, true},
+		{"httproute/app/r/rule/x/match/0/*", RuleRef{}, false},
+		{"grpcroute/app/r/rule/0/match/0/*", RuleRef{}, false},
+		{"httproute/app/r", RuleRef{}, false},
+	} {
+		got, ok := ParseRouteName(tc.name)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("ParseRouteName(%q) = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
 	}
 }

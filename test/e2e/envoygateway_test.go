@@ -137,7 +137,7 @@ func poolFixture(t *testing.T, sims []simProc, eppAddr, failureMode string) (sta
 func startExtension(t *testing.T, endpoints envoygateway.Endpoints, cfg envoygateway.Config) pb.EnvoyGatewayExtensionClient {
 	t.Helper()
 	g := grpc.NewServer()
-	envoygateway.NewServer(endpoints, cfg, logr.Discard()).Register(g)
+	envoygateway.NewServer(endpoints, nil, cfg, logr.Discard()).Register(g)
 	addr := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)

@@ -201,7 +201,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	c := startCluster(t)
 	eps := &flakyEndpoints{inner: envoygateway.KubeEndpoints{Reader: c.Client}}
 	g := grpc.NewServer()
-	envoygateway.NewServer(eps, envoygateway.Config{}, logr.Discard()).Register(g)
+	envoygateway.NewServer(eps, nil, envoygateway.Config{}, logr.Discard()).Register(g)
 	ext := loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)
