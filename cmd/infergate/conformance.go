@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,15 +28,29 @@ type conformanceOptions struct {
 	plaintext, dryRun bool
 	timeout           time.Duration
 	verbose, noColor  bool
+	gateway           gatewayOptions
 }
 
 func newConformanceCommand() *cobra.Command {
 	var o conformanceOptions
 	cmd := &cobra.Command{
-		Use:   "conformance --profile epp|payload ...",
-		Short: "Check an endpoint picker or a payload processor against the InferencePool conformance suite",
-		Long: `conformance runs the profiles of infergate's InferencePool conformance suite against components
-at an address, with no cluster: Envoy's ext_proc filter is played by infergate.
+		Use:   "conformance --profile gateway|epp|payload ...",
+		Short: "Check a gateway, an endpoint picker or a payload processor against the InferencePool conformance suite",
+		Long: `conformance runs the profiles of infergate's InferencePool conformance suite.
+
+  gateway  a gateway in a cluster (--kubeconfig) resolving InferencePool backendRefs, following the
+           picker and honouring the pool's failure mode: the upstream Gateway API Inference Extension
+           suite's tests (v1.6.0) with its base resources, names and namespaces, the report in its
+           format (--report-output). The suite applies its base resources (pools, test pickers, echo
+           servers: --epp-image and --model-server-image, infergate's image by default) and removes
+           them at the end (--cleanup-base-resources). For a vendor's gateway, in one command:
+
+             infergate conformance --profile gateway --gateway-class my-class \
+               --report-output report.yaml --organization acme --project acme-gw \
+               --url https://acme.example/gw --version v1.2.3 --contact @acme
+
+The other profiles check components at an address, with no cluster: Envoy's ext_proc filter is
+played by infergate.
 
   epp      any endpoint picker over ext_proc: the pick in the x-gateway-destination-endpoint header
            and the envoy.lb metadata, route cache, chunked bodies, anti-spoof, subset hints, 503 on an
@@ -45,14 +60,14 @@ at an address, with no cluster: Envoy's ext_proc filter is played by infergate.
            (--payload-address, --payload-model, --payload-base-model, --payload-denied-prompt)
 
 Each failure names the behaviour that is missing. The exit status is non-zero when a spec fails.
-The gateway profile (a gateway resolving InferencePool backendRefs) is not in this command yet.`,
+The gateway profile runs alone (it needs a cluster, the others an address).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConformance(cmd, o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.profiles, "profile", nil, "profiles to run: epp, payload (repeat or comma-separate)")
+	f.StringSliceVar(&o.profiles, "profile", nil, "profiles to run: gateway, or epp and payload (repeat or comma-separate)")
 	f.StringVar(&o.eppAddress, "epp-address", "", "the endpoint picker's ext_proc address, host:port")
 	f.StringVar(&o.eppHealthAddress, "epp-health-address", "", "where the picker serves grpc.health.v1 (default --epp-address)")
 	f.StringSliceVar(&o.eppEndpoints, "epp-endpoints", nil, "the pool endpoints (ip:port) the picker was given; two with different IPs for the subset specs")
@@ -66,6 +81,7 @@ The gateway profile (a gateway resolving InferencePool backendRefs) is not in th
 	f.BoolVar(&o.dryRun, "dry-run", false, "list the specs that would run, without running them")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "report every spec, not only failures")
 	f.BoolVar(&o.noColor, "no-color", false, "no colours in the report")
+	o.gateway.addFlags(f)
 	return cmd
 }
 
@@ -76,7 +92,20 @@ func (t *testingT) Fail() { t.failed = true }
 
 func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 	if len(o.profiles) == 0 {
-		return fmt.Errorf("--profile is required: epp or payload")
+		return fmt.Errorf("--profile is required: gateway, epp or payload")
+	}
+	if slices.Contains(o.profiles, "gateway") {
+		if len(o.profiles) > 1 {
+			return fmt.Errorf("--profile gateway runs alone: it checks a cluster, epp and payload check addresses")
+		}
+		if o.dryRun {
+			return listGatewayTests(cmd.OutOrStdout(), o.gateway)
+		}
+		g, err := gatewayRunOptions(o.gateway)
+		if err != nil {
+			return err
+		}
+		runGatewayProfile(g)
 	}
 	var labels []string
 	for _, p := range o.profiles {
@@ -98,7 +127,7 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 			payload.Register(&payload.Config{Address: o.payloadAddress, TLS: !o.plaintext, Model: o.payloadModel,
 				BaseModel: base, DeniedPrompt: o.payloadDenied, Timeout: o.timeout})
 		default:
-			return fmt.Errorf("--profile %q: want epp or payload", p)
+			return fmt.Errorf("--profile %q: want gateway, epp or payload", p)
 		}
 		labels = append(labels, p)
 	}

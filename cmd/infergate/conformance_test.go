@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,48 @@ func TestConformanceCommand(t *testing.T) {
 
 	if _, err := execute("conformance", "--profile", "gateway"); err == nil || !strings.Contains(err.Error(), "want epp or payload") {
 		t.Fatalf("an unknown profile: %v", err)
+	}
+}
+
+// TestConformanceGatewayFlags: the gateway profile's dry run lists
+// upstream's tests with what --run-test and --skip-tests leave out, and
+// its settings fail before anything runs when they cannot work.
+func TestConformanceGatewayFlags(t *testing.T) {
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {token: x}}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := execute("conformance", "--profile", "gateway", "--dry-run", "--skip-tests", "InferencePoolAccepted", "--gateway-class", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`GatewayClass "acme"`, "GatewayWeightedAcrossTwoInferencePools", "EppUnAvailableFailOpen"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run does not mention %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`InferencePoolAccepted +skip \(--skip-tests\)`).MatchString(out) {
+		t.Errorf("dry run does not mark the skipped test:\n%s", out)
+	}
+	out, err = execute("conformance", "--profile", "gateway", "--dry-run", "--run-test", "GatewayFollowingEPPRouting")
+	if err != nil || !regexp.MustCompile(`GatewayFollowingEPPRouting +run\n`).MatchString(out) || !regexp.MustCompile(`InferencePoolAccepted +skip \(not --run-test\)`).MatchString(out) {
+		t.Errorf("dry run with --run-test (%v):\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"with another profile", []string{"--profile", "gateway,epp"}, "runs alone"},
+		{"unreadable kubeconfig", []string{"--profile", "gateway", "--kubeconfig", filepath.Join(dir, "none")}, "none"},
+		{"report without the implementation", []string{"--profile", "gateway", "--kubeconfig", kc, "--report-output", filepath.Join(dir, "r.yaml")}, "--organization"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := execute(append([]string{"conformance"}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want one naming %q", err, tc.want)
+			}
+		})
 	}
 }

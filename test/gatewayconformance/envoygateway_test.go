@@ -1,7 +1,6 @@
 package gatewayconformance
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,22 +26,21 @@ func TestEnvoyGatewayWithExtension(t *testing.T) {
 // TestPlainEnvoyGateway: Envoy Gateway v1.9.1 without the extension, what
 // users run today, fails the profile: its routes to an InferencePool are
 // ResolvedRefs=False with reason InvalidKind and nothing reaches a pool.
-// The run is a child process (a failing profile fails its test); this test
-// checks that it failed, why, and that the report says so.
+// The profile runs as a user runs it, `infergate conformance --profile
+// gateway`, which must fail, say why, and write a report that says so.
 func TestPlainEnvoyGateway(t *testing.T) {
-	if os.Getenv(childEnv) == "plain-envoy-gateway" {
-		l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
-		gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{GatewayNamespaceMode: true})
-		gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
-		stop := envoyGatewayProxies(t, l, true)
-		defer stop()
-		r := &run{Live: l, name: "envoy-gateway", version: "v1.9.1"}
-		// Every test fails at its first wait: keep the waits short.
-		o := r.options(t, 10*time.Second)
-		gateway.Run(t, o)
-		return
+	l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
+	gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{GatewayNamespaceMode: true})
+	gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
+	stop := envoyGatewayProxies(t, l, true)
+	defer stop()
+	r := &run{Live: l, name: "envoy-gateway", version: "v1.9.1"}
+	// Every test fails at its first wait: keep the waits short.
+	const maxWait = 10 * time.Second
+	report, out, passed := r.command(t, r.options(t, maxWait), maxWait)
+	if passed {
+		t.Fatalf("infergate conformance passed plain Envoy Gateway:\n%s", tail(out, 80))
 	}
-	report, out := runChild(t, "plain-envoy-gateway", "envoy-gateway", "v1.9.1", "^TestPlainEnvoyGateway$")
 	if !strings.Contains(out, "InvalidKind") {
 		t.Errorf("the run never shows reason InvalidKind:\n%s", tail(out, 80))
 	}
