@@ -10,7 +10,7 @@ VERSION  ?= $(shell cat VERSION)
 COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build image wasm test controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled clean
+.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled clean
 
 all: build
 
@@ -30,6 +30,18 @@ wasm:
 test: lint
 	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
 	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" $(GO) test -race -count=1 ./...
+
+## conformance-reports: run the gateway profile against Envoy Gateway v1.9.1 with infergate's extension, plain Envoy Gateway v1.9.1 and Istio's pilot-discovery on the test control plane (as make test does), keep their reports under conformance/reports/$(SUITE_VERSION)/<implementation>/ and write the table of results there (README.md).
+SUITE_VERSION := v1.6.0
+REPORTS       := conformance/reports/$(SUITE_VERSION)
+conformance-reports:
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" \
+	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -timeout 40m -v -run '^(TestEnvoyGatewayWithExtension|TestPlainEnvoyGateway|TestIstio)$$' ./test/gatewayconformance/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)' ; \
+	{ echo "# Gateway profile reports, suite $(SUITE_VERSION)"; echo; \
+	  echo "Written by \`make conformance-reports\` (upstream's report format); the runs are the ones \`make test\` makes (test/gatewayconformance)."; echo; \
+	  $(GO) run ./conformance/internal/reporttable $(REPORTS); } > $(REPORTS)/README.md.partial && mv $(REPORTS)/README.md.partial $(REPORTS)/README.md
+	@cat $(REPORTS)/README.md
 
 ## controlplane: build (once; about 30 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway and Istio's pilot-discovery in $$HOME/.cache/infergate, install etcd-server.
 controlplane:
