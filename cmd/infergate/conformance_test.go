@@ -110,13 +110,16 @@ func TestConformanceGatewayFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`GatewayClass "acme"`, "GatewayWeightedAcrossTwoInferencePools", "EppUnAvailableFailOpen"} {
+	for _, want := range []string{`GatewayClass "acme"`, "GatewayWeightedAcrossTwoInferencePools", "EppUnAvailableFailOpen", "InfergateFailCloseWhenItsPickerIsDown"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run does not mention %q:\n%s", want, out)
 		}
 	}
 	if !regexp.MustCompile(`InferencePoolAccepted +skip \(--skip-tests\)`).MatchString(out) {
 		t.Errorf("dry run does not mark the skipped test:\n%s", out)
+	}
+	if out, err := execute("conformance", "--profile", "gateway", "--dry-run", "--upstream-only"); err != nil || strings.Contains(out, "Infergate") {
+		t.Errorf("dry run with --upstream-only (%v) lists infergate's tests:\n%s", err, out)
 	}
 	out, err = execute("conformance", "--profile", "gateway", "--dry-run", "--run-test", "GatewayFollowingEPPRouting")
 	if err != nil || !regexp.MustCompile(`GatewayFollowingEPPRouting +run\n`).MatchString(out) || !regexp.MustCompile(`InferencePoolAccepted +skip \(not --run-test\)`).MatchString(out) {

@@ -37,6 +37,7 @@ type gatewayOptions struct {
 	eppImage             string
 	modelServerImage     string
 	maxWait              time.Duration
+	upstreamOnly         bool
 }
 
 // defaultImage is the image the base manifests run the test picker and the
@@ -60,6 +61,7 @@ func (o *gatewayOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.debug, "debug", false, "gateway profile: log every request and response")
 	f.StringVar(&o.eppImage, "epp-image", "", "gateway profile: image of the test endpoint picker (infergate epp --conformance-test-mode; default "+defaultImage()+")")
 	f.StringVar(&o.modelServerImage, "model-server-image", "", "gateway profile: image of the echo server (infergate sim --echo; default "+defaultImage()+")")
+	f.BoolVar(&o.upstreamOnly, "upstream-only", false, "gateway profile: run upstream's tests alone, without infergate's stricter ones (profile "+string(gateway.StrictProfileName)+")")
 	f.DurationVar(&o.maxWait, "max-wait", 0, "gateway profile: cap every wait of the suite at this (default: upstream's, up to 300s)")
 }
 
@@ -92,6 +94,7 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 		Images:            images,
 		AllowCRDsMismatch: o.allowCRDsMismatch,
 		Debug:             o.debug,
+		UpstreamOnly:      o.upstreamOnly,
 	}
 	if o.maxWait > 0 {
 		t := gateway.CappedTimeouts(o.maxWait)
@@ -106,10 +109,14 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 // listGatewayTests writes the tests a run with o would run, and why the
 // others would not.
 func listGatewayTests(w io.Writer, o gatewayOptions) error {
-	if _, err := fmt.Fprintf(w, "gateway profile (%s, upstream's tests at v1.6.0) against GatewayClass %q:\n", gateway.ProfileName, o.gatewayClass); err != nil {
+	profiles := fmt.Sprintf("%s: upstream's tests at v1.6.0; %s: those and infergate's", gateway.ProfileName, gateway.StrictProfileName)
+	if o.upstreamOnly {
+		profiles = fmt.Sprintf("%s: upstream's tests at v1.6.0", gateway.ProfileName)
+	}
+	if _, err := fmt.Fprintf(w, "gateway profile (%s) against GatewayClass %q:\n", profiles, o.gatewayClass); err != nil {
 		return err
 	}
-	for _, tc := range gateway.Tests() {
+	for _, tc := range gateway.AllTests(gateway.Options{UpstreamOnly: o.upstreamOnly}) {
 		mark := "run"
 		switch {
 		case o.runTest != "" && tc.ShortName != o.runTest:

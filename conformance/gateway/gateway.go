@@ -67,6 +67,9 @@ type Options struct {
 	// versions (the report says UNDEFINED).
 	AllowCRDsMismatch bool
 	Debug             bool
+	// UpstreamOnly runs upstream's profile alone, without infergate's
+	// stricter one (StrictProfile).
+	UpstreamOnly bool
 }
 
 // ProfileName is upstream's profile: infergate runs the same tests under it.
@@ -92,9 +95,18 @@ func CappedTimeouts(limit time.Duration) gwconfig.TimeoutConfig {
 	return cfg
 }
 
-// Tests are the tests of the profile, in the order they run.
+// Tests are the tests of upstream's profile, in the order they run.
 func Tests() []confsuite.ConformanceTest {
 	return slices.Clone(gietests.ConformanceTests)
+}
+
+// AllTests are the tests a run with o runs: upstream's, then infergate's
+// unless o.UpstreamOnly.
+func AllTests(o Options) []confsuite.ConformanceTest {
+	if o.UpstreamOnly {
+		return Tests()
+	}
+	return append(Tests(), StrictTests()...)
 }
 
 // Run runs the profile's tests as subtests of t and writes the report.
@@ -103,6 +115,7 @@ func Run(t *testing.T, o Options) {
 	opts, err := suiteOptions(o)
 	require.NoError(t, err, "conformance options")
 	confsuite.RegisterConformanceProfile(gie.GatewayLayerProfile)
+	confsuite.RegisterConformanceProfile(StrictProfile)
 	suite, err := confsuite.NewConformanceTestSuite(opts)
 	require.NoError(t, err, "conformance suite")
 	extVersion, err := inferenceCRDVersion(context.Background(), opts.Client)
@@ -112,7 +125,7 @@ func Run(t *testing.T, o Options) {
 		}
 		extVersion = "UNDEFINED"
 	}
-	tests := Tests()
+	tests := AllTests(o)
 	gie.SetupConformanceTestSuite(context.Background(), t, suite, opts, tests)
 	runErr := suite.Run(t, tests)
 	if o.ReportOutput != "" {
@@ -162,20 +175,26 @@ func suiteOptions(o Options) (confsuite.ConformanceOptions, error) {
 	if mode == "" {
 		mode = "default"
 	}
+	profiles := []confsuite.ConformanceProfileName{ProfileName}
+	supported := gie.GatewayLayerProfile.CoreFeatures.UnsortedList()
+	if !o.UpstreamOnly {
+		profiles = append(profiles, StrictProfileName)
+		supported = append(supported, StrictFeature)
+	}
 	return confsuite.ConformanceOptions{
 		ConfigurableOptions: confsuite.ConfigurableOptions{
 			GatewayClassName:     o.GatewayClass,
 			Debug:                o.Debug,
 			CleanupBaseResources: o.CleanupBaseResources,
 			CleanupTestResources: true,
-			SupportedFeatures:    gie.GatewayLayerProfile.CoreFeatures.UnsortedList(),
+			SupportedFeatures:    supported,
 			TimeoutConfig:        timeouts,
 			SkipTests:            o.SkipTests,
 			RunTest:              o.RunTest,
 			Mode:                 mode,
 			AllowCRDsMismatch:    o.AllowCRDsMismatch,
 			Implementation:       o.Implementation,
-			ConformanceProfiles:  []confsuite.ConformanceProfileName{ProfileName},
+			ConformanceProfiles:  profiles,
 		},
 		Client:        c,
 		ClientOptions: clientOpts,

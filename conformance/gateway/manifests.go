@@ -29,7 +29,8 @@ const (
 const baseManifests = "resources/base.yaml"
 
 // manifests returns upstream's manifest FS with base.yaml rewritten to run
-// img; every other file (the tests' own manifests) is upstream's.
+// img, and infergate's tests' manifests under strictManifestDir; every
+// other file (upstream's tests' own manifests) is upstream's.
 func manifests(upstream fs.FS, img Images) (fs.FS, error) {
 	base, err := fs.ReadFile(upstream, baseManifests)
 	if err != nil {
@@ -39,7 +40,20 @@ func manifests(upstream fs.FS, img Images) (fs.FS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", baseManifests, err)
 	}
-	return overlay{upstream, fstest.MapFS{baseManifests: {Data: rewritten, Mode: 0o444}}}, nil
+	top := fstest.MapFS{baseManifests: {Data: rewritten, Mode: 0o444}}
+	// infergate's tests' manifests, under their own folder.
+	entries, err := fs.ReadDir(strictManifests, "strict")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		b, err := fs.ReadFile(strictManifests, "strict/"+e.Name())
+		if err != nil {
+			return nil, err
+		}
+		top[strictManifestDir+"/"+e.Name()] = &fstest.MapFile{Data: b, Mode: 0o444}
+	}
+	return overlay{upstream, top}, nil
 }
 
 // overlay serves top's files, and base's for the rest.

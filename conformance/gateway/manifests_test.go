@@ -78,3 +78,35 @@ func TestRewriteBaseRefusesAnUnknownShape(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestEveryTestManifestIsServed: each test's manifests, upstream's and
+// infergate's, are in the FS the suite applies from, and infergate's parse.
+func TestEveryTestManifestIsServed(t *testing.T) {
+	fsys, err := manifests(&gie.Manifests, Images{EPP: "e", ModelServer: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, tc := range AllTests(Options{}) {
+		if names[tc.ShortName] {
+			t.Errorf("two tests named %s", tc.ShortName)
+		}
+		names[tc.ShortName] = true
+		for _, m := range tc.Manifests {
+			b, err := fs.ReadFile(fsys, m)
+			if err != nil {
+				t.Errorf("%s: %v", tc.ShortName, err)
+				continue
+			}
+			for _, doc := range splitYAML(b) {
+				var obj map[string]any
+				if err := yaml.Unmarshal(doc, &obj); err != nil {
+					t.Errorf("%s: %s: %v", tc.ShortName, m, err)
+				}
+			}
+		}
+	}
+	if len(AllTests(Options{UpstreamOnly: true})) != len(Tests()) || len(AllTests(Options{})) != len(Tests())+len(StrictTests()) {
+		t.Fatal("AllTests does not add infergate's tests to upstream's exactly when asked")
+	}
+}

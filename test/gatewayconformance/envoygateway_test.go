@@ -44,10 +44,23 @@ func TestPlainEnvoyGateway(t *testing.T) {
 	if !strings.Contains(out, "InvalidKind") {
 		t.Errorf("the run never shows reason InvalidKind:\n%s", tail(out, 80))
 	}
-	core := report.ProfileReports[0].Core
-	if core.Result != confv1.Failure || core.Passed != 0 || core.Failed != uint32(len(gateway.Tests())) {
-		t.Fatalf("plain Envoy Gateway: %s, %d passed, %d failed (%v), want every one of %d tests failed\n%s",
-			core.Result, core.Passed, core.Failed, core.FailedTests, len(gateway.Tests()), tail(out, 80))
+	// Both profiles: upstream's tests, and those with infergate's.
+	want := map[string]int{string(gateway.ProfileName): len(gateway.Tests()), string(gateway.StrictProfileName): len(gateway.AllTests(gateway.Options{}))}
+	for _, pr := range report.ProfileReports {
+		n, ok := want[pr.Name]
+		if !ok {
+			t.Errorf("report has profile %s", pr.Name)
+			continue
+		}
+		delete(want, pr.Name)
+		core := pr.Core
+		if core.Result != confv1.Failure || core.Passed != 0 || core.Failed != uint32(n) {
+			t.Errorf("plain Envoy Gateway, profile %s: %s, %d passed, %d failed (%v), want every one of %d tests failed\n%s",
+				pr.Name, core.Result, core.Passed, core.Failed, core.FailedTests, n, tail(out, 80))
+		}
+		t.Logf("plain Envoy Gateway v1.9.1, profile %s: %s, failed %v", pr.Name, core.Result, core.FailedTests)
 	}
-	t.Logf("plain Envoy Gateway v1.9.1: %s, failed %v", core.Result, core.FailedTests)
+	if len(want) != 0 {
+		t.Errorf("report lacks profiles %v", want)
+	}
 }

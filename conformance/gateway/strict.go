@@ -1,0 +1,246 @@
+package gateway
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	giefeatures "sigs.k8s.io/gateway-api-inference-extension/conformance/utils/features"
+	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
+	"sigs.k8s.io/gateway-api-inference-extension/conformance/utils/headers"
+	k8sutils "sigs.k8s.io/gateway-api-inference-extension/conformance/utils/kubernetes"
+	gwhttp "sigs.k8s.io/gateway-api/conformance/utils/http"
+	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
+	"sigs.k8s.io/gateway-api/pkg/features"
+)
+
+// The stricter profile: upstream's tests plus infergate's, which close the
+// gaps upstream's leave (its FailOpen test breaks a picker that does not
+// serve the pool under test; nothing checks FailClose). Its tests carry
+// StrictFeature, which upstream's profile lacks, so upstream's profile in
+// the report stays comparable with published ones; the strict profile
+// holds every test.
+const (
+	StrictProfileName confsuite.ConformanceProfileName = "Gateway-infergate"
+	StrictFeature     features.FeatureName             = "InfergateStrict"
+	strictManifestDir                                  = "infergate"
+)
+
+// StrictProfile is the stricter profile.
+var StrictProfile = confsuite.ConformanceProfile{
+	Name:         StrictProfileName,
+	CoreFeatures: sets.New(giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature),
+}
+
+//go:embed strict/*.yaml
+var strictManifests embed.FS
+
+// Names of infergate's tests.
+const (
+	TestFailOpenOwnPicker = "InfergateFailOpenWhenItsOwnPickerIsDown"
+	TestFailClose         = "InfergateFailCloseWhenItsPickerIsDown"
+)
+
+// StrictTests are infergate's tests of the stricter profile.
+func StrictTests() []confsuite.ConformanceTest {
+	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose}
+}
+
+var failOpenOwnPicker = confsuite.ConformanceTest{
+	ShortName: TestFailOpenOwnPicker,
+	Description: "A FailOpen pool whose own endpoint picker is down still serves its requests, from its own pods " +
+		"(upstream's EppUnAvailableFailOpen breaks the primary pool's picker while it sends to the secondary pool)",
+	Manifests: []string{strictManifestDir + "/failopen.yaml"},
+	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+		const host, path = "secondary.example.com", "/infergate-failopen"
+		routeNN := types.NamespacedName{Name: "httproute-infergate-failopen", Namespace: resources.AppBackendNamespace}
+		gw := resources.SecondaryGatewayNN
+		k8sutils.HTTPRouteMustBeAcceptedAndResolved(t, s.Client, s.TimeoutConfig, routeNN, gw)
+		k8sutils.InferencePoolMustBeAcceptedByParent(t, s.Client, resources.SecondaryInferencePoolNN, gw)
+		addr := k8sutils.GetGatewayEndpoint(t, s.Client, s.TimeoutConfig, gw)
+		pods, err := k8sutils.GetPodsWithLabel(t, s.Client, resources.AppBackendNamespace,
+			map[string]string{"app": resources.SecondaryModelServerAppLabel}, s.TimeoutConfig)
+		require.NoError(t, err)
+		require.NotEmpty(t, pods)
+		req := func(target string) gwhttp.ExpectedResponse {
+			return gwhttp.ExpectedResponse{
+				Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
+					Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: target}},
+				Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
+				Backend:   pods[0].Name,
+				Namespace: resources.AppBackendNamespace,
+			}
+		}
+		t.Log("picker up: the request goes to the pod the picker picks")
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, req(pods[0].Status.PodIP))
+
+		t.Logf("picker down: scaling %s, the picker of pool %s, to 0", resources.SecondaryEppDeploymentNN, resources.SecondaryInferencePoolNN)
+		restore := scaleToZero(t, s, resources.SecondaryEppDeploymentNN, resources.SecondaryEppServiceNN)
+		t.Cleanup(restore)
+		// Any of the pool's pods may answer now: nobody picks.
+		exp := req(pods[0].Status.PodIP)
+		exp.Backend = resources.SecondaryModelServerAppLabel
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
+	},
+}
+
+var failClose = confsuite.ConformanceTest{
+	ShortName: TestFailClose,
+	Description: "A FailClose pool (failureMode unset, the default) whose endpoint picker is down answers 5xx, " +
+		"and no request reaches its pods",
+	Manifests: []string{strictManifestDir + "/failclose.yaml"},
+	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+		const host, path = "primary.example.com", "/infergate-failclose"
+		routeNN := types.NamespacedName{Name: "httproute-infergate-failclose", Namespace: resources.AppBackendNamespace}
+		gw := resources.PrimaryGatewayNN
+		k8sutils.HTTPRouteMustBeAcceptedAndResolved(t, s.Client, s.TimeoutConfig, routeNN, gw)
+		k8sutils.InferencePoolMustBeAcceptedByParent(t, s.Client, resources.PrimaryInferencePoolNN, gw)
+		addr := k8sutils.GetGatewayEndpoint(t, s.Client, s.TimeoutConfig, gw)
+		pods, err := k8sutils.GetPodsWithLabel(t, s.Client, resources.AppBackendNamespace,
+			map[string]string{"app": resources.PrimaryModelServerAppLabel}, s.TimeoutConfig)
+		require.NoError(t, err)
+		require.NotEmpty(t, pods)
+		exp := gwhttp.ExpectedResponse{
+			Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
+				Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: pods[0].Status.PodIP}},
+			Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
+			Backend:   pods[0].Name,
+			Namespace: resources.AppBackendNamespace,
+		}
+		t.Log("picker up: the request goes to the pod the picker picks")
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
+
+		t.Logf("picker down: scaling %s, the picker of pool %s, to 0", resources.PrimaryEppDeploymentNN, resources.PrimaryInferencePoolNN)
+		restore := scaleToZero(t, s, resources.PrimaryEppDeploymentNN, resources.PrimaryEppServiceNN)
+		t.Cleanup(restore)
+		req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
+		served := func() (int, string, error) {
+			cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
+			if err != nil {
+				return 0, "", err
+			}
+			return cRes.StatusCode, cReq.Pod, nil
+		}
+		// Consistently: every answer a 5xx of the gateway's own, none from a
+		// pod (a pod's echo names it).
+		require.NoError(t, consistently(t, s, func() error {
+			code, pod, err := served()
+			switch {
+			case err != nil:
+				return err
+			case pod != "":
+				return fmt.Errorf("status %d from pod %s: a FailClose pool's request reached a pod while its picker was down", code, pod)
+			case code < 500 || code > 599:
+				return fmt.Errorf("status %d, want a 5xx: a FailClose pool whose picker is down must refuse its requests", code)
+			}
+			return nil
+		}), "FailClose")
+	},
+}
+
+// inferenceBody is the request the tests send.
+const inferenceBody = `{"model": "conformance-fake-model", "prompt": "Write as if you were a critic: San Francisco"}`
+
+// consistently waits (up to the suite's MaxTimeToConsistency) for check to
+// hold RequiredConsecutiveSuccesses times in a row, one second apart after
+// a failure, and returns check's last error if it never does.
+func consistently(t *testing.T, s *confsuite.ConformanceTestSuite, check func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(s.TimeoutConfig.MaxTimeToConsistency)
+	need := max(s.TimeoutConfig.RequiredConsecutiveSuccesses, 3)
+	ok := 0
+	for {
+		err := check()
+		if err == nil {
+			if ok++; ok >= need {
+				return nil
+			}
+			continue
+		}
+		ok = 0
+		if time.Now().After(deadline) {
+			return err
+		}
+		t.Logf("not yet: %v", err)
+		time.Sleep(time.Second)
+	}
+}
+
+// scaleToZero scales a picker's Deployment to no replicas and waits until
+// its Service has no endpoint and no Pod of it is left (so no connection
+// to it survives either), and returns what brings it back.
+func scaleToZero(t *testing.T, s *confsuite.ConformanceTestSuite, deploy, svc types.NamespacedName) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	var d appsv1.Deployment
+	require.NoError(t, s.Client.Get(ctx, deploy, &d))
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	require.NoError(t, setReplicas(ctx, s.Client, deploy, 0))
+	wait := s.TimeoutConfig.DeleteTimeout + s.TimeoutConfig.MaxTimeToConsistency
+	require.NoError(t, waitFor(ctx, wait, func(ctx context.Context) (bool, error) {
+		n, err := readyEndpoints(ctx, s.Client, svc)
+		if err != nil || n > 0 {
+			return false, err
+		}
+		var pods corev1.PodList
+		if err := s.Client.List(ctx, &pods, client.InNamespace(deploy.Namespace), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
+			return false, err
+		}
+		return len(pods.Items) == 0, nil
+	}), "%s scaled to 0 still has pods or %s endpoints", deploy, svc)
+	return func() {
+		t.Logf("restoring %s to %d replicas", deploy, replicas)
+		require.NoError(t, setReplicas(ctx, s.Client, deploy, replicas))
+		require.NoError(t, waitFor(ctx, wait, func(ctx context.Context) (bool, error) {
+			n, err := readyEndpoints(ctx, s.Client, svc)
+			return n >= int(replicas), err
+		}), "%s has no ready endpoint again", svc)
+	}
+}
+
+func setReplicas(ctx context.Context, c client.Client, deploy types.NamespacedName, n int32) error {
+	var d appsv1.Deployment
+	if err := c.Get(ctx, deploy, &d); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	d.Spec.Replicas = &n
+	return c.Patch(ctx, &d, patch)
+}
+
+// readyEndpoints counts a Service's ready endpoints over its EndpointSlices.
+func readyEndpoints(ctx context.Context, c client.Client, svc types.NamespacedName) (int, error) {
+	var slices discoveryv1.EndpointSliceList
+	if err := c.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, sl := range slices.Items {
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+func waitFor(ctx context.Context, d time.Duration, cond func(context.Context) (bool, error)) error {
+	return wait.PollUntilContextTimeout(ctx, time.Second, d, true, cond)
+}
