@@ -8,7 +8,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
 	"github.com/infergate/infergate/test/gatewaytest"
@@ -19,27 +18,10 @@ import (
 // Gateway (the EnvoyFilter's workloadSelector and Istio's own selection of
 // the Gateway's configuration read them).
 func gatewayNode() xdsclient.Config {
-	pod := gatewayName + "-istio-0"
-	md, err := structpb.NewStruct(map[string]any{
-		"NAMESPACE":     modelsNS,
-		"CLUSTER_ID":    "Kubernetes",
-		"NAME":          pod,
-		"ISTIO_VERSION": "1.30.0",
-		"LABELS": map[string]any{
-			"gateway.networking.k8s.io/gateway-name": gatewayName,
-			"service.istio.io/canonical-name":        gatewayName + "-istio",
-		},
-		"WORKLOAD_NAME": gatewayName + "-istio",
+	return gatewaytest.IstioNode(namespaceAddr, gatewayName+"-istio-0", modelsNS, gatewayName+"-istio", map[string]string{
+		"gateway.networking.k8s.io/gateway-name": gatewayName,
+		"service.istio.io/canonical-name":        gatewayName + "-istio",
 	})
-	if err != nil {
-		panic(err)
-	}
-	return xdsclient.Config{
-		Server:       istiodXDS,
-		NodeID:       fmt.Sprintf("router~%s~%s.%s~%s.svc.cluster.local", namespaceAddr, pod, modelsNS, modelsNS),
-		NodeCluster:  gatewayName + "-istio." + modelsNS,
-		NodeMetadata: md,
-	}
 }
 
 // gatewayHCM is the connection manager of the Gateway's port-80 listener.
