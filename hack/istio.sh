@@ -2,7 +2,9 @@
 # Istio's control plane from the istio.io/istio Go module, cached outside
 # the clone and keyed by version:
 #   hack/istio.sh        builds (or reuses) pilot-discovery and prints the
-#                        folder that holds it and crds/crd-all.gen.yaml;
+#                        folder that holds it, crds/crd-all.gen.yaml and
+#                        charts/istio-discovery (the chart whose ConfigMaps
+#                        hold the gateway deployment template);
 #   hack/istio.sh crds   only fetches the module and prints the folder
 #                        that holds crds/ (Istio's CRDs, for tests that
 #                        apply Istio objects without running istiod).
@@ -33,6 +35,14 @@ crds() {
 	mv "$DIR/crds/crd-all.gen.yaml.partial" "$DIR/crds/crd-all.gen.yaml"
 }
 
+chart() {
+	mkdir -p "$DIR/charts"
+	rm -rf "$DIR/charts/istio-discovery.partial"
+	cp -r "$1/manifests/charts/istio-control/istio-discovery" "$DIR/charts/istio-discovery.partial"
+	chmod -R u+w "$DIR/charts/istio-discovery.partial"
+	mv "$DIR/charts/istio-discovery.partial" "$DIR/charts/istio-discovery"
+}
+
 build() {
 	log "building pilot-discovery $ISTIO_VERSION from istio.io/istio (several minutes the first time)"
 	(
@@ -43,9 +53,10 @@ build() {
 }
 
 mkdir -p "$DIR"
-if [ ! -f "$DIR/crds/crd-all.gen.yaml" ] || { [ "${1:-}" != crds ] && [ ! -x "$DIR/pilot-discovery" ]; }; then
+if [ ! -f "$DIR/crds/crd-all.gen.yaml" ] || { [ "${1:-}" != crds ] && { [ ! -x "$DIR/pilot-discovery" ] || [ ! -f "$DIR/charts/istio-discovery/Chart.yaml" ]; }; }; then
 	mod="$(module)"
 	[ -f "$DIR/crds/crd-all.gen.yaml" ] || crds "$mod"
+	[ "${1:-}" = crds ] || [ -f "$DIR/charts/istio-discovery/Chart.yaml" ] || chart "$mod"
 	[ "${1:-}" = crds ] || [ -x "$DIR/pilot-discovery" ] || build "$mod"
 fi
 echo "$DIR"
