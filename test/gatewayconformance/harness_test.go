@@ -177,6 +177,9 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	if o.RunTest != "" {
 		args = append(args, "--run-test", o.RunTest)
 	}
+	if len(o.SkipTests) > 0 {
+		args = append(args, "--skip-tests", strings.Join(o.SkipTests, ","))
+	}
 	cmd := exec.CommandContext(gatewaytest.Ctx(t), gatewaytest.Infergate(t), args...)
 	outB, err := cmd.CombinedOutput()
 	out := string(outB)
