@@ -62,7 +62,7 @@ func (o *gatewayOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.eppImage, "epp-image", "", "gateway profile: image of the test endpoint picker (infergate epp --conformance-test-mode; default "+defaultImage()+")")
 	f.StringVar(&o.modelServerImage, "model-server-image", "", "gateway profile: image of the echo server (infergate sim --echo; default "+defaultImage()+")")
 	f.BoolVar(&o.upstreamOnly, "upstream-only", false, "gateway profile: run upstream's tests alone, without infergate's stricter ones (profile "+string(gateway.StrictProfileName)+")")
-	f.DurationVar(&o.maxWait, "max-wait", 0, "gateway profile: cap every wait of the suite at this (default: upstream's, up to 300s)")
+	f.DurationVar(&o.maxWait, "max-wait", 0, "gateway profile: cap every wait of the suite at this (default: upstream's, up to 300s; below that, GatewayWeightedAcrossTwoInferencePools' warm-up can fail a correct gateway)")
 }
 
 // gatewayRunOptions are the profile's options for o: the cluster's

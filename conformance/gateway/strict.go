@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
 	giefeatures "sigs.k8s.io/gateway-api-inference-extension/conformance/utils/features"
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/utils/headers"
@@ -37,10 +38,11 @@ const (
 	strictManifestDir                                  = "infergate"
 )
 
-// StrictProfile is the stricter profile.
+// StrictProfile is the stricter profile: upstream's features and
+// infergate's, so that it holds every test.
 var StrictProfile = confsuite.ConformanceProfile{
 	Name:         StrictProfileName,
-	CoreFeatures: sets.New(giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature),
+	CoreFeatures: gie.GatewayLayerProfile.CoreFeatures.Union(sets.New(StrictFeature)),
 }
 
 //go:embed strict/*.yaml

@@ -1,6 +1,7 @@
 package gatewayconformance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +44,7 @@ type run struct {
 	*livecluster.Live
 	name    string // the implementation's name in the report path
 	version string // the implementation's version
+	class   string // the GatewayClass under test (default gatewayClass)
 }
 
 // startLive brings up the API server (with crdDirs), the controllers and
@@ -136,7 +138,7 @@ func (r *run) options(t *testing.T, maxWait time.Duration) gateway.Options {
 	}
 	return gateway.Options{
 		RestConfig:           r.Env.Config,
-		GatewayClass:         gatewayClass,
+		GatewayClass:         cmp.Or(r.class, gatewayClass),
 		CleanupBaseResources: true,
 		Images:               gateway.Images{EPP: image, ModelServer: image},
 		Timeouts:             &timeouts,
@@ -180,7 +182,10 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	if len(o.SkipTests) > 0 {
 		args = append(args, "--skip-tests", strings.Join(o.SkipTests, ","))
 	}
-	cmd := exec.CommandContext(gatewaytest.Ctx(t), gatewaytest.Infergate(t), args...)
+	// Bounded by the run's own waits, not by a step's (gatewaytest.Ctx).
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gatewaytest.Infergate(t), args...)
 	outB, err := cmd.CombinedOutput()
 	out := string(outB)
 	var exit *exec.ExitError

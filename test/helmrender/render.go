@@ -4,6 +4,7 @@
 package helmrender
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -36,6 +37,17 @@ func Values(docs ...string) (map[string]any, error) {
 // kubeVersion and splits the manifests into objects, in Helm's install
 // order. An error is what the user would see.
 func Render(ch *chart.Chart, release, namespace string, vals map[string]any, kubeVersion chartutil.KubeVersion) ([]*unstructured.Unstructured, error) {
+	return render(ch, release, namespace, vals, kubeVersion, true)
+}
+
+// RenderThirdParty is Render for a chart this project did not write:
+// documents with no object (only comments), which Render refuses in this
+// project's charts, are dropped, as Helm's install drops them.
+func RenderThirdParty(ch *chart.Chart, release, namespace string, vals map[string]any, kubeVersion chartutil.KubeVersion) ([]*unstructured.Unstructured, error) {
+	return render(ch, release, namespace, vals, kubeVersion, false)
+}
+
+func render(ch *chart.Chart, release, namespace string, vals map[string]any, kubeVersion chartutil.KubeVersion, strict bool) ([]*unstructured.Unstructured, error) {
 	caps := chartutil.DefaultCapabilities.Copy()
 	if kubeVersion.Version != "" {
 		caps.KubeVersion = kubeVersion
@@ -66,6 +78,9 @@ func Render(ch *chart.Chart, release, namespace string, vals map[string]any, kub
 		sort.Sort(releaseutil.BySplitManifestsOrder(keys))
 		for _, k := range keys {
 			u, err := decode(docs[k])
+			if errors.Is(err, errNoObject) && !strict {
+				continue
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w\n%s", name, err, docs[k])
 			}
@@ -74,6 +89,8 @@ func Render(ch *chart.Chart, release, namespace string, vals map[string]any, kub
 	}
 	return objs, nil
 }
+
+var errNoObject = errors.New("a document with no object (comments only?)")
 
 // decode turns one rendered document into an object. A document that is
 // only comments is an error: templates that render nothing must render
@@ -84,7 +101,7 @@ func decode(doc string) (*unstructured.Unstructured, error) {
 		return nil, fmt.Errorf("not YAML: %w", err)
 	}
 	if string(js) == "null" {
-		return nil, fmt.Errorf("a document with no object (comments only?)")
+		return nil, errNoObject
 	}
 	u := &unstructured.Unstructured{}
 	if err := u.UnmarshalJSON(js); err != nil {

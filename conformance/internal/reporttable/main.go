@@ -39,8 +39,8 @@ func write(w io.Writer, dir string) error {
 	}
 	slices.Sort(paths)
 	var b strings.Builder
-	b.WriteString("| implementation | version | profile | result | passed | failed | failed tests | report |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| implementation | version | profile | result | passed | failed | skipped | failed tests | report |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
@@ -59,8 +59,8 @@ func write(w io.Writer, dir string) error {
 			if failed == "" {
 				failed = "none"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %s | [%s](%s) |\n", r.Project, r.Version, pr.Name, pr.Core.Result,
-				pr.Core.Passed, pr.Core.Failed, failed, filepath.Base(p), filepath.ToSlash(rel))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d | %s | [%s](%s) |\n", r.Project, r.Version, pr.Name, pr.Core.Result,
+				pr.Core.Passed, pr.Core.Failed, pr.Core.Skipped, failed, filepath.Base(p), filepath.ToSlash(rel))
 		}
 	}
 	_, err = io.WriteString(w, b.String())

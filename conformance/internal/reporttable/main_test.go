@@ -39,7 +39,7 @@ profiles:
 	if err := write(&out, dir); err != nil {
 		t.Fatal(err)
 	}
-	want := "| envoy-gateway | v1.9.1 | Gateway | failure | 12 | 2 | InferencePoolAccepted, GatewayFollowingEPPRouting | [v1.9.1-default-gateway-report.yaml](envoy-gateway/v1.9.1-default-gateway-report.yaml) |"
+	want := "| envoy-gateway | v1.9.1 | Gateway | failure | 12 | 2 | 0 | InferencePoolAccepted, GatewayFollowingEPPRouting | [v1.9.1-default-gateway-report.yaml](envoy-gateway/v1.9.1-default-gateway-report.yaml) |"
 	if !strings.Contains(out.String(), want) {
 		t.Fatalf("table:\n%s\nwant the row\n%s", out.String(), want)
 	}
