@@ -192,6 +192,12 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatal(err)
 	}
+	// The run's verdicts, one line a test, for the log.
+	for _, line := range strings.Split(out, "\n") {
+		if trimmed := strings.TrimSpace(line); strings.HasPrefix(trimmed, "--- ") && strings.Count(trimmed, "/") == 1 {
+			t.Log(trimmed)
+		}
+	}
 	b, rerr := os.ReadFile(o.ReportOutput)
 	if rerr != nil {
 		t.Fatalf("infergate conformance wrote no report (%v):\n%s", rerr, tail(out, 120))

@@ -1,0 +1,124 @@
+package gatewayconformance
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
+
+	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/test/gatewaytest"
+	"github.com/infergate/infergate/test/livecluster"
+)
+
+// TestIstio runs the profile against Istio's pilot-discovery with Gateway
+// API inference support on and its deployment controller deploying each
+// Gateway from the kube-gateway template of Istio's own chart; the Envoy
+// of each Gateway Pod is the stand-in, configured by istiod over xDS. The
+// class is istiod's own "istio": Istio clears a pool's stale parent
+// statuses only for Gateways of its built-in class names.
+//
+// Istio passes every test but one: a rule split between two InferencePools
+// gets one picker for the rule (Istio's per-rule ext_proc override names
+// one pool's picker), so requests for the other pool's pods are refused by
+// a picker that does not know them. The run goes through the command,
+// which must fail with exactly that test failed; when Istio changes, this
+// test says so.
+func TestIstio(t *testing.T) {
+	dir := gatewaytest.IstioDir(t)
+	l := startLive(t, filepath.Join(dir, "crds"))
+	gatewaytest.CreateIstioNamespace(t, l.Cluster)
+	gatewaytest.InstallIstioInjector(t, l.Cluster, dir)
+	gatewaytest.StartIstiod(t, l.Cluster, dir, gatewaytest.Istiod{DeploymentController: true})
+	pickerTLS(t, l)
+	stop := istioProxies(t, l)
+	defer stop()
+	// The pseudo-version of the istio.io/istio module pilot-discovery was
+	// built from names the implementation's version.
+	r := &run{Live: l, name: "istio", version: filepath.Base(dir), class: "istio"}
+	const maxWait = 45 * time.Second
+	o := r.options(t, maxWait)
+	report, out, passed := r.command(t, o, maxWait)
+	if passed {
+		t.Fatalf("Istio passed every test; GatewayWeightedAcrossTwoInferencePools was expected to fail (update this test and the README):\n%s", tail(out, 60))
+	}
+	for _, pr := range report.ProfileReports {
+		if want := []string{"GatewayWeightedAcrossTwoInferencePools"}; !slices.Equal(pr.Core.FailedTests, want) {
+			t.Errorf("Istio, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, tail(out, 150))
+		}
+		t.Logf("Istio %s, profile %s: %s, %d passed, %d skipped, failed %v", r.version, pr.Name, pr.Core.Result, pr.Core.Passed, pr.Core.Skipped, pr.Core.FailedTests)
+	}
+}
+
+// pickerTLS is the part of an Istio installation for inference that the
+// suite's manifests do not carry: Istio reaches a pool's picker through
+// the picker Service's ordinary cluster, so TLS to it (the test pickers
+// serve TLS with a self-signed certificate, as upstream's do) takes a
+// DestinationRule per picker, as the charts render for provider istio.
+func pickerTLS(t *testing.T, l *livecluster.Live) {
+	t.Helper()
+	for _, svc := range []string{"primary", "secondary", "appprotocol-http", "appprotocol-h2c", "dp"} {
+		dr := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+			"metadata": map[string]any{"name": svc + "-endpoint-picker-tls", "namespace": gatewaytest.IstioNamespace},
+			"spec": map[string]any{
+				"host":          svc + "-endpoint-picker-svc." + resources.AppBackendNamespace + ".svc.cluster.local",
+				"trafficPolicy": map[string]any{"tls": map[string]any{"mode": "SIMPLE", "insecureSkipVerify": true}},
+			},
+		}}
+		if err := l.Client.Create(gatewaytest.Ctx(t), dr); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// istioProxies plays the Envoy (and pilot-agent) of every Gateway Pod
+// istiod deploys: for each that runs, a stand-in bound to the Pod's
+// address with the Pod's identity takes its Gateway's configuration from
+// istiod. It stops when the returned function is called.
+func istioProxies(t *testing.T, l *livecluster.Live) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		started := map[string]bool{}
+		for ctx.Err() == nil {
+			var pods corev1.PodList
+			if err := l.Client.List(ctx, &pods, client.MatchingLabels{"gateway.istio.io/managed": "istio.io-gateway-controller"}); err == nil {
+				for i := range pods.Items {
+					p := &pods.Items[i]
+					if started[p.Namespace+"/"+p.Name] || p.Status.PodIP == "" || p.DeletionTimestamp != nil {
+						continue
+					}
+					started[p.Namespace+"/"+p.Name] = true
+					xds := gatewaytest.IstioNode(p.Status.PodIP, p.Name, p.Namespace, p.Labels["service.istio.io/canonical-name"], p.Labels)
+					t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", p.Labels["gateway.networking.k8s.io/gateway-name"], p.Status.PodIP, p.Namespace, p.Name)
+					n := gatewaytest.StandIn(t, devproxy.NodeConfig{
+						XDS:      xds,
+						Address:  p.Status.PodIP,
+						Lookup:   l.Lookup,
+						Timeouts: devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second},
+					})
+					// Ready once it has listeners, as pilot-agent reports
+					// Envoy ready once it has its configuration.
+					gatewaytest.IstioAgentPorts(t, p.Status.PodIP, func() bool {
+						return n.XDS().Status()[xdsclient.ListenerType].ACKs > 0
+					})
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
+}
