@@ -6,7 +6,9 @@
 // the same base resources, names and namespaces, and writes the report in
 // upstream's format (ConformanceReport plus
 // GatewayAPIInferenceExtensionVersion), so results compare with published
-// ones.
+// ones. Unless Options.UpstreamOnly, infergate's stricter tests run after
+// upstream's and the report carries a second profile, Gateway-infergate,
+// holding both (strict.go); upstream's profile stays as upstream defines it.
 //
 // The base manifests run infergate's test picker and echo server in place
 // of upstream's (Images): same contract (test-epp-endpoint-selection,
