@@ -67,15 +67,8 @@ var failOpenOwnPicker = confsuite.ConformanceTest{
 	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
 	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-failopen"
-		routeNN := types.NamespacedName{Name: "httproute-infergate-failopen", Namespace: resources.AppBackendNamespace}
-		gw := resources.SecondaryGatewayNN
-		k8sutils.HTTPRouteMustBeAcceptedAndResolved(t, s.Client, s.TimeoutConfig, routeNN, gw)
-		k8sutils.InferencePoolMustBeAcceptedByParent(t, s.Client, resources.SecondaryInferencePoolNN, gw)
-		addr := k8sutils.GetGatewayEndpoint(t, s.Client, s.TimeoutConfig, gw)
-		pods, err := k8sutils.GetPodsWithLabel(t, s.Client, resources.AppBackendNamespace,
-			map[string]string{"app": resources.SecondaryModelServerAppLabel}, s.TimeoutConfig)
-		require.NoError(t, err)
-		require.NotEmpty(t, pods)
+		addr, pods := poolRouted(t, s, "httproute-infergate-failopen", resources.SecondaryGatewayNN,
+			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
 		req := func(target string) gwhttp.ExpectedResponse {
 			return gwhttp.ExpectedResponse{
 				Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
@@ -106,15 +99,8 @@ var failClose = confsuite.ConformanceTest{
 	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
 	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "primary.example.com", "/infergate-failclose"
-		routeNN := types.NamespacedName{Name: "httproute-infergate-failclose", Namespace: resources.AppBackendNamespace}
-		gw := resources.PrimaryGatewayNN
-		k8sutils.HTTPRouteMustBeAcceptedAndResolved(t, s.Client, s.TimeoutConfig, routeNN, gw)
-		k8sutils.InferencePoolMustBeAcceptedByParent(t, s.Client, resources.PrimaryInferencePoolNN, gw)
-		addr := k8sutils.GetGatewayEndpoint(t, s.Client, s.TimeoutConfig, gw)
-		pods, err := k8sutils.GetPodsWithLabel(t, s.Client, resources.AppBackendNamespace,
-			map[string]string{"app": resources.PrimaryModelServerAppLabel}, s.TimeoutConfig)
-		require.NoError(t, err)
-		require.NotEmpty(t, pods)
+		addr, pods := poolRouted(t, s, "httproute-infergate-failclose", resources.PrimaryGatewayNN,
+			resources.PrimaryInferencePoolNN, resources.PrimaryModelServerAppLabel)
 		exp := gwhttp.ExpectedResponse{
 			Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
 				Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: pods[0].Status.PodIP}},
@@ -151,6 +137,21 @@ var failClose = confsuite.ConformanceTest{
 			return nil
 		}), "FailClose")
 	},
+}
+
+// poolRouted waits for the test's route (in the app namespace) to be
+// Accepted and resolved by gw and the pool to be Accepted by it, and
+// returns gw's address and the pool's pods (label app=appLabel).
+func poolRouted(t *testing.T, s *confsuite.ConformanceTestSuite, route string, gw, pool types.NamespacedName, appLabel string) (string, []corev1.Pod) {
+	t.Helper()
+	routeNN := types.NamespacedName{Name: route, Namespace: resources.AppBackendNamespace}
+	k8sutils.HTTPRouteMustBeAcceptedAndResolved(t, s.Client, s.TimeoutConfig, routeNN, gw)
+	k8sutils.InferencePoolMustBeAcceptedByParent(t, s.Client, pool, gw)
+	addr := k8sutils.GetGatewayEndpoint(t, s.Client, s.TimeoutConfig, gw)
+	pods, err := k8sutils.GetPodsWithLabel(t, s.Client, resources.AppBackendNamespace, map[string]string{"app": appLabel}, s.TimeoutConfig)
+	require.NoError(t, err)
+	require.NotEmpty(t, pods)
+	return addr, pods
 }
 
 // inferenceBody is the request the tests send.

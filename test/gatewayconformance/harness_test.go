@@ -83,27 +83,41 @@ func gatewayClassFor(t *testing.T, l *livecluster.Live, controller string) {
 // called.
 func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode bool) (stop func()) {
 	t.Helper()
+	return eachRunningPod(t, l, client.HasLabels{"gateway.envoyproxy.io/owning-gateway-name"}, func(p *corev1.Pod) {
+		xds := gatewaytest.EnvoyGatewayProxyXDS(t, l.Cluster, p, gatewayNamespaceMode)
+		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
+		gatewaytest.StandIn(t, devproxy.NodeConfig{
+			XDS:      xds,
+			Address:  p.Status.PodIP,
+			Lookup:   l.Lookup,
+			Timeouts: standInTimeouts,
+		})
+	})
+}
+
+// standInTimeouts are the stand-ins' timeouts.
+var standInTimeouts = devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second}
+
+// eachRunningPod calls start once for each Pod matching sel that has an
+// address and is not terminating, as they come, until the returned
+// function is called.
+func eachRunningPod(t *testing.T, l *livecluster.Live, sel client.ListOption, start func(p *corev1.Pod)) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		started := map[string]bool{}
 		for ctx.Err() == nil {
 			var pods corev1.PodList
-			if err := l.Client.List(ctx, &pods, client.HasLabels{"gateway.envoyproxy.io/owning-gateway-name"}); err == nil {
+			if err := l.Client.List(ctx, &pods, sel); err == nil {
 				for i := range pods.Items {
 					p := &pods.Items[i]
-					if started[p.Name] || p.Status.PodIP == "" || p.DeletionTimestamp != nil {
+					key := p.Namespace + "/" + p.Name
+					if started[key] || p.Status.PodIP == "" || p.DeletionTimestamp != nil {
 						continue
 					}
-					started[p.Name] = true
-					xds := gatewaytest.EnvoyGatewayProxyXDS(t, l.Cluster, p, gatewayNamespaceMode)
-					t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
-					gatewaytest.StandIn(t, devproxy.NodeConfig{
-						XDS:      xds,
-						Address:  p.Status.PodIP,
-						Lookup:   l.Lookup,
-						Timeouts: devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second},
-					})
+					started[key] = true
+					start(p)
 				}
 			}
 			select {

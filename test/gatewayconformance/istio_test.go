@@ -1,10 +1,8 @@
 package gatewayconformance
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -86,39 +84,14 @@ func pickerTLS(t *testing.T, l *livecluster.Live) {
 // istiod. It stops when the returned function is called.
 func istioProxies(t *testing.T, l *livecluster.Live) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		started := map[string]bool{}
-		for ctx.Err() == nil {
-			var pods corev1.PodList
-			if err := l.Client.List(ctx, &pods, client.MatchingLabels{"gateway.istio.io/managed": "istio.io-gateway-controller"}); err == nil {
-				for i := range pods.Items {
-					p := &pods.Items[i]
-					if started[p.Namespace+"/"+p.Name] || p.Status.PodIP == "" || p.DeletionTimestamp != nil {
-						continue
-					}
-					started[p.Namespace+"/"+p.Name] = true
-					xds := gatewaytest.IstioNode(p.Status.PodIP, p.Name, p.Namespace, p.Labels["service.istio.io/canonical-name"], p.Labels)
-					t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", p.Labels["gateway.networking.k8s.io/gateway-name"], p.Status.PodIP, p.Namespace, p.Name)
-					n := gatewaytest.StandIn(t, devproxy.NodeConfig{
-						XDS:      xds,
-						Address:  p.Status.PodIP,
-						Lookup:   l.Lookup,
-						Timeouts: devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second},
-					})
-					// Ready once it has listeners, as pilot-agent reports
-					// Envoy ready once it has its configuration.
-					gatewaytest.IstioAgentPorts(t, p.Status.PodIP, func() bool {
-						return n.XDS().Status()[xdsclient.ListenerType].ACKs > 0
-					})
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
+	return eachRunningPod(t, l, client.MatchingLabels{"gateway.istio.io/managed": "istio.io-gateway-controller"}, func(p *corev1.Pod) {
+		xds := gatewaytest.IstioNode(p.Status.PodIP, p.Name, p.Namespace, p.Labels["service.istio.io/canonical-name"], p.Labels)
+		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", p.Labels["gateway.networking.k8s.io/gateway-name"], p.Status.PodIP, p.Namespace, p.Name)
+		n := gatewaytest.StandIn(t, devproxy.NodeConfig{XDS: xds, Address: p.Status.PodIP, Lookup: l.Lookup, Timeouts: standInTimeouts})
+		// Ready once it has listeners, as pilot-agent reports Envoy ready
+		// once it has its configuration.
+		gatewaytest.IstioAgentPorts(t, p.Status.PodIP, func() bool {
+			return n.XDS().Status()[xdsclient.ListenerType].ACKs > 0
+		})
 	})
-	return func() { cancel(); wg.Wait() }
 }

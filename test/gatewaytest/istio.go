@@ -83,15 +83,7 @@ func InstallIstioInjector(t *testing.T, c *Cluster, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(c.Env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := dc.ServerVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := helmrender.Render(ch, "istiod", IstioNamespace, map[string]any{}, chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor})
+	objs, err := helmrender.RenderThirdParty(ch, "istiod", IstioNamespace, map[string]any{}, c.KubeVersion(t))
 	if err != nil {
 		t.Fatalf("render istio-discovery: %v", err)
 	}
@@ -108,6 +100,20 @@ func InstallIstioInjector(t *testing.T, c *Cluster, dir string) {
 	if len(want) != 0 {
 		t.Fatalf("istio-discovery rendered no ConfigMap %v", want)
 	}
+}
+
+// KubeVersion is the API server's version, as charts render for it.
+func (c *Cluster) KubeVersion(t *testing.T) chartutil.KubeVersion {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(c.Env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := dc.ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor}
 }
 
 // CreateIstioNamespace creates IstioNamespace.

@@ -8,7 +8,6 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/infergate/infergate/test/gatewaytest"
@@ -30,15 +29,7 @@ func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	dir := gatewaytest.IstioDir(t)
 	gc := gatewaytest.StartCluster(t, "istiod", filepath.Join(dir, "crds"))
-	dc, err := discovery.NewDiscoveryClientForConfig(gc.Env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := dc.ServerVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := &cluster{Cluster: gc, istio: dir, kubeVersion: chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor}}
+	cl := &cluster{Cluster: gc, istio: dir, kubeVersion: gc.KubeVersion(t)}
 	gatewaytest.CreateIstioNamespace(t, gc)
 	return cl
 }
