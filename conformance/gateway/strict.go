@@ -52,11 +52,12 @@ var strictManifests embed.FS
 const (
 	TestFailOpenOwnPicker = "InfergateFailOpenWhenItsOwnPickerIsDown"
 	TestFailClose         = "InfergateFailCloseWhenItsPickerIsDown"
+	TestScaleOut          = "InfergatePoolScaleOutReachesTheNewPod"
 )
 
 // StrictTests are infergate's tests of the stricter profile.
 func StrictTests() []confsuite.ConformanceTest {
-	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose}
+	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut}
 }
 
 var failOpenOwnPicker = confsuite.ConformanceTest{
@@ -137,6 +138,80 @@ var failClose = confsuite.ConformanceTest{
 			return nil
 		}), "FailClose")
 	},
+}
+
+var scaleOut = confsuite.ConformanceTest{
+	ShortName: TestScaleOut,
+	Description: "A pod added to a pool while the gateway runs is reached as soon as the picker picks it: " +
+		"the gateway follows the pool's endpoints without a restart or a change to any Gateway API object",
+	Manifests: []string{strictManifestDir + "/scaleout.yaml"},
+	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+		const host, path = "secondary.example.com", "/infergate-scaleout"
+		addr, pods := poolRouted(t, s, "httproute-infergate-scaleout", resources.SecondaryGatewayNN,
+			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
+		deploy := types.NamespacedName{Name: resources.SecondaryModelServerDeploymentName, Namespace: resources.AppBackendNamespace}
+		before := sets.New[string]()
+		for _, p := range pods {
+			before.Insert(p.Name)
+		}
+		ctx := context.Background()
+		n := int32(len(pods))
+		t.Logf("scaling %s from %d to %d replicas", deploy, n, n+1)
+		require.NoError(t, setReplicas(ctx, s.Client, deploy, n+1))
+		t.Cleanup(func() {
+			t.Logf("scaling %s back to %d replicas", deploy, n)
+			require.NoError(t, setReplicas(ctx, s.Client, deploy, n))
+			require.NoError(t, waitFor(ctx, s.TimeoutConfig.DeleteTimeout+s.TimeoutConfig.MaxTimeToConsistency, func(ctx context.Context) (bool, error) {
+				ps, err := poolPods(ctx, s.Client, resources.SecondaryModelServerAppLabel)
+				return len(ps) == int(n), err
+			}), "%s did not go back to %d pods", deploy, n)
+		})
+		var added corev1.Pod
+		require.NoError(t, waitFor(ctx, s.TimeoutConfig.MaxTimeToConsistency, func(ctx context.Context) (bool, error) {
+			ps, err := poolPods(ctx, s.Client, resources.SecondaryModelServerAppLabel)
+			for _, p := range ps {
+				if !before.Has(p.Name) && p.Status.PodIP != "" && podReady(&p) {
+					added = p
+					return true, nil
+				}
+			}
+			return false, err
+		}), "no new ready pod of %s", deploy)
+		t.Logf("new pod %s at %s: asking the picker for it", added.Name, added.Status.PodIP)
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, gwhttp.ExpectedResponse{
+			Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
+				Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: added.Status.PodIP}},
+			Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
+			Backend:   added.Name,
+			Namespace: resources.AppBackendNamespace,
+		})
+	},
+}
+
+// poolPods are the pods labelled app=appLabel in the app namespace that
+// are not terminating.
+func poolPods(ctx context.Context, c client.Client, appLabel string) ([]corev1.Pod, error) {
+	var list corev1.PodList
+	if err := c.List(ctx, &list, client.InNamespace(resources.AppBackendNamespace), client.MatchingLabels{"app": appLabel}); err != nil {
+		return nil, err
+	}
+	out := list.Items[:0]
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // poolRouted waits for the test's route (in the app namespace) to be

@@ -22,23 +22,25 @@ import (
 	"github.com/infergate/infergate/test/loopback"
 )
 
-// TestStrictProfileCatchesABrokenFailureMode: an extension that gets the
+// TestStrictProfileCatchesABrokenExtension: an extension that gets the
 // pool's failureMode backwards (infergate's, with failure_mode_allow
-// inverted on every picker filter) passes upstream's FailOpen test, which
-// breaks a picker that does not serve the pool under test, and fails both
+// inverted on every picker filter) and reads a pool's endpoints only when
+// Envoy Gateway translates (no EDS) passes upstream's FailOpen test, which
+// breaks a picker that does not serve the pool under test, and fails each
 // of infergate's: the FailOpen pool refuses its requests when its own
-// picker is down, the FailClose pool lets them through.
-func TestStrictProfileCatchesABrokenFailureMode(t *testing.T) {
+// picker is down, the FailClose pool lets them through, and a pod added to
+// the pool is never reached.
+func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 	l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
-	ext := brokenExtension(t, startExtension(t, l))
+	ext := brokenExtension(t, startExtension(t, l, false))
 	gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{Extension: ext, GatewayNamespaceMode: true})
 	gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
 	stop := envoyGatewayProxies(t, l, true)
 	defer stop()
-	r := &run{Live: l, name: "envoy-gateway-broken-failure-mode", version: "v1.9.1"}
+	r := &run{Live: l, name: "envoy-gateway-broken-extension", version: "v1.9.1"}
 	o := r.options(t, 30*time.Second)
 	o.ReportOutput = t.TempDir() + "/report.yaml"
-	run := []string{"EppUnAvailableFailOpen", gateway.TestFailOpenOwnPicker, gateway.TestFailClose}
+	run := []string{"EppUnAvailableFailOpen", gateway.TestFailOpenOwnPicker, gateway.TestFailClose, gateway.TestScaleOut}
 	for _, tc := range gateway.AllTests(o) {
 		if !slices.Contains(run, tc.ShortName) {
 			o.SkipTests = append(o.SkipTests, tc.ShortName)
@@ -51,7 +53,7 @@ func TestStrictProfileCatchesABrokenFailureMode(t *testing.T) {
 	for _, pr := range report.ProfileReports {
 		var want []string
 		if pr.Name == string(gateway.StrictProfileName) {
-			want = []string{gateway.TestFailClose, gateway.TestFailOpenOwnPicker}
+			want = []string{gateway.TestFailClose, gateway.TestFailOpenOwnPicker, gateway.TestScaleOut}
 		}
 		got := slices.Sorted(slices.Values(pr.Core.FailedTests))
 		if !slices.Equal(got, want) {

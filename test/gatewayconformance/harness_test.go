@@ -59,11 +59,17 @@ func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 }
 
 // startExtension runs infergate's Envoy Gateway extension on the
-// namespace's loopback and returns its address.
-func startExtension(t *testing.T, l *livecluster.Live) string {
+// namespace's loopback and returns its address. With eds it serves the
+// pools' endpoints over EDS, as the chart deploys it; without, they are
+// read when Envoy Gateway translates.
+func startExtension(t *testing.T, l *livecluster.Live, eds bool) string {
 	t.Helper()
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
-		return envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: ln.Addr().String(), Kube: l.Env.Config, Logger: logr.Discard()})
+		o := envoygateway.Options{Listener: ln, Kube: l.Env.Config, Logger: logr.Discard()}
+		if eds {
+			o.EDSAddress = ln.Addr().String()
+		}
+		return envoygateway.Run(ctx, o)
 	})
 }
 
