@@ -35,6 +35,7 @@ test: lint
 SUITE_VERSION := v1.6.0
 REPORTS       := conformance/reports/$(SUITE_VERSION)
 conformance-reports:
+	rm -rf $(REPORTS)
 	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
 	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" \
 	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -timeout 40m -v -run '^(TestEnvoyGatewayWithExtension|TestPlainEnvoyGateway|TestIstio)$$' ./test/gatewayconformance/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)' ; \

@@ -37,7 +37,7 @@ func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 	gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
 	stop := envoyGatewayProxies(t, l, true)
 	defer stop()
-	r := &run{Live: l, name: "envoy-gateway-broken-extension", version: "v1.9.1"}
+	r := &run{Live: l, name: "envoy-gateway-broken-extension", version: "v1.9.1", withInfergate: true}
 	o := r.options(t, 30*time.Second)
 	o.ReportOutput = t.TempDir() + "/report.yaml"
 	run := []string{"EppUnAvailableFailOpen", gateway.TestFailOpenOwnPicker, gateway.TestFailClose, gateway.TestScaleOut}

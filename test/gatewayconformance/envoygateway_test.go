@@ -19,7 +19,7 @@ func TestEnvoyGatewayWithExtension(t *testing.T) {
 	gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
 	stop := envoyGatewayProxies(t, l, true)
 	defer stop()
-	r := &run{Live: l, name: "envoy-gateway-infergate", version: "v1.9.1"}
+	r := &run{Live: l, name: "envoy-gateway-infergate", version: "v1.9.1", withInfergate: true}
 	gateway.Run(t, r.options(t, 45*time.Second))
 }
 

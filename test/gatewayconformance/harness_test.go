@@ -45,6 +45,9 @@ type run struct {
 	name    string // the implementation's name in the report path
 	version string // the implementation's version
 	class   string // the GatewayClass under test (default gatewayClass)
+	// withInfergate marks an implementation that includes infergate (its
+	// extension): its version names infergate's too.
+	withInfergate bool
 }
 
 // startLive brings up the API server (with crdDirs), the controllers and
@@ -148,13 +151,17 @@ func (r *run) options(t *testing.T, maxWait time.Duration) gateway.Options {
 	// gateway needs about 37 s on average per secondary pod (1 s between
 	// tries); upstream's 300 s makes a false failure about 1 in 1,500 runs.
 	timeouts.MaxTimeToConsistency = gateway.DefaultTimeouts().MaxTimeToConsistency
-	root, err := controlplane.ModuleRoot(gatewaytest.Ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		t.Fatal(err)
+	version := r.version
+	if r.withInfergate {
+		root, err := controlplane.ModuleRoot(gatewaytest.Ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := os.ReadFile(filepath.Join(root, "VERSION"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		version += "+infergate-" + strings.TrimSpace(string(v))
 	}
 	return gateway.Options{
 		RestConfig:           r.Env.Config,
@@ -167,7 +174,7 @@ func (r *run) options(t *testing.T, maxWait time.Duration) gateway.Options {
 		RunTest: os.Getenv("INFERGATE_CONFORMANCE_RUN_TEST"),
 		Implementation: confv1.Implementation{
 			Organization: "infergate", Project: r.name, URL: "https://github.com/infergate/infergate",
-			Version: r.version + "+infergate-" + strings.TrimSpace(string(v)), Contact: []string{"@infergate/maintainers"},
+			Version: version, Contact: []string{"@infergate/maintainers"},
 		},
 	}
 }

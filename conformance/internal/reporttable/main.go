@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
+	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -54,7 +55,9 @@ func write(w io.Writer, dir string) error {
 		if err != nil {
 			return err
 		}
-		for _, pr := range r.ProfileReports {
+		profiles := slices.Clone(r.ProfileReports)
+		slices.SortFunc(profiles, func(a, b confv1.ProfileReport) int { return strings.Compare(a.Name, b.Name) })
+		for _, pr := range profiles {
 			failed := strings.Join(pr.Core.FailedTests, ", ")
 			if failed == "" {
 				failed = "none"
