@@ -92,7 +92,7 @@ func TestConformanceCommand(t *testing.T) {
 		t.Fatalf("the payload profile against nothing must fail, naming the specs:\n%s", out)
 	}
 
-	if _, err := execute("conformance", "--profile", "gateway"); err == nil || !strings.Contains(err.Error(), "want epp or payload") {
+	if _, err := execute("conformance", "--profile", "mesh"); err == nil || !strings.Contains(err.Error(), "want gateway, epp or payload") {
 		t.Fatalf("an unknown profile: %v", err)
 	}
 }
