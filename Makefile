@@ -29,7 +29,7 @@ wasm:
 ## test: lint, the test control plane (kube-apiserver, etcd, Envoy Gateway's controller, Istio's pilot-discovery and CRDs), then every test (unit, integration over real gRPC and HTTP on loopback, Kubernetes mode against a real kube-apiserver, Envoy Gateway with the extension) with the race detector.
 test: lint
 	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" $(GO) test -race -count=1 ./...
+	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" $(GO) test -race -count=1 -timeout 30m ./...
 
 ## conformance-reports: run the gateway profile against Envoy Gateway v1.9.1 with infergate's extension, plain Envoy Gateway v1.9.1 and Istio's pilot-discovery on the test control plane (as make test does), keep their reports under conformance/reports/$(SUITE_VERSION)/<implementation>/ and write the table of results there (README.md).
 SUITE_VERSION := v1.6.0
