@@ -55,6 +55,11 @@ const (
 	TestScaleOut          = "InfergatePoolScaleOutReachesTheNewPod"
 )
 
+// strictFeatures are what each of infergate's tests relies on.
+func strictFeatures() []features.FeatureName {
+	return []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature}
+}
+
 // StrictTests are infergate's tests of the stricter profile.
 func StrictTests() []confsuite.ConformanceTest {
 	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut}
@@ -65,28 +70,19 @@ var failOpenOwnPicker = confsuite.ConformanceTest{
 	Description: "A FailOpen pool whose own endpoint picker is down still serves its requests, from its own pods " +
 		"(upstream's EppUnAvailableFailOpen breaks the primary pool's picker while it sends to the secondary pool)",
 	Manifests: []string{strictManifestDir + "/failopen.yaml"},
-	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Features:  strictFeatures(),
 	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-failopen"
 		addr, pods := poolRouted(t, s, "httproute-infergate-failopen", resources.SecondaryGatewayNN,
 			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
-		req := func(target string) gwhttp.ExpectedResponse {
-			return gwhttp.ExpectedResponse{
-				Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
-					Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: target}},
-				Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
-				Backend:   pods[0].Name,
-				Namespace: resources.AppBackendNamespace,
-			}
-		}
+		exp := toPod(host, path, &pods[0])
 		t.Log("picker up: the request goes to the pod the picker picks")
-		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, req(pods[0].Status.PodIP))
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
 
 		t.Logf("picker down: scaling %s, the picker of pool %s, to 0", resources.SecondaryEppDeploymentNN, resources.SecondaryInferencePoolNN)
 		restore := scaleToZero(t, s, resources.SecondaryEppDeploymentNN, resources.SecondaryEppServiceNN)
 		t.Cleanup(restore)
 		// Any of the pool's pods may answer now: nobody picks.
-		exp := req(pods[0].Status.PodIP)
 		exp.Backend = resources.SecondaryModelServerAppLabel
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
 	},
@@ -97,18 +93,12 @@ var failClose = confsuite.ConformanceTest{
 	Description: "A FailClose pool (failureMode unset, the default) whose endpoint picker is down answers 5xx, " +
 		"and no request reaches its pods",
 	Manifests: []string{strictManifestDir + "/failclose.yaml"},
-	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Features:  strictFeatures(),
 	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "primary.example.com", "/infergate-failclose"
 		addr, pods := poolRouted(t, s, "httproute-infergate-failclose", resources.PrimaryGatewayNN,
 			resources.PrimaryInferencePoolNN, resources.PrimaryModelServerAppLabel)
-		exp := gwhttp.ExpectedResponse{
-			Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
-				Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: pods[0].Status.PodIP}},
-			Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
-			Backend:   pods[0].Name,
-			Namespace: resources.AppBackendNamespace,
-		}
+		exp := toPod(host, path, &pods[0])
 		t.Log("picker up: the request goes to the pod the picker picks")
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
 
@@ -145,7 +135,7 @@ var scaleOut = confsuite.ConformanceTest{
 	Description: "A pod added to a pool while the gateway runs is reached as soon as the picker picks it: " +
 		"the gateway follows the pool's endpoints without a restart or a change to any Gateway API object",
 	Manifests: []string{strictManifestDir + "/scaleout.yaml"},
-	Features:  []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature},
+	Features:  strictFeatures(),
 	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-scaleout"
 		addr, pods := poolRouted(t, s, "httproute-infergate-scaleout", resources.SecondaryGatewayNN,
@@ -179,13 +169,7 @@ var scaleOut = confsuite.ConformanceTest{
 			return false, err
 		}), "no new ready pod of %s", deploy)
 		t.Logf("new pod %s at %s: asking the picker for it", added.Name, added.Status.PodIP)
-		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, gwhttp.ExpectedResponse{
-			Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
-				Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: added.Status.PodIP}},
-			Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
-			Backend:   added.Name,
-			Namespace: resources.AppBackendNamespace,
-		})
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, toPod(host, path, &added))
 	},
 }
 
@@ -227,6 +211,18 @@ func poolRouted(t *testing.T, s *confsuite.ConformanceTestSuite, route string, g
 	require.NoError(t, err)
 	require.NotEmpty(t, pods)
 	return addr, pods
+}
+
+// toPod is an inference request to host and path that asks the test
+// picker for pod, and expects a 200 from it.
+func toPod(host, path string, pod *corev1.Pod) gwhttp.ExpectedResponse {
+	return gwhttp.ExpectedResponse{
+		Request: gwhttp.Request{Host: host, Path: path, Method: http.MethodPost, Body: inferenceBody,
+			Headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: pod.Status.PodIP}},
+		Response:  gwhttp.Response{StatusCodes: []int{http.StatusOK}},
+		Backend:   pod.Name,
+		Namespace: resources.AppBackendNamespace,
+	}
 }
 
 // inferenceBody is the request the tests send.

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"time"
 
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	. "github.com/onsi/ginkgo/v2" //nolint:revive // ginkgo DSL
 	. "github.com/onsi/gomega"    //nolint:revive // gomega DSL
@@ -81,19 +80,6 @@ const (
 	spoofBaseModel = "conformance-client-spoofed-base"
 	spoofEndpoint  = "203.0.113.7:8000"
 )
-
-// ProcessingMode is the ext_proc filter's processing mode the README asks
-// for: headers SEND, bodies FULL_DUPLEX_STREAMED, trailers SEND.
-func ProcessingMode() *filterv3.ProcessingMode {
-	return &filterv3.ProcessingMode{
-		RequestHeaderMode:   filterv3.ProcessingMode_SEND,
-		RequestBodyMode:     filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		RequestTrailerMode:  filterv3.ProcessingMode_SEND,
-		ResponseHeaderMode:  filterv3.ProcessingMode_SEND,
-		ResponseBodyMode:    filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		ResponseTrailerMode: filterv3.ProcessingMode_SEND,
-	}
-}
 
 // Register adds the profile's specs to the ginkgo suite; cfg is read when
 // the specs run. It returns true so it can be called as `var _ = Register(cfg)`.
@@ -213,7 +199,7 @@ func request(path, body string, extra extproctest.Headers) extproctest.Request {
 // run plays Envoy for one request path against the processor under test.
 func run(ctx context.Context, cfg *Config, req extproctest.Request) *extproctest.Result {
 	GinkgoHelper()
-	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload-conformance", Target: cfg.Address, TLS: cfg.TLS, ProcessingMode: ProcessingMode()})
+	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload-conformance", Target: cfg.Address, TLS: cfg.TLS, ProcessingMode: extproctest.DefaultProcessingMode()})
 	Expect(err).NotTo(HaveOccurred(), "configuring the ext_proc client for %s", cfg.Address)
 	defer client.Close()
 	res, err := client.Run(ctx, req)
