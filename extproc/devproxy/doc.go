@@ -117,9 +117,11 @@
 //	processing_mode (bodies NONE, BUFFERED, FULL_DUPLEX_STREAMED),
 //	message_timeout, metadata_options (untyped receiving namespaces kept,
 //	forwarding namespaces sent from the stream's metadata), status_on_error,
-//	route_cache_action / disable_clear_route_cache; mutation_rules only at
-//	Envoy's defaults; allow_mode_override only where Envoy ignores it.
-//	  ExternalProcessor.*; extproctest: TestMetadataOptions, TestStatusOnError;
+//	disable_immediate_response (an immediate response is then a spurious
+//	message), route_cache_action / disable_clear_route_cache; mutation_rules
+//	only at Envoy's defaults; allow_mode_override only where Envoy ignores it.
+//	  ExternalProcessor.*; extproctest: TestMetadataOptions, TestStatusOnError,
+//	  TestFailureModes;
 //	  TestRouteRematchedAfterClearRouteCache, TestServedEndpointReachesThePicker
 //
 //	Per-route filter config: which filters run is decided by the route a

@@ -574,6 +574,8 @@ func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcT
 		ProcessingMode:   mode,
 		MetadataOptions:  &extproctest.MetadataOptions{Forwarding: fwd.GetUntyped(), Receiving: rcv.GetUntyped()},
 		StatusOnError:    int(ep.GetStatusOnError().GetCode()),
+		// Not in ExtProcOverrides: always the listener filter's.
+		DisableImmediateResponse: ep.GetDisableImmediateResponse(),
 	}
 	if d := ep.GetMessageTimeout(); d != nil {
 		cfg.MessageTimeout = d.AsDuration()

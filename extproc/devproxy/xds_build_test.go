@@ -1514,6 +1514,7 @@ func prResources(t *testing.T, disabled, failOpen bool, rcCfg, vhCfg, routeCfg p
 	ep := xdstest.ExtProc("epp-listener", &extprocfilterv3.ProcessingMode{ResponseHeaderMode: prMode}, failOpen)
 	ep.MessageTimeout = durationpb.New(2 * time.Second)
 	ep.StatusOnError = &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable}
+	ep.DisableImmediateResponse = true
 	perFilter := func(m proto.Message) map[string]*anypb.Any {
 		if m == nil {
 			return nil
@@ -1566,8 +1567,9 @@ func TestPerRouteFilterConfig(t *testing.T) {
 	// checkListenerSettings: settings no override touched are the listener's.
 	checkListenerSettings := func(t *testing.T, cfg extproctest.FilterConfig) {
 		t.Helper()
-		if cfg.Name != prFilter || cfg.MessageTimeout != 2*time.Second || cfg.StatusOnError != 503 {
-			t.Errorf("name %q, message timeout %v, status on error %d: not the listener's", cfg.Name, cfg.MessageTimeout, cfg.StatusOnError)
+		if cfg.Name != prFilter || cfg.MessageTimeout != 2*time.Second || cfg.StatusOnError != 503 || !cfg.DisableImmediateResponse {
+			t.Errorf("name %q, message timeout %v, status on error %d, disable_immediate_response %v: not the listener's",
+				cfg.Name, cfg.MessageTimeout, cfg.StatusOnError, cfg.DisableImmediateResponse)
 		}
 	}
 	cases := []struct {

@@ -160,7 +160,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	"envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor": {
 		reads: []string{"grpc_service", "failure_mode_allow", "processing_mode", "message_timeout",
 			"metadata_options", "mutation_rules", "allow_mode_override", "disable_clear_route_cache",
-			"route_cache_action", "status_on_error"},
+			"route_cache_action", "status_on_error", "disable_immediate_response"},
 		ignores: map[string]string{
 			"stat_prefix":            "statistics",
 			"deferred_close_timeout": "only used in observability_mode, which is NACKed",

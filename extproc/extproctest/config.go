@@ -67,6 +67,11 @@ type FilterConfig struct {
 	// uses it for all three). Zero means Envoy's defaults, 500 (504 for a
 	// message timeout).
 	StatusOnError int
+	// DisableImmediateResponse is Envoy's disable_immediate_response: an
+	// immediate response from the server is a spurious message (Envoy
+	// closes the stream and goes on as for any spurious message: the
+	// failure mode decides) instead of the local reply it asks for.
+	DisableImmediateResponse bool
 }
 
 // MetadataOptions is ExternalProcessor.metadata_options, untyped namespaces

@@ -84,7 +84,7 @@
 //     observability_mode; flow-control messages (flow_control_init, window
 //     updates, request_drain); streamed_immediate_response;
 //   - typed metadata; request/response attributes; forward_rules;
-//     mutation_rules other than the defaults; disable_immediate_response;
+//     mutation_rules other than the defaults;
 //     deferred_close_timeout; grpc_service timeout and initial metadata
 //     (route_cache_action, forwarding namespaces and ExtProcPerRoute are the
 //     proxy's: package devproxy);

@@ -473,6 +473,10 @@ func (e *Exchange) handle(resp *extprocv3.ProcessingResponse) bool {
 		dir = &e.resp
 		chunk, err = e.onTrailers(dir, r.ResponseTrailers.GetHeaderMutation())
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		if e.cfg.DisableImmediateResponse {
+			err = fmt.Errorf("%w: unhandled immediate response due to config disabled it", ErrSpurious)
+			break
+		}
 		e.mergeMetadata(resp.GetDynamicMetadata())
 		e.terminate(immediateReply(r.ImmediateResponse))
 		e.mu.Unlock()

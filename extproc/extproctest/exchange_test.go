@@ -297,16 +297,17 @@ func TestFailureModes(t *testing.T) {
 	headersOnly := &filterv3.ProcessingMode{RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseHeaderMode: filterv3.ProcessingMode_SKIP}
 
 	for _, tc := range []struct {
-		name       string
-		handle     func(*fakeproc.Conn) error // nil: nobody listens
-		failOpen   bool
-		mode       *filterv3.ProcessingMode
-		timeout    time.Duration
-		withBody   bool   // send a body (the first chunk is held back until the filter decided)
-		wantStatus int    // 0: the request continues
-		wantErr    error  // matched against the local reply's cause
-		wantText   string // in the local reply's error
-		failedOpen bool
+		name        string
+		handle      func(*fakeproc.Conn) error // nil: nobody listens
+		failOpen    bool
+		mode        *filterv3.ProcessingMode
+		timeout     time.Duration
+		withBody    bool   // send a body (the first chunk is held back until the filter decided)
+		wantStatus  int    // 0: the request continues
+		wantErr     error  // matched against the local reply's cause
+		wantText    string // in the local reply's error
+		failedOpen  bool
+		noImmediate bool // disable_immediate_response
 	}{
 		{name: "spurious plain body mutation", handle: plainBody, withBody: true, wantStatus: 500, wantErr: ErrSpurious,
 			wantText: "spurious message: Normal body mutation response is received while body_mode_ is FULL_DUPLEX_STREAMED"},
@@ -324,6 +325,9 @@ func TestFailureModes(t *testing.T) {
 		{name: "no message timeout in full duplex", handle: slowDuplex, withBody: true},
 		{name: "invalid mutation fails even open", handle: badMutation, failOpen: true, wantStatus: 500, wantErr: ErrInvalidMutation},
 		{name: "immediate response", handle: deny, wantStatus: 429},
+		{name: "immediate response disabled", handle: deny, noImmediate: true, wantStatus: 500, wantErr: ErrSpurious,
+			wantText: "unhandled immediate response due to config disabled it"},
+		{name: "immediate response disabled fail-open", handle: deny, noImmediate: true, failOpen: true, failedOpen: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := fakeproc.ClosedAddr(t)
@@ -331,7 +335,8 @@ func TestFailureModes(t *testing.T) {
 				target = fakeproc.Start(t, tc.handle).Addr
 			}
 			ctx := fakeproc.Ctx(t)
-			ex := newClient(t, FilterConfig{Target: target, FailureModeAllow: tc.failOpen, ProcessingMode: tc.mode, MessageTimeout: tc.timeout}).Open(ctx)
+			ex := newClient(t, FilterConfig{Target: target, FailureModeAllow: tc.failOpen, ProcessingMode: tc.mode, MessageTimeout: tc.timeout,
+				DisableImmediateResponse: tc.noImmediate}).Open(ctx)
 			defer ex.Close()
 			var body Body
 			release := func(string) {}
