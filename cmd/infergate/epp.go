@@ -69,7 +69,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	fs.StringVar(&c.ConfigText, "config-text", "", "EndpointPickerConfig as text")
 	fs.DurationVar(&c.RefreshInterval, "refresh-metrics-interval", 0, "how often endpoint metrics are scraped (default: the config's, 50ms)")
 	fs.DurationVar(&c.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "endpoint metrics older than this count as unknown")
-	fs.BoolVar(&c.ConformanceTest, "conformance-test-mode", false, "run as the conformance suites' test picker: steered by the test-epp-endpoint-selection header (random among the named endpoints, all without it), the pick echoed through X-Echo-Set-Header and the served endpoint reported in x-conformance-test-served-endpoint. Any client can steer: never in production")
+	fs.BoolVar(&c.ConformanceTest, "conformance-test-mode", false, "run as the conformance suites' test picker: steered by the test-epp-endpoint-selection header (random among the named endpoints, all without it), the pick echoed through X-Echo-Set-Header, the served endpoint reported in x-conformance-test-served-endpoint, and a request carrying x-infergate-test-epp-shed shed with 429. Any client can steer: never in production")
 	fs.BoolVar(&c.EmitScores, "emit-endpoint-scores", false, "add each target's score to the envoy.lb metadata (x-gateway-destination-endpoint-scores)")
 	logs.register(fs)
 	return cmd

@@ -177,6 +177,9 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		}
 		return reject(503, ReasonNoEndpoints, msg), outcomeSubsetEmpty
 	}
+	if p.opts.ConformanceTest && r.Headers.Get(ConformanceShedHeader) != "" {
+		return &server.Decision{Reject: shedRejection(objective)}, outcomeShed
+	}
 	if q := p.opts.Queue; q != nil {
 		if err := q.Admit(ctx, req.Priority, req.FairnessID); err != nil {
 			return admissionRejection(err)
@@ -268,6 +271,10 @@ func (p *Picker) shed(now time.Time, all []*datastore.Endpoint, objective string
 	if priority >= 0 || !p.opts.Saturation.Shed(now, all) {
 		return nil
 	}
+	return shedRejection(objective)
+}
+
+func shedRejection(objective string) *server.Rejection {
 	return &server.Rejection{
 		Status: 429, Reason: ReasonSaturated, Message: fmt.Sprintf("pool saturated; objective %q is sheddable", objective),
 		Headers: retryAfter(),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -609,8 +610,21 @@ func TestConformanceTestMode(t *testing.T) {
 			}
 		})
 	}
-	// Outside the mode neither header is added.
+	// The shed header: refused as a saturated pool refuses, with the
+	// pause to come back after.
+	shed := r.do(t, call{headers: map[string]string{epp.ConformanceShedHeader: "1"}, body: completion})
+	shed.wantImmediate(t, 429, epp.ReasonSaturated)
+	if !slices.ContainsFunc(shed.immediate.GetHeaders().GetSetHeaders(), func(o *corev3.HeaderValueOption) bool {
+		return o.GetHeader().GetKey() == "retry-after"
+	}) {
+		t.Fatalf("shed without retry-after: %v", shed.immediate)
+	}
+	// Outside the mode neither header is added, and the shed header is
+	// nobody's to send.
 	plain := newRig(t, rigOpts{endpoints: specs("10.0.0.1:3000")})
+	if plain.do(t, call{headers: map[string]string{epp.ConformanceShedHeader: "1"}, body: completion}).immediate != nil {
+		t.Fatal("the shed header refused a request outside conformance-test mode")
+	}
 	a = plain.do(t, call{})
 	if _, ok := a.header(t, epp.EchoSetHeader); ok {
 		t.Fatal("X-Echo-Set-Header outside conformance-test mode")

@@ -27,6 +27,11 @@ const (
 	// response header (name:value) of its own.
 	ConformanceServedHeader = "x-conformance-test-served-endpoint"
 	EchoSetHeader           = "X-Echo-Set-Header"
+	// ConformanceShedHeader, on a request to the conformance-test picker,
+	// has it shed the request as a saturated pool sheds a sheddable one
+	// (429, rejected-saturated, Retry-After), so a suite can check that a
+	// gateway hands the picker's refusal to the client.
+	ConformanceShedHeader = wire.ShedTestHeader
 
 	// ObjectiveHeader names the request's objective (→ priority);
 	// LegacyObjectiveHeader is the older name, still honoured.

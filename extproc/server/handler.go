@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Handler creates one Exchange per ext_proc stream, that is per HTTP request.
@@ -130,6 +132,5 @@ type Rejection struct {
 	Headers []Header
 }
 
-// DropReasonHeader carries Rejection.Reason. The name matches the one the
-// reference endpoint picker uses so dashboards and tests carry over.
-const DropReasonHeader = "x-llm-d-request-dropped-reason"
+// DropReasonHeader carries Rejection.Reason.
+const DropReasonHeader = wire.DropReasonHeader

@@ -11,6 +11,7 @@ import (
 	"github.com/infergate/infergate/inference"
 	"github.com/infergate/infergate/inference/pii"
 	"github.com/infergate/infergate/inference/textnorm"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Header names the processors set, and the reasons a rejection carries.
@@ -26,7 +27,7 @@ const (
 	GuardrailHeader = "x-infergate-guardrail"
 	// DropReasonHeader carries the machine-readable reason of a rejection;
 	// the same header the endpoint picker uses.
-	DropReasonHeader = "x-llm-d-request-dropped-reason"
+	DropReasonHeader = wire.DropReasonHeader
 
 	ReasonTooLarge         = "request-too-large"
 	ReasonInvalidJSON      = "invalid-json"

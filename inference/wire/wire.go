@@ -21,4 +21,11 @@ const (
 	// filter (header-based-testing-filter) keeps the endpoints of: a
 	// comma list of IPs or ip:port. Whoever sends it steers the pick.
 	EndpointSelectionHeader = "test-epp-endpoint-selection"
+	// ShedTestHeader asks infergate's conformance-test picker to shed the
+	// request as a saturated pool would (429, rejected-saturated).
+	ShedTestHeader = "x-infergate-test-epp-shed"
+	// DropReasonHeader carries the machine-readable reason of a refusal, by
+	// the picker or the payload processor; the name the reference picker
+	// uses, so dashboards and tests carry over.
+	DropReasonHeader = "x-llm-d-request-dropped-reason"
 )
