@@ -17,6 +17,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -27,6 +28,7 @@ import (
 	payloadsvc "github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/wire"
+	"github.com/infergate/infergate/wasm/wasmtest"
 )
 
 // The models and the denied prompt of the policy both the real and the
@@ -46,8 +48,13 @@ var _ = ReportAfterSuite("write report for the parent test", func(r Report) {
 	Expect(brokentest.WriteReport(r)).To(Succeed())
 })
 
+// wasmEnv, in a child process, is the path of the Wasm plugin to run the
+// profile against.
+const wasmEnv = "INFERGATE_CONFORMANCE_WASM"
+
 // TestConformance runs the payload profile against infergate's payload
-// processor, or, in a child process, against a broken processor variant.
+// processor, or, in a child process, against the Wasm plugin or a broken
+// processor variant.
 func TestConformance(t *testing.T) {
 	if v := brokentest.Variant(); v != "" {
 		d, ok := variants[v]
@@ -55,11 +62,68 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("unknown broken variant %q", v)
 		}
 		*cfg = payload.Config{Address: startBroken(t, d.defects), TLS: true, Model: adapter, BaseModel: baseModel, DeniedPrompt: deniedPrompt}
+	} else if path := os.Getenv(wasmEnv); path != "" {
+		*cfg = loadWasm(t, path)
 	} else {
 		*cfg = startInfergate(t)
 	}
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "InferencePool conformance: payload")
+}
+
+// TestConformanceWasmPlugin runs the profile in a child process against
+// the payload processor built as a proxy-wasm plugin, in wasmtest's host
+// (Envoy's Wasm filter as it drives a plugin): every spec passes but the
+// health spec, skipped since a plugin serves no grpc health.
+func TestConformanceWasmPlugin(t *testing.T) {
+	wasm := filepath.Join(t.TempDir(), "payload.wasm")
+	if err := wasmtest.Build(context.Background(), "./wasm/payload", wasm); err != nil {
+		t.Fatal(err)
+	}
+	r, out, err := brokentest.Child(t, wasmEnv+"="+wasm)
+	if err != nil {
+		t.Fatalf("the profile against the Wasm plugin: %v\n%s", err, out)
+	}
+	states := map[string]types.SpecState{}
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType == types.NodeTypeIt {
+			states[s.LeafNodeText] = s.State
+		}
+	}
+	for _, spec := range allSpecs {
+		want := types.SpecStatePassed
+		if spec == payload.SpecHealth {
+			want = types.SpecStateSkipped
+		}
+		if states[spec] != want {
+			t.Errorf("spec %q: %v, want %v", spec, states[spec], want)
+		}
+		t.Logf("%s: %v", spec, states[spec])
+	}
+}
+
+// loadWasm loads the plugin at path in wasmtest's host with the same
+// policy startInfergate gives the ext_proc processor, in the plugin's JSON
+// form.
+func loadWasm(t *testing.T, path string) payload.Config {
+	t.Helper()
+	wasm, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := json.Marshal(map[string]any{
+		"models": map[string]any{"bases": []any{map[string]any{"name": baseModel, "adapters": []string{adapter}}}},
+		"deny":   []any{map[string]any{"name": "conformance-deny", "contains": []string{deniedPhrase}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := wasmtest.Load(context.Background(), wasm, wasmtest.Options{PluginConfig: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	return payload.Config{Processor: payload.WasmPlugin(h), Model: adapter, BaseModel: baseModel, DeniedPrompt: deniedPrompt}
 }
 
 // startInfergate runs infergate's payload processor in-process, TLS on,

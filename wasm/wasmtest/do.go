@@ -28,6 +28,9 @@ type Request struct {
 	Headers   [][2]string
 	Body      []byte
 	ChunkSize int // the body is delivered in chunks of this size; 0 = one chunk
+	// ChunkSizes, when set, are the sizes of the chunks the body is delivered
+	// in, in order, instead of ChunkSize; they must add up to len(Body).
+	ChunkSizes []int
 }
 
 // Result is what Do observed.
@@ -36,6 +39,9 @@ type Result struct {
 	Body              []byte      // request body as forwarded upstream
 	Local             *LocalResponse
 	RouteCacheCleared int
+	// HeadersSent: the request headers went upstream (a request callback
+	// returned Continue), before any local response.
+	HeadersSent bool
 }
 
 // Do runs one request through a new stream the way Envoy feeds it: headers, then the body in
@@ -54,7 +60,11 @@ func (h *Host) Do(ctx context.Context, req Request) (_ *Result, err error) {
 	if _, err := s.RequestHeaders(req.headers(), len(req.Body) == 0); err != nil {
 		return nil, err
 	}
-	for _, c := range chunks(req.Body, req.ChunkSize) {
+	cs, err := req.chunks()
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cs {
 		if s.LocalResponse() != nil {
 			break
 		}
@@ -68,6 +78,7 @@ func (h *Host) Do(ctx context.Context, req Request) (_ *Result, err error) {
 		Body:              s.ForwardedRequestBody(),
 		Local:             s.LocalResponse(),
 		RouteCacheCleared: s.RouteCacheCleared(),
+		HeadersSent:       s.RequestHeadersSent(),
 	}
 	if res.Local != nil {
 		return res, nil
@@ -114,6 +125,29 @@ func hasAny(hs [][2]string, keys ...string) bool {
 		}
 	}
 	return false
+}
+
+// chunks cuts the body as the request asks.
+func (r Request) chunks() ([]chunk, error) {
+	if r.ChunkSizes == nil {
+		return chunks(r.Body, r.ChunkSize), nil
+	}
+	out := make([]chunk, 0, len(r.ChunkSizes))
+	off := 0
+	for _, n := range r.ChunkSizes {
+		if n < 0 || off+n > len(r.Body) {
+			return nil, fmt.Errorf("wasmtest: chunk sizes %v do not cut a %d-byte body", r.ChunkSizes, len(r.Body))
+		}
+		out = append(out, chunk{data: r.Body[off : off+n]})
+		off += n
+	}
+	if off != len(r.Body) {
+		return nil, fmt.Errorf("wasmtest: chunk sizes %v do not cut a %d-byte body", r.ChunkSizes, len(r.Body))
+	}
+	if len(out) > 0 {
+		out[len(out)-1].last = true
+	}
+	return out, nil
 }
 
 type chunk struct {

@@ -298,6 +298,13 @@ func (s *Stream) Calls() StreamCalls {
 	return s.calls
 }
 
+// RequestHeadersSent reports whether the request headers have gone upstream.
+func (s *Stream) RequestHeadersSent() bool {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	return s.req.headersSent
+}
+
 // RequestComplete reports whether the whole request has gone upstream: the last frame was delivered
 // and the plugin let it through. False at the end of a request means Envoy would hold it until a
 // timeout, since nothing in this host resumes a paused stream.

@@ -1,7 +1,9 @@
 // Package brokentest is how the conformance profiles prove each spec can
 // fail: a profile's tests run the suite in a child process against
 // deliberately broken implementations and read ginkgo's report to check
-// that exactly the specs covering each defect failed.
+// that exactly the specs covering each defect failed. Child runs the suite
+// against any other implementation the same way (ginkgo runs one suite
+// per process).
 package brokentest
 
 import (
@@ -63,20 +65,9 @@ func Check(t *testing.T, all []string, variants map[string][]string) {
 			covered[spec] = true
 		}
 		t.Run(name, func(t *testing.T) {
-			report := filepath.Join(t.TempDir(), "report.json")
-			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.count=1")
-			cmd.Env = append(os.Environ(), variantEnv+"="+name, reportEnv+"="+report)
-			out, err := cmd.CombinedOutput()
+			r, out, err := Child(t, variantEnv+"="+name)
 			if exitErr := (*exec.ExitError)(nil); !errors.As(err, &exitErr) {
 				t.Fatalf("the suite against a broken implementation must fail, got err %v\n%s", err, out)
-			}
-			b, err := os.ReadFile(report)
-			if err != nil {
-				t.Fatalf("no report: %v\n%s", err, out)
-			}
-			var r types.Report
-			if err := json.Unmarshal(b, &r); err != nil {
-				t.Fatal(err)
 			}
 			states := map[string]types.SpecState{}
 			for _, s := range r.SpecReports {
@@ -106,6 +97,26 @@ func Check(t *testing.T, all []string, variants map[string][]string) {
 			t.Errorf("no broken variant makes spec %q fail", spec)
 		}
 	}
+}
+
+// Child runs the test binary's TestConformance in a child process with
+// env added to this one's, and returns ginkgo's report of it, the child's
+// output, and how it exited (an *exec.ExitError when the suite failed).
+func Child(t *testing.T, env ...string) (types.Report, []byte, error) {
+	t.Helper()
+	report := filepath.Join(t.TempDir(), "report.json")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), env...), reportEnv+"="+report)
+	out, runErr := cmd.CombinedOutput()
+	var r types.Report
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatalf("no report: %v (the child exited with %v)\n%s", err, runErr, out)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r, out, runErr
 }
 
 // Serve runs a gRPC server on 127.0.0.1 over TLS (a test certificate)
