@@ -24,6 +24,8 @@ import (
 	gwhttp "sigs.k8s.io/gateway-api/conformance/utils/http"
 	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
 	"sigs.k8s.io/gateway-api/pkg/features"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // The stricter profile: upstream's tests plus infergate's, which close the
@@ -53,6 +55,7 @@ const (
 	TestFailOpenOwnPicker = "InfergateFailOpenWhenItsOwnPickerIsDown"
 	TestFailClose         = "InfergateFailCloseWhenItsPickerIsDown"
 	TestScaleOut          = "InfergatePoolScaleOutReachesTheNewPod"
+	TestRefusals          = "InfergatePickerRefusalsReachTheClient"
 )
 
 // strictFeatures are what each of infergate's tests relies on.
@@ -62,7 +65,7 @@ func strictFeatures() []features.FeatureName {
 
 // StrictTests are infergate's tests of the stricter profile.
 func StrictTests() []confsuite.ConformanceTest {
-	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut}
+	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut, refusals}
 }
 
 var failOpenOwnPicker = confsuite.ConformanceTest{
@@ -172,6 +175,62 @@ var scaleOut = confsuite.ConformanceTest{
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, toPod(host, path, &added))
 	},
 }
+
+var refusals = confsuite.ConformanceTest{
+	ShortName: TestRefusals,
+	Description: "The picker's refusals reach the client as it sent them, on a FailOpen pool: a request it sheds gets " +
+		"429 with " + wire.DropReasonHeader + ": rejected-saturated and Retry-After, a request it has no endpoint for gets 503 " +
+		"with rejected-no-endpoints, and neither reaches a pod",
+	Manifests: []string{strictManifestDir + "/refusals.yaml"},
+	Features:  strictFeatures(),
+	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+		const host, path = "secondary.example.com", "/infergate-refusals"
+		addr, pods := poolRouted(t, s, "httproute-infergate-refusals", resources.SecondaryGatewayNN,
+			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
+		t.Log("the route works: the request goes to the pod the picker picks")
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, toPod(host, path, &pods[0]))
+		cases := []struct {
+			name       string
+			headers    map[string]string
+			status     int
+			reason     string
+			retryAfter bool
+		}{{
+			name: "shed", status: http.StatusTooManyRequests, reason: "rejected-saturated", retryAfter: true,
+			headers: map[string]string{wire.ShedTestHeader: "true", headers.HeaderTestEppEndPointSelectionKey: pods[0].Status.PodIP},
+		}, {
+			// An address of RFC 5737's documentation range: in no pool.
+			name: "no endpoint", status: http.StatusServiceUnavailable, reason: "rejected-no-endpoints",
+			headers: map[string]string{headers.HeaderTestEppEndPointSelectionKey: "192.0.2.1"},
+		}}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				exp := toPod(host, path, &pods[0])
+				exp.Request.Headers = tc.headers
+				req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
+				require.NoError(t, consistently(t, s, func() error {
+					cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
+					switch {
+					case err != nil:
+						return err
+					case cReq.Pod != "":
+						return fmt.Errorf("status %d from pod %s: the picker refused the request (%d), the gateway sent it on", cRes.StatusCode, cReq.Pod, tc.status)
+					case cRes.StatusCode != tc.status:
+						return fmt.Errorf("status %d, want the picker's %d", cRes.StatusCode, tc.status)
+					case firstValue(cRes.Headers, wire.DropReasonHeader) != tc.reason:
+						return fmt.Errorf("%s %q, want the picker's %q", wire.DropReasonHeader, firstValue(cRes.Headers, wire.DropReasonHeader), tc.reason)
+					case tc.retryAfter && firstValue(cRes.Headers, "Retry-After") == "":
+						return fmt.Errorf("no Retry-After: the picker's was dropped")
+					}
+					return nil
+				}), "the picker's %d", tc.status)
+			})
+		}
+	},
+}
+
+// firstValue is a header's first value in a captured response.
+func firstValue(h map[string][]string, name string) string { return http.Header(h).Get(name) }
 
 // poolPods are the pods labelled app=appLabel in the app namespace that
 // are not terminating.

@@ -24,12 +24,14 @@ import (
 
 // TestStrictProfileCatchesABrokenExtension: an extension that gets the
 // pool's failureMode backwards (infergate's, with failure_mode_allow
-// inverted on every picker filter) and reads a pool's endpoints only when
+// inverted on every picker filter), turns the pickers' immediate responses
+// off (disable_immediate_response) and reads a pool's endpoints only when
 // Envoy Gateway translates (no EDS) passes upstream's FailOpen test, which
 // breaks a picker that does not serve the pool under test, and fails each
 // of infergate's: the FailOpen pool refuses its requests when its own
-// picker is down, the FailClose pool lets them through, and a pod added to
-// the pool is never reached.
+// picker is down, the FailClose pool lets them through, a pod added to the
+// pool is never reached, and the picker's 429 and 503 never reach the
+// client.
 func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 	l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
 	ext := brokenExtension(t, startExtension(t, l, false))
@@ -40,7 +42,7 @@ func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 	r := &run{Live: l, name: "envoy-gateway-broken-extension", version: "v1.9.1", withInfergate: true}
 	o := r.options(t, 30*time.Second)
 	o.ReportOutput = t.TempDir() + "/report.yaml"
-	run := []string{"EppUnAvailableFailOpen", gateway.TestFailOpenOwnPicker, gateway.TestFailClose, gateway.TestScaleOut}
+	run := []string{"EppUnAvailableFailOpen", gateway.TestFailOpenOwnPicker, gateway.TestFailClose, gateway.TestScaleOut, gateway.TestRefusals}
 	for _, tc := range gateway.AllTests(o) {
 		if !slices.Contains(run, tc.ShortName) {
 			o.SkipTests = append(o.SkipTests, tc.ShortName)
@@ -53,7 +55,7 @@ func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 	for _, pr := range report.ProfileReports {
 		var want []string
 		if pr.Name == string(gateway.StrictProfileName) {
-			want = []string{gateway.TestFailClose, gateway.TestFailOpenOwnPicker, gateway.TestScaleOut}
+			want = []string{gateway.TestFailClose, gateway.TestFailOpenOwnPicker, gateway.TestRefusals, gateway.TestScaleOut}
 		}
 		got := slices.Sorted(slices.Values(pr.Core.FailedTests))
 		if !slices.Equal(got, want) {
@@ -64,9 +66,10 @@ func TestStrictProfileCatchesABrokenExtension(t *testing.T) {
 }
 
 // brokenExtension serves Envoy Gateway's extension service in front of
-// infergate's extension at addr, passing every hook through but inverting
-// failure_mode_allow on each pool's picker filter in the translation: a
-// deliberately broken implementation for the suite to catch.
+// infergate's extension at addr, passing every hook through but, on each
+// pool's picker filter in the translation, inverting failure_mode_allow and
+// setting disable_immediate_response: a deliberately broken implementation
+// for the suite to catch.
 func brokenExtension(t *testing.T, addr string) string {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -76,42 +79,42 @@ func brokenExtension(t *testing.T, addr string) string {
 	t.Cleanup(func() { _ = conn.Close() })
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
 		g := grpc.NewServer()
-		pb.RegisterEnvoyGatewayExtensionServer(g, &invertedFailureMode{next: pb.NewEnvoyGatewayExtensionClient(conn)})
+		pb.RegisterEnvoyGatewayExtensionServer(g, &brokenPickerFilters{next: pb.NewEnvoyGatewayExtensionClient(conn)})
 		go func() { <-ctx.Done(); g.Stop() }()
 		return g.Serve(ln)
 	})
 }
 
-type invertedFailureMode struct {
+type brokenPickerFilters struct {
 	pb.UnimplementedEnvoyGatewayExtensionServer
 	next pb.EnvoyGatewayExtensionClient
 }
 
-func (b *invertedFailureMode) PostRouteModify(ctx context.Context, req *pb.PostRouteModifyRequest) (*pb.PostRouteModifyResponse, error) {
+func (b *brokenPickerFilters) PostRouteModify(ctx context.Context, req *pb.PostRouteModifyRequest) (*pb.PostRouteModifyResponse, error) {
 	return b.next.PostRouteModify(ctx, req)
 }
 
-func (b *invertedFailureMode) PostClusterModify(ctx context.Context, req *pb.PostClusterModifyRequest) (*pb.PostClusterModifyResponse, error) {
+func (b *brokenPickerFilters) PostClusterModify(ctx context.Context, req *pb.PostClusterModifyRequest) (*pb.PostClusterModifyResponse, error) {
 	return b.next.PostClusterModify(ctx, req)
 }
 
-func (b *invertedFailureMode) PostTranslateModify(ctx context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
+func (b *brokenPickerFilters) PostTranslateModify(ctx context.Context, req *pb.PostTranslateModifyRequest) (*pb.PostTranslateModifyResponse, error) {
 	resp, err := b.next.PostTranslateModify(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range resp.GetListeners() {
-		if err := invertPickers(l); err != nil {
+		if err := breakPickers(l); err != nil {
 			return nil, err
 		}
 	}
 	return resp, nil
 }
 
-// invertPickers flips failure_mode_allow on the pools' ext_proc filters of
-// every HTTP connection manager of l (Envoy Gateway's HTTP listeners keep
-// theirs in the default filter chain).
-func invertPickers(l *listenerv3.Listener) error {
+// breakPickers flips failure_mode_allow and sets disable_immediate_response
+// on the pools' ext_proc filters of every HTTP connection manager of l
+// (Envoy Gateway's HTTP listeners keep theirs in the default filter chain).
+func breakPickers(l *listenerv3.Listener) error {
 	chains := l.GetFilterChains()
 	if l.GetDefaultFilterChain() != nil {
 		chains = append(chains, l.GetDefaultFilterChain())
@@ -131,6 +134,7 @@ func invertPickers(l *listenerv3.Listener) error {
 					return err
 				}
 				ep.FailureModeAllow = !ep.FailureModeAllow
+				ep.DisableImmediateResponse = true
 				a, err := anypb.New(ep)
 				if err != nil {
 					return err
