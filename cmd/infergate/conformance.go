@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -9,9 +11,12 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
 	"github.com/spf13/cobra"
+	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 
 	"github.com/infergate/infergate/conformance/epp"
 	"github.com/infergate/infergate/conformance/payload"
+	"github.com/infergate/infergate/conformance/report"
+	"github.com/infergate/infergate/wasm/wasmtest"
 )
 
 // conformanceOptions are the conformance subcommand's flags.
@@ -25,6 +30,8 @@ type conformanceOptions struct {
 	payloadModel      string
 	payloadBaseModel  string
 	payloadDenied     string
+	payloadWasm       string
+	payloadWasmConfig string
 	plaintext, dryRun bool
 	timeout           time.Duration
 	verbose, noColor  bool
@@ -57,7 +64,13 @@ played by infergate.
            empty match, grpc health (--epp-address, --epp-endpoints: the pool it was given)
   payload  any payload processor over ext_proc: model and base-model headers, client copies replaced,
            the destination header removed, 400 on bad bodies, the guardrail answer's shape, health
-           (--payload-address, --payload-model, --payload-base-model, --payload-denied-prompt)
+           (--payload-address, --payload-model, --payload-base-model, --payload-denied-prompt); or a
+           proxy-wasm plugin in infergate's host of Envoy's Wasm filter (--payload-wasm,
+           --payload-wasm-config), health left out
+
+With --report-output the results go into a report in the upstream suite's format, as the gateway
+profile's do; run against the same file (and the same --organization, --project and --version), the
+epp and payload profiles add theirs to a gateway run's report.
 
 Each failure names the behaviour that is missing. The exit status is non-zero when a spec fails.
 The gateway profile runs alone (it needs a cluster, the others an address).`,
@@ -76,6 +89,8 @@ The gateway profile runs alone (it needs a cluster, the others an address).`,
 	f.StringVar(&o.payloadModel, "payload-model", "", "a model the processor serves")
 	f.StringVar(&o.payloadBaseModel, "payload-base-model", "", "the base model the processor maps --payload-model to (default: the model itself)")
 	f.StringVar(&o.payloadDenied, "payload-denied-prompt", "", "a prompt the processor's guardrails refuse (the guardrail spec is skipped without it)")
+	f.StringVar(&o.payloadWasm, "payload-wasm", "", "check this proxy-wasm plugin (.wasm) in infergate's host of Envoy's Wasm filter instead of a processor at --payload-address")
+	f.StringVar(&o.payloadWasmConfig, "payload-wasm-config", "", "file holding the plugin's configuration, passed as Envoy passes a plugin's configuration")
 	f.BoolVar(&o.plaintext, "plaintext", false, "dial without TLS (by default TLS, accepting any server certificate, as gateways reach processors)")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of each exchange")
 	f.BoolVar(&o.dryRun, "dry-run", false, "list the specs that would run, without running them")
@@ -84,6 +99,29 @@ The gateway profile runs alone (it needs a cluster, the others an address).`,
 	o.gateway.addFlags(f)
 	return cmd
 }
+
+// loadWasmPlugin loads the plugin at path, with its configuration from
+// configPath (none when empty), in wasmtest's host.
+func loadWasmPlugin(ctx context.Context, path, configPath string) (*wasmtest.Host, error) {
+	wasm, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--payload-wasm: %w", err)
+	}
+	var cfg []byte
+	if configPath != "" {
+		if cfg, err = os.ReadFile(configPath); err != nil {
+			return nil, fmt.Errorf("--payload-wasm-config: %w", err)
+		}
+	}
+	h, err := wasmtest.Load(ctx, wasm, wasmtest.Options{PluginConfig: cfg})
+	if err != nil {
+		return nil, fmt.Errorf("--payload-wasm %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// profileNames are the report's names of the profiles run by label.
+var profileNames = map[string]string{"epp": report.EPPProfile, "payload": report.PayloadProfile}
 
 // testingT is what ginkgo's RunSpecs reports a failure to outside go test.
 type testingT struct{ failed bool }
@@ -107,6 +145,10 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 		}
 		runGatewayProfile(g)
 	}
+	impl, err := o.gateway.implementation()
+	if err != nil {
+		return err
+	}
 	var labels []string
 	for _, p := range o.profiles {
 		switch p {
@@ -117,19 +159,38 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 			epp.Register(&epp.Config{Address: o.eppAddress, HealthAddress: o.eppHealthAddress, TLS: !o.plaintext,
 				Endpoints: o.eppEndpoints, Extensions: o.eppExtensions, Timeout: o.timeout})
 		case "payload":
-			if o.payloadAddress == "" || o.payloadModel == "" {
-				return fmt.Errorf("--profile payload needs --payload-address and --payload-model")
+			if (o.payloadAddress == "") == (o.payloadWasm == "") || o.payloadModel == "" {
+				return fmt.Errorf("--profile payload needs --payload-model and one of --payload-address and --payload-wasm")
 			}
 			base := o.payloadBaseModel
 			if base == "" {
 				base = o.payloadModel
 			}
-			payload.Register(&payload.Config{Address: o.payloadAddress, TLS: !o.plaintext, Model: o.payloadModel,
-				BaseModel: base, DeniedPrompt: o.payloadDenied, Timeout: o.timeout})
+			c := &payload.Config{Address: o.payloadAddress, TLS: !o.plaintext, Model: o.payloadModel,
+				BaseModel: base, DeniedPrompt: o.payloadDenied, Timeout: o.timeout}
+			if o.payloadWasm != "" {
+				h, err := loadWasmPlugin(cmd.Context(), o.payloadWasm, o.payloadWasmConfig)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = h.Close(context.WithoutCancel(cmd.Context())) }()
+				c.Processor = payload.WasmPlugin(h)
+			}
+			payload.Register(c)
 		default:
 			return fmt.Errorf("--profile %q: want gateway, epp or payload", p)
 		}
 		labels = append(labels, p)
+	}
+	var reportErr error
+	if o.gateway.reportOutput != "" && !o.dryRun {
+		ginkgo.ReportAfterSuite("the report", func(r ginkgo.Report) {
+			var profiles []confv1.ProfileReport
+			for _, l := range labels {
+				profiles = append(profiles, report.Profile(profileNames[l], r, l))
+			}
+			reportErr = report.Write(o.gateway.reportOutput, impl, o.gateway.mode, profiles...)
+		})
 	}
 	suite, reporter := ginkgo.GinkgoConfiguration()
 	suite.LabelFilter = strings.Join(labels, " || ")
@@ -139,6 +200,12 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 	gomega.RegisterFailHandler(ginkgo.Fail)
 	var t testingT
 	ginkgo.RunSpecs(&t, "InferencePool conformance", suite, reporter)
+	if reportErr != nil {
+		return reportErr
+	}
+	if o.gateway.reportOutput != "" && !o.dryRun {
+		fmt.Fprintf(cmd.OutOrStdout(), "conformance report written to %s\n", o.gateway.reportOutput)
+	}
 	if t.failed {
 		return fmt.Errorf("conformance: some specs failed (above, each with the behaviour that is missing)")
 	}

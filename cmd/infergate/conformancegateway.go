@@ -49,13 +49,13 @@ func (o *gatewayOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.gatewayClass, "gateway-class", "gateway-conformance", "gateway profile: the GatewayClass under test (it must be Accepted)")
 	f.StringVar(&o.runTest, "run-test", "", "gateway profile: run only this test (its short name)")
 	f.StringSliceVar(&o.skipTests, "skip-tests", nil, "gateway profile: tests to skip (short names, comma-separated)")
-	f.StringVar(&o.reportOutput, "report-output", "", "gateway profile: write the report (upstream's format) to this file")
-	f.StringVar(&o.organization, "organization", "", "gateway profile report: the implementation's organization")
-	f.StringVar(&o.project, "project", "", "gateway profile report: the implementation's project")
-	f.StringVar(&o.url, "url", "", "gateway profile report: the implementation's URL")
-	f.StringVar(&o.version, "version", "", "gateway profile report: the implementation's version")
-	f.StringSliceVar(&o.contact, "contact", nil, "gateway profile report: contacts (comma-separated)")
-	f.StringVar(&o.mode, "mode", "default", "gateway profile report: the implementation's mode")
+	f.StringVar(&o.reportOutput, "report-output", "", "write the report (upstream's format) to this file; the epp and payload profiles add theirs to a report already there for the same implementation")
+	f.StringVar(&o.organization, "organization", "", "report: the implementation's organization")
+	f.StringVar(&o.project, "project", "", "report: the implementation's project")
+	f.StringVar(&o.url, "url", "", "report: the implementation's URL")
+	f.StringVar(&o.version, "version", "", "report: the implementation's version")
+	f.StringSliceVar(&o.contact, "contact", nil, "report: contacts (comma-separated)")
+	f.StringVar(&o.mode, "mode", "default", "report: the implementation's mode")
 	f.BoolVar(&o.cleanupBaseResources, "cleanup-base-resources", true, "gateway profile: delete the base resources (namespaces, pools, pickers, echo servers) at the end")
 	f.BoolVar(&o.allowCRDsMismatch, "allow-crds-mismatch", false, "gateway profile: accept InferencePool CRDs of another or no bundle version (the report says UNDEFINED)")
 	f.BoolVar(&o.debug, "debug", false, "gateway profile: log every request and response")
@@ -80,6 +80,10 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 	if images.ModelServer == "" {
 		images.ModelServer = defaultImage()
 	}
+	impl, err := o.implementation()
+	if err != nil {
+		return gateway.Options{}, err
+	}
 	out := gateway.Options{
 		RestConfig:           cfg,
 		GatewayClass:         o.gatewayClass,
@@ -87,10 +91,8 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 		SkipTests:            o.skipTests,
 		CleanupBaseResources: o.cleanupBaseResources,
 		ReportOutput:         o.reportOutput,
-		Implementation: confv1.Implementation{
-			Organization: o.organization, Project: o.project, URL: o.url, Version: o.version, Contact: o.contact,
-		},
-		Mode:              o.mode,
+		Implementation:       impl,
+		Mode:                 o.mode,
 		Images:            images,
 		AllowCRDsMismatch: o.allowCRDsMismatch,
 		Debug:             o.debug,
@@ -100,10 +102,16 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 		t := gateway.CappedTimeouts(o.maxWait)
 		out.Timeouts = &t
 	}
-	if o.reportOutput != "" && (o.organization == "" || o.project == "" || o.url == "" || o.version == "" || len(o.contact) == 0) {
-		return gateway.Options{}, fmt.Errorf("--report-output needs --organization, --project, --url, --version and --contact: the report names the implementation")
-	}
 	return out, nil
+}
+
+// implementation is what the report names, checked complete when a
+// report is asked for.
+func (o gatewayOptions) implementation() (confv1.Implementation, error) {
+	if o.reportOutput != "" && (o.organization == "" || o.project == "" || o.url == "" || o.version == "" || len(o.contact) == 0) {
+		return confv1.Implementation{}, fmt.Errorf("--report-output needs --organization, --project, --url, --version and --contact: the report names the implementation")
+	}
+	return confv1.Implementation{Organization: o.organization, Project: o.project, URL: o.url, Version: o.version, Contact: o.contact}, nil
 }
 
 // listGatewayTests writes the tests a run with o would run, and why the

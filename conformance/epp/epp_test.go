@@ -22,6 +22,8 @@ import (
 
 	"github.com/infergate/infergate/conformance/epp"
 	"github.com/infergate/infergate/conformance/internal/brokentest"
+	"github.com/infergate/infergate/conformance/internal/reportdir"
+	"github.com/infergate/infergate/conformance/report"
 	eppsvc "github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	"github.com/infergate/infergate/extproc/server"
@@ -36,6 +38,14 @@ var _ = epp.Register(cfg)
 
 var _ = ReportAfterSuite("write report for the parent test", func(r Report) {
 	Expect(brokentest.WriteReport(r)).To(Succeed())
+})
+
+// The upstream-format report of a run against infergate's picker, for make
+// conformance-reports (nothing is written without $INFERGATE_CONFORMANCE_REPORTS).
+var _ = ReportAfterSuite("upstream-format report", func(r Report) {
+	if brokentest.Variant() == "" {
+		Expect(reportdir.Write("infergate-epp", report.Profile(report.EPPProfile, r, "epp"))).To(Succeed())
+	}
 })
 
 // TestConformance runs the epp profile against infergate's picker, or, in a

@@ -23,7 +23,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/conformance/internal/brokentest"
+	"github.com/infergate/infergate/conformance/internal/reportdir"
 	"github.com/infergate/infergate/conformance/payload"
+	"github.com/infergate/infergate/conformance/report"
 	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	payloadsvc "github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
@@ -48,6 +50,14 @@ var _ = ReportAfterSuite("write report for the parent test", func(r Report) {
 	Expect(brokentest.WriteReport(r)).To(Succeed())
 })
 
+// The upstream-format report of a run against infergate's payload processor or Wasm plugin, for make
+// conformance-reports (nothing is written without $INFERGATE_CONFORMANCE_REPORTS).
+var _ = ReportAfterSuite("upstream-format report", func(r Report) {
+	if brokentest.Variant() == "" {
+		Expect(reportdir.Write(payloadProject(), report.Profile(report.PayloadProfile, r, "payload"))).To(Succeed())
+	}
+})
+
 // wasmEnv, in a child process, is the path of the Wasm plugin to run the
 // profile against.
 const wasmEnv = "INFERGATE_CONFORMANCE_WASM"
@@ -69,6 +79,14 @@ func TestConformance(t *testing.T) {
 	}
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "InferencePool conformance: payload")
+}
+
+// payloadProject names the implementation of this run in its report.
+func payloadProject() string {
+	if os.Getenv(wasmEnv) != "" {
+		return "infergate-payload-wasm"
+	}
+	return "infergate-payload"
 }
 
 // TestConformanceWasmPlugin runs the profile in a child process against

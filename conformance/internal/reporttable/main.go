@@ -1,5 +1,5 @@
-// Command reporttable prints the table of the gateway profile's reports
-// under a folder (conformance/reports/<suite version>/<implementation>/
+// Command reporttable prints the table of the conformance reports under a
+// folder (conformance/reports/<suite version>/<implementation>/
 // *-report.yaml, upstream's format) as Markdown, for the folder's README
 // and the project's: make conformance-reports runs it.
 package main
