@@ -73,6 +73,7 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 		out.TypedPerFilterConfig = map[string]*anypb.Any{}
 	}
 	out.TypedPerFilterConfig[FilterName(p)] = xdsbuild.Any(xdsbuild.PickerOnRoute(p.ResponseBody))
+	fallbackRetries(out)
 	return out, setRouteMetadata(out, []*Pool{p}, "")
 }
 
@@ -104,7 +105,17 @@ func SplitRoute(route *routev3.Route, pools []*Pool, weights []uint32) (*routev3
 	}
 	out := proto.Clone(route).(*routev3.Route)
 	out.GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
+	fallbackRetries(out)
 	return out, setRouteMetadata(out, pools, base)
+}
+
+// fallbackRetries gives a pool's route xdsbuild.FallbackRetries, so that
+// Envoy walks the picker's fallback list, unless Envoy Gateway rendered a
+// retry policy of its own (a BackendTrafficPolicy's), which then decides.
+func fallbackRetries(r *routev3.Route) {
+	if ra := r.GetRoute(); ra != nil && ra.RetryPolicy == nil {
+		ra.RetryPolicy = xdsbuild.FallbackRetries()
+	}
 }
 
 // PoolClusterName is pool p's share of a route split between pools whose

@@ -19,8 +19,10 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/gateways/internal/xdsbuild"
 )
 
 const (
@@ -365,5 +367,46 @@ func TestParseRouteName(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("ParseRouteName(%q) = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestFallbackRetries: a pool's route retries what never reached a model
+// server, so that Envoy walks the picker's fallback list, unless Envoy
+// Gateway rendered a retry policy of its own, which is kept as it is.
+func TestFallbackRetries(t *testing.T) {
+	p, err := ParsePool(poolJSON(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := &routev3.RetryPolicy{RetryOn: "5xx", NumRetries: wrapperspb.UInt32(7)}
+	for _, tc := range []struct {
+		name  string
+		given *routev3.RetryPolicy
+		want  *routev3.RetryPolicy
+	}{
+		{"none of its own", nil, xdsbuild.FallbackRetries()},
+		{"a BackendTrafficPolicy's", own, own},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rc, _ := egInput()
+			in := rc.VirtualHosts[0].Routes[0]
+			in.GetRoute().RetryPolicy = tc.given
+			single, err := ModifyRoute(in, p, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			split, err := SplitRoute(in, []*Pool{p, p}, []uint32{1, 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range []*routev3.Route{single, split} {
+				if got := r.GetRoute().GetRetryPolicy(); !proto.Equal(got, tc.want) {
+					t.Errorf("route %s: retry policy %v, want %v", r.GetName(), got, tc.want)
+				}
+			}
+		})
+	}
+	if n := xdsbuild.FallbackRetries().GetNumRetries().GetValue(); n != xdsbuild.FallbackRetryCount || n < 1 {
+		t.Fatalf("num_retries %d", n)
 	}
 }

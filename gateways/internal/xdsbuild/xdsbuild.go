@@ -17,14 +17,17 @@ import (
 	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/inference/wire"
 )
@@ -197,6 +200,28 @@ func IdlePicker(cluster, authority string, failOpen bool) *extprocv3.ExternalPro
 		MetadataOptions: &extprocv3.MetadataOptions{ForwardingNamespaces: ns, ReceivingNamespaces: ns},
 	}
 }
+
+// FallbackRetries is the retry policy a pool's route gets when it has none
+// of its own: Envoy walks the picker's fallback list (override_host takes
+// the next host of the list on each attempt) only when the route retries.
+// It retries only what never reached a model server (a refused or failed
+// connection, a refused HTTP/2 stream), so no prompt is run twice, up to
+// FallbackRetryCount times, never on a host already tried.
+func FallbackRetries() *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream",
+		NumRetries: wrapperspb.UInt32(FallbackRetryCount),
+		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name:       "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: Any(&previoushostsv3.PreviousHostsPredicate{})},
+		}},
+		HostSelectionRetryMaxAttempts: 5,
+	}
+}
+
+// FallbackRetryCount is FallbackRetries' number of retries: a pick and two
+// fallbacks.
+const FallbackRetryCount = 2
 
 // PickerOnRoute is the per-route configuration that turns an IdlePicker
 // filter on for a pool's route.
