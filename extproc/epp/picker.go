@@ -20,6 +20,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Options configure a Picker.
@@ -206,6 +207,9 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	for i, t := range targets {
 		x.picked[i] = t.Address
 	}
+	if p.opts.ConformanceTest && r.Headers.Get(ConformanceFallbackHeader) != "" {
+		x.picked = inSelectionOrder(r.Headers.Get(wire.EndpointSelectionHeader), candidates)
+	}
 	for _, o := range p.picks {
 		o.Picked(ctx, req, res)
 	}
@@ -390,4 +394,22 @@ func (x *exchange) noteServed(ctx context.Context, md server.Metadata) {
 	for _, o := range x.p.served {
 		o.Served(ctx, x.req, x.picked, x.served)
 	}
+}
+
+// inSelectionOrder is every candidate a selection list (IPs or ip:port,
+// comma-separated) names, in the list's order: the conformance-test
+// picker's answer to a request asking for the list as a pick and its
+// fallbacks.
+func inSelectionOrder(list string, candidates []scheduling.Endpoint) []string {
+	var out []string
+	for _, entry := range strings.Split(list, ",") {
+		one := datastore.NewAddressSet()
+		one.Add(strings.TrimSpace(entry))
+		for _, c := range candidates {
+			if one.Allows(c.Endpoint) && !slices.Contains(out, c.Address) {
+				out = append(out, c.Address)
+			}
+		}
+	}
+	return out
 }

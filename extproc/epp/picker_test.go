@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // rig is a running picker over real gRPC on loopback.
@@ -618,6 +619,23 @@ func TestConformanceTestMode(t *testing.T) {
 		return o.GetHeader().GetKey() == "retry-after"
 	}) {
 		t.Fatalf("shed without retry-after: %v", shed.immediate)
+	}
+	// The fallback header: every named endpoint, in the selection's order
+	// (an IP names each of its ports), whatever the scheduler picked.
+	lists := newRig(t, rigOpts{conformance: true, configText: config.ConformanceTestConfig,
+		endpoints: specs("10.0.0.1:3000", "10.0.0.1:3001", "10.0.0.2:3000", "10.0.0.3:3000")})
+	for _, tc := range []struct{ selection, want string }{
+		{"10.0.0.2:3000,10.0.0.1:3001", "10.0.0.2:3000,10.0.0.1:3001"},
+		{"10.0.0.1:3001, 10.0.0.1:3000", "10.0.0.1:3001,10.0.0.1:3000"},
+		{"10.0.0.3,10.0.0.1", "10.0.0.3:3000,10.0.0.1:3000,10.0.0.1:3001"},
+		{"192.0.2.1:3000,10.0.0.2:3000", "10.0.0.2:3000"},
+	} {
+		for range 5 { // the scheduler picks at random among them: the answer must not vary
+			a := lists.do(t, call{headers: map[string]string{epp.ConformanceFallbackHeader: "true", wire.EndpointSelectionHeader: tc.selection}, body: completion})
+			if got := a.destination(t); got != tc.want {
+				t.Fatalf("selection %q with the fallback header: destination %q, want %q", tc.selection, got, tc.want)
+			}
+		}
 	}
 	// Outside the mode neither header is added, and the shed header is
 	// nobody's to send.

@@ -32,6 +32,11 @@ const (
 	// (429, rejected-saturated, Retry-After), so a suite can check that a
 	// gateway hands the picker's refusal to the client.
 	ConformanceShedHeader = wire.ShedTestHeader
+	// ConformanceFallbackHeader, on a request to the conformance-test
+	// picker, has it answer every endpoint the selection header names, in
+	// its order: the pick and its fallbacks, for a suite to check that a
+	// gateway walks the list.
+	ConformanceFallbackHeader = wire.FallbackTestHeader
 
 	// ObjectiveHeader names the request's objective (→ priority);
 	// LegacyObjectiveHeader is the older name, still honoured.

@@ -24,6 +24,10 @@ const (
 	// ShedTestHeader asks infergate's conformance-test picker to shed the
 	// request as a saturated pool would (429, rejected-saturated).
 	ShedTestHeader = "x-infergate-test-epp-shed"
+	// FallbackTestHeader asks infergate's conformance-test picker for every
+	// endpoint EndpointSelectionHeader names, in its order, as the pick and
+	// its fallbacks.
+	FallbackTestHeader = "x-infergate-test-epp-fallbacks"
 	// DropReasonHeader carries the machine-readable reason of a refusal, by
 	// the picker or the payload processor; the name the reference picker
 	// uses, so dashboards and tests carry over.
