@@ -13,9 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/infergate/infergate/conformance/epp"
 	"github.com/infergate/infergate/conformance/payload"
@@ -178,12 +176,8 @@ func TestConformanceGatewayFlags(t *testing.T) {
 // payload profile's, with these figures.
 func checkPayloadReport(t *testing.T, path string, result confv1.Result, passed, failed uint32) {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	r, err := report.Read(path)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var r gie.GatewayAPIInferenceExtensionConformanceReport
-	if err := yaml.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
 	if len(r.ProfileReports) != 1 {
@@ -192,6 +186,6 @@ func checkPayloadReport(t *testing.T, path string, result confv1.Result, passed,
 	p := r.ProfileReports[0]
 	if p.Name != report.PayloadProfile || p.Core.Result != result || p.Core.Passed != passed || p.Core.Failed != failed ||
 		r.Implementation.Project != "proc" {
-		t.Fatalf("report %s:\n%s", path, b)
+		t.Fatalf("report %s: %+v", path, r)
 	}
 }

@@ -93,10 +93,10 @@ func gatewayRunOptions(o gatewayOptions) (gateway.Options, error) {
 		ReportOutput:         o.reportOutput,
 		Implementation:       impl,
 		Mode:                 o.mode,
-		Images:            images,
-		AllowCRDsMismatch: o.allowCRDsMismatch,
-		Debug:             o.debug,
-		UpstreamOnly:      o.upstreamOnly,
+		Images:               images,
+		AllowCRDsMismatch:    o.allowCRDsMismatch,
+		Debug:                o.debug,
+		UpstreamOnly:         o.upstreamOnly,
 	}
 	if o.maxWait > 0 {
 		t := gateway.CappedTimeouts(o.maxWait)

@@ -91,21 +91,17 @@ func Write(path string, impl confv1.Implementation, mode string, profiles ...con
 			Mode:           mode,
 		},
 	}
-	data, err := os.ReadFile(path)
+	old, err := Read(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		return fmt.Errorf("report %s: %w", path, err)
+		return err
 	default:
-		var old gie.GatewayAPIInferenceExtensionConformanceReport
-		if err := yaml.Unmarshal(data, &old); err != nil {
-			return fmt.Errorf("report %s: %w", path, err)
-		}
 		if o := old.Implementation; o.Organization != impl.Organization || o.Project != impl.Project || o.Version != impl.Version {
 			return fmt.Errorf("report %s is for %s/%s %s, not %s/%s %s: give another --report-output",
 				path, o.Organization, o.Project, o.Version, impl.Organization, impl.Project, impl.Version)
 		}
-		r = old
+		r = *old
 	}
 	for _, p := range profiles {
 		r.ProfileReports = slices.DeleteFunc(r.ProfileReports, func(q confv1.ProfileReport) bool { return q.Name == p.Name })
@@ -120,4 +116,17 @@ func Write(path string, impl confv1.Implementation, mode string, profiles ...con
 		return fmt.Errorf("report %s: %w", path, err)
 	}
 	return nil
+}
+
+// Read reads the report at path.
+func Read(path string) (*gie.GatewayAPIInferenceExtensionConformanceReport, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("report %s: %w", path, err)
+	}
+	var r gie.GatewayAPIInferenceExtensionConformanceReport
+	if err := yaml.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("report %s: %w", path, err)
+	}
+	return &r, nil
 }

@@ -1,7 +1,6 @@
 package report
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"github.com/onsi/ginkgo/v2/types"
 	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	"sigs.k8s.io/yaml"
 )
 
 func spec(text, label string, state types.SpecState) types.SpecReport {
@@ -56,15 +54,11 @@ func TestProfile(t *testing.T) {
 
 func read(t *testing.T, path string) gie.GatewayAPIInferenceExtensionConformanceReport {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	r, err := Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r gie.GatewayAPIInferenceExtensionConformanceReport
-	if err := yaml.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return *r
 }
 
 func names(r gie.GatewayAPIInferenceExtensionConformanceReport) []string {

@@ -13,9 +13,9 @@ import (
 	"slices"
 	"strings"
 
-	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/infergate/infergate/conformance/report"
 )
 
 func main() {
@@ -43,13 +43,9 @@ func write(w io.Writer, dir string) error {
 	b.WriteString("| implementation | version | profile | result | passed | failed | skipped | failed tests | report |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range paths {
-		data, err := os.ReadFile(p)
+		r, err := report.Read(p)
 		if err != nil {
 			return err
-		}
-		var r gie.GatewayAPIInferenceExtensionConformanceReport
-		if err := yaml.Unmarshal(data, &r); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
 		}
 		rel, err := filepath.Rel(dir, p)
 		if err != nil {
