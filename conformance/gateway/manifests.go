@@ -51,6 +51,11 @@ func manifests(upstream fs.FS, img Images) (fs.FS, error) {
 		if err != nil {
 			return nil, err
 		}
+		// A test's own pickers and echo servers are written as upstream's
+		// are, and run the same images.
+		if b, _, err = rewrite(b, img); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", strictManifestDir, e.Name(), err)
+		}
 		top[strictManifestDir+"/"+e.Name()] = &fstest.MapFile{Data: b, Mode: 0o444}
 	}
 	return overlay{upstream, top}, nil
@@ -74,12 +79,25 @@ func (o overlay) Open(name string) (fs.File, error) {
 // infergate's picker watches. Everything else is left as upstream wrote it,
 // so names, namespaces, labels and ports stay those the tests expect.
 func rewriteBase(base []byte, img Images) ([]byte, error) {
+	out, seen, err := rewrite(base, img)
+	if err != nil {
+		return nil, err
+	}
+	if seen["epp"] == 0 || seen["echo"] == 0 {
+		return nil, fmt.Errorf("found %d test picker and %d echo containers (images %s:*, %s:*); the suite's manifests changed shape", seen["epp"], seen["echo"], upstreamLWEPP, upstreamEcho)
+	}
+	return out, nil
+}
+
+// rewrite is rewriteBase for any manifests: it also returns how many
+// picker ("epp") and echo ("echo") containers it swapped.
+func rewrite(manifests []byte, img Images) ([]byte, map[string]int, error) {
 	var out bytes.Buffer
 	seen := map[string]int{}
-	for i, doc := range splitYAML(base) {
+	for i, doc := range splitYAML(manifests) {
 		var obj map[string]any
 		if err := yaml.Unmarshal(doc, &obj); err != nil {
-			return nil, fmt.Errorf("document %d: %w", i, err)
+			return nil, nil, fmt.Errorf("document %d: %w", i, err)
 		}
 		if obj == nil {
 			continue
@@ -93,12 +111,12 @@ func rewriteBase(base []byte, img Images) ([]byte, error) {
 				switch {
 				case strings.HasPrefix(image, upstreamLWEPP+":"):
 					if err := asPicker(ctr, img.EPP); err != nil {
-						return nil, fmt.Errorf("document %d (%s): %w", i, name(obj), err)
+						return nil, nil, fmt.Errorf("document %d (%s): %w", i, name(obj), err)
 					}
 					seen["epp"]++
 				case strings.HasPrefix(image, upstreamEcho+":"):
 					if err := asEcho(ctr, img.ModelServer); err != nil {
-						return nil, fmt.Errorf("document %d (%s): %w", i, name(obj), err)
+						return nil, nil, fmt.Errorf("document %d (%s): %w", i, name(obj), err)
 					}
 					seen["echo"]++
 				}
@@ -112,15 +130,12 @@ func rewriteBase(base []byte, img Images) ([]byte, error) {
 		}
 		b, err := yaml.Marshal(obj)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out.WriteString("---\n")
 		out.Write(b)
 	}
-	if seen["epp"] == 0 || seen["echo"] == 0 {
-		return nil, fmt.Errorf("found %d test picker and %d echo containers (images %s:*, %s:*); the suite's manifests changed shape", seen["epp"], seen["echo"], upstreamLWEPP, upstreamEcho)
-	}
-	return out.Bytes(), nil
+	return out.Bytes(), seen, nil
 }
 
 // asPicker makes an lwepp container infergate's picker in conformance-test

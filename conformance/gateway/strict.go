@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -56,6 +57,8 @@ const (
 	TestFailClose         = "InfergateFailCloseWhenItsPickerIsDown"
 	TestScaleOut          = "InfergatePoolScaleOutReachesTheNewPod"
 	TestRefusals          = "InfergatePickerRefusalsReachTheClient"
+	TestPoolStatus        = "InfergatePoolStatusNamesItsGatewayWithReasons"
+	TestFallback          = "InfergateFallbackListWalked"
 )
 
 // strictFeatures are what each of infergate's tests relies on.
@@ -65,7 +68,7 @@ func strictFeatures() []features.FeatureName {
 
 // StrictTests are infergate's tests of the stricter profile.
 func StrictTests() []confsuite.ConformanceTest {
-	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut, refusals}
+	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut, refusals, poolStatus, fallback}
 }
 
 var failOpenOwnPicker = confsuite.ConformanceTest{
@@ -226,6 +229,29 @@ var refusals = confsuite.ConformanceTest{
 				}), "the picker's %d", tc.status)
 			})
 		}
+	},
+}
+
+var fallback = confsuite.ConformanceTest{
+	ShortName: TestFallback,
+	Description: "When the endpoint the picker picked refuses the connection, the request goes to the next endpoint " +
+		"of the picker's list, and the picker is told the endpoint that served (" + wire.ServedEndpointKey + ")",
+	Manifests: []string{strictManifestDir + "/fallback.yaml"},
+	Features:  strictFeatures(),
+	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+		const host, path = "primary.example.com", "/infergate-fallback"
+		pool := types.NamespacedName{Name: "infergate-fallback-pool", Namespace: resources.AppBackendNamespace}
+		addr, pods := poolRouted(t, s, "httproute-infergate-fallback", resources.PrimaryGatewayNN, pool, resources.PrimaryModelServerAppLabel)
+		pod := &pods[0]
+		// The pool's endpoints are each pod on 3000, where its echo server
+		// listens, and on 3001, where nothing does.
+		dead, live := net.JoinHostPort(pod.Status.PodIP, "3001"), net.JoinHostPort(pod.Status.PodIP, "3000")
+		exp := toPod(host, path, pod)
+		exp.Request.Headers[wire.FallbackTestHeader] = "true"
+		exp.Request.Headers[headers.HeaderTestEppEndPointSelectionKey] = dead + "," + live
+		exp.Response.Headers = map[string]string{headers.ConformanceTestResultHeader: live}
+		t.Logf("the picker answers %s,%s: the first refuses connections, the second is %s's echo server", dead, live, pod.Name)
+		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
 	},
 }
 

@@ -18,7 +18,7 @@ import (
 // extension server passes the gateway profile.
 func TestEnvoyGatewayWithExtension(t *testing.T) {
 	l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
-	gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{Extension: startExtension(t, l, true), GatewayNamespaceMode: true})
+	gatewaytest.StartEnvoyGateway(t, l.Cluster, gatewaytest.EnvoyGateway{Extension: startExtension(t, l, true, ""), GatewayNamespaceMode: true})
 	gatewayClassFor(t, l, gatewaytest.EnvoyGatewayController)
 	stop := envoyGatewayProxies(t, l, true)
 	defer stop()

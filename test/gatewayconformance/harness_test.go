@@ -21,9 +21,9 @@ import (
 	gie "sigs.k8s.io/gateway-api-inference-extension/conformance"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/infergate/infergate/conformance/gateway"
+	"github.com/infergate/infergate/conformance/report"
 	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/test/controlplane"
@@ -64,11 +64,12 @@ func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 // startExtension runs infergate's Envoy Gateway extension on the
 // namespace's loopback and returns its address. With eds it serves the
 // pools' endpoints over EDS, as the chart deploys it; without, they are
-// read when Envoy Gateway translates.
-func startExtension(t *testing.T, l *livecluster.Live, eds bool) string {
+// read when Envoy Gateway translates. It writes pool status for the
+// Gateways of controller ("": Envoy Gateway's).
+func startExtension(t *testing.T, l *livecluster.Live, eds bool, controller string) string {
 	t.Helper()
 	return loopback.Serve(t, func(ctx context.Context, ln net.Listener) error {
-		o := envoygateway.Options{Listener: ln, Kube: l.Env.Config, Logger: logr.Discard()}
+		o := envoygateway.Options{Listener: ln, Kube: l.Env.Config, Logger: logr.Discard(), ControllerName: controller}
 		if eds {
 			o.EDSAddress = ln.Addr().String()
 		}
@@ -225,15 +226,11 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 			t.Log(trimmed)
 		}
 	}
-	b, rerr := os.ReadFile(o.ReportOutput)
+	rep, rerr := report.Read(o.ReportOutput)
 	if rerr != nil {
 		t.Fatalf("infergate conformance wrote no report (%v):\n%s", rerr, tail(out, 120))
 	}
-	var report gie.GatewayAPIInferenceExtensionConformanceReport
-	if err := yaml.Unmarshal(b, &report); err != nil {
-		t.Fatal(err)
-	}
-	return &report, out, err == nil
+	return rep, out, err == nil
 }
 
 // tail is the last n lines of s.
