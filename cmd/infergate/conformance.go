@@ -26,6 +26,7 @@ type conformanceOptions struct {
 	eppHealthAddress  string
 	eppEndpoints      []string
 	eppExtensions     bool
+	eppMaxBody        int
 	payloadAddress    string
 	payloadModel      string
 	payloadBaseModel  string
@@ -60,8 +61,10 @@ The other profiles check components at an address, with no cluster: Envoy's ext_
 played by infergate.
 
   epp      any endpoint picker over ext_proc: the pick in the x-gateway-destination-endpoint header
-           and the envoy.lb metadata, route cache, chunked bodies, anti-spoof, subset hints, 503 on an
-           empty match, grpc health (--epp-address, --epp-endpoints: the pool it was given)
+           and the envoy.lb metadata, route cache, chunked and large bodies, body-less requests,
+           anti-spoof, subset hints, 503 on an empty match, 400 on malformed JSON, 413 over its body
+           limit (--epp-max-body-bytes), grpc health for the ext_proc service, liveness and readiness
+           (--epp-address, --epp-endpoints: the pool it was given)
   payload  any payload processor over ext_proc: model and base-model headers, client copies replaced,
            the destination header removed, 400 on bad bodies, the guardrail answer's shape, health
            (--payload-address, --payload-model, --payload-base-model, --payload-denied-prompt); or a
@@ -85,6 +88,7 @@ The gateway profile runs alone (it needs a cluster, the others an address).`,
 	f.StringVar(&o.eppHealthAddress, "epp-health-address", "", "where the picker serves grpc.health.v1 (default --epp-address)")
 	f.StringSliceVar(&o.eppEndpoints, "epp-endpoints", nil, "the pool endpoints (ip:port) the picker was given; two with different IPs for the subset specs")
 	f.BoolVar(&o.eppExtensions, "epp-extensions", false, "also run the specs of infergate's extensions (comma-string and port-less subset hints)")
+	f.IntVar(&o.eppMaxBody, "epp-max-body-bytes", 0, "the picker's request body limit (infergate's --max-request-body-bytes), for the 413 spec (skipped without it)")
 	f.StringVar(&o.payloadAddress, "payload-address", "", "the payload processor's ext_proc address, host:port")
 	f.StringVar(&o.payloadModel, "payload-model", "", "a model the processor serves")
 	f.StringVar(&o.payloadBaseModel, "payload-base-model", "", "the base model the processor maps --payload-model to (default: the model itself)")
@@ -157,7 +161,7 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 				return fmt.Errorf("--profile epp needs --epp-address and --epp-endpoints")
 			}
 			epp.Register(&epp.Config{Address: o.eppAddress, HealthAddress: o.eppHealthAddress, TLS: !o.plaintext,
-				Endpoints: o.eppEndpoints, Extensions: o.eppExtensions, Timeout: o.timeout})
+				Endpoints: o.eppEndpoints, Extensions: o.eppExtensions, MaxBodyBytes: o.eppMaxBody, Timeout: o.timeout})
 		case "payload":
 			if (o.payloadAddress == "") == (o.payloadWasm == "") || o.payloadModel == "" {
 				return fmt.Errorf("--profile payload needs --payload-model and one of --payload-address and --payload-wasm")

@@ -52,6 +52,9 @@ type Config struct {
 	// Extensions runs the specs labelled "extension" (infergate behaviour
 	// beyond the upstream protocol).
 	Extensions bool
+	// MaxBodyBytes is the largest request body the picker takes; a larger
+	// one must get 413. 0 skips that spec, which then says why.
+	MaxBodyBytes int
 	// Timeout bounds each exchange; 0 means 10s.
 	Timeout time.Duration
 }
@@ -59,9 +62,20 @@ type Config struct {
 // DefaultModel is the model requested when Config.Model is empty.
 const DefaultModel = "conformance-model"
 
-// ExtProcHealthService is the grpc.health.v1 service name the protocol
-// defines for the ext_proc service.
-const ExtProcHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+// Health service names the protocol defines: the ext_proc service (ready
+// to pick), liveness (the process runs) and readiness (its endpoint set is
+// loaded).
+const (
+	ExtProcHealthService   = "envoy.service.ext_proc.v3.ExternalProcessor"
+	LivenessHealthService  = "liveness"
+	ReadinessHealthService = "readiness"
+)
+
+// MaxChunkBytes is the largest body chunk a picker may hand back: Envoy
+// builds cap a streamed chunk at 64 KiB (the protocol recommends chunks of
+// at most that; infergate's and the reference picker re-emit at most
+// 62,000 bytes).
+const MaxChunkBytes = 64 << 10
 
 // Spec texts, so that callers can tell which behaviour failed.
 const (
@@ -75,6 +89,11 @@ const (
 	SpecSubsetComma     = "honours a subset hint given as a comma-separated string"
 	SpecSubsetIPOnly    = "honours a subset hint naming an IP without a port"
 	SpecHealth          = "answers grpc.health.v1 SERVING for the ext_proc service"
+	SpecHealthServices  = "answers grpc.health.v1 SERVING for liveness and readiness"
+	SpecBodiless        = "picks for a body-less request (the headers end the stream)"
+	SpecLargeBody       = "forwards a body over 64 KiB unchanged, in chunks of at most 64 KiB"
+	SpecMalformedJSON   = "answers a malformed JSON body with an immediate 400"
+	SpecTooLarge        = "answers a body over its limit with an immediate 413"
 )
 
 // Addresses no pool may hold (RFC 5737 documentation ranges).
@@ -182,17 +201,54 @@ func Register(cfg *Config) bool {
 			})
 		})
 
-		It(SpecHealth, func() {
-			addr := cfg.HealthAddress
-			if addr == "" {
-				addr = cfg.Address
+		It(SpecBodiless, func() {
+			req := completion(cfg, nil)
+			req.Method, req.Body = "GET", nil
+			res := run(ctx, cfg, nil, req)
+			expectPick(cfg, res, cfg.Endpoints)
+		})
+
+		It(SpecLargeBody, func() {
+			req := completion(cfg, nil)
+			body := largeBody(cfg, 200<<10)
+			req.Body = [][]byte{body[:50<<10], body[50<<10 : 100<<10], body[100<<10 : 150<<10], body[150<<10:]}
+			res := run(ctx, cfg, nil, req)
+			expectPick(cfg, res, cfg.Endpoints)
+			Expect(string(res.Body)).To(Equal(string(body)), "a %d-byte body must be forwarded unchanged (%d bytes came out)", len(body), len(res.Body))
+			for _, n := range res.BodyChunkSizes {
+				Expect(n).To(BeNumerically("<=", MaxChunkBytes), "the picker handed back a %d-byte body chunk (chunks %v): Envoy builds cap a streamed chunk at %d",
+					n, res.BodyChunkSizes, MaxChunkBytes)
 			}
-			conn, err := extproctest.Dial(addr, cfg.TLS, nil)
-			Expect(err).NotTo(HaveOccurred(), "dialing the health address %s", addr)
-			defer conn.Close()
-			resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: ExtProcHealthService})
-			Expect(err).NotTo(HaveOccurred(), "the picker must serve grpc.health.v1 Check for service %q at %s", ExtProcHealthService, addr)
-			Expect(resp.GetStatus()).To(Equal(healthpb.HealthCheckResponse_SERVING), "grpc.health.v1 %q at %s must be SERVING once the pool is loaded", ExtProcHealthService, addr)
+		})
+
+		It(SpecMalformedJSON, func() {
+			req := completion(cfg, nil)
+			req.Body = [][]byte{[]byte(`{"model":"conformance-model","prompt":"unterminated`)}
+			res := run(ctx, cfg, nil, req)
+			expectImmediate(res, "a malformed JSON body", 400)
+		})
+
+		It(SpecTooLarge, func() {
+			if cfg.MaxBodyBytes <= 0 {
+				Skip("conformance config: MaxBodyBytes (the picker's body limit) not given")
+			}
+			req := completion(cfg, nil)
+			body := largeBody(cfg, cfg.MaxBodyBytes+1)
+			for len(body) > 0 {
+				n := min(len(body), 60<<10)
+				req.Body, body = append(req.Body, body[:n]), body[n:]
+			}
+			res := run(ctx, cfg, nil, req)
+			expectImmediate(res, fmt.Sprintf("a body of %d bytes (the limit is %d)", cfg.MaxBodyBytes+1, cfg.MaxBodyBytes), 413)
+		})
+
+		It(SpecHealth, func() {
+			expectServing(ctx, cfg, ExtProcHealthService)
+		})
+
+		It(SpecHealthServices, func() {
+			expectServing(ctx, cfg, LivenessHealthService)
+			expectServing(ctx, cfg, ReadinessHealthService)
 		})
 	})
 	return true
@@ -244,12 +300,45 @@ func expectPick(cfg *Config, res *extproctest.Result, allowed []string) string {
 
 func expectImmediate503(res *extproctest.Result, what string) {
 	GinkgoHelper()
+	expectImmediate(res, what, 503)
+}
+
+func expectImmediate(res *extproctest.Result, what string, status int) {
+	GinkgoHelper()
 	lr := res.LocalReply
 	if lr == nil {
-		Fail(fmt.Sprintf("for %s the picker must answer an ImmediateResponse 503, but it let the request through with %s: %q",
-			what, wire.DestinationEndpointKey, res.Headers.Values(wire.DestinationEndpointKey)))
+		Fail(fmt.Sprintf("for %s the picker must answer an ImmediateResponse %d, but it let the request through with %s: %q",
+			what, status, wire.DestinationEndpointKey, res.Headers.Values(wire.DestinationEndpointKey)))
 	}
-	Expect(lr.Status).To(Equal(503), "for %s the picker must answer an ImmediateResponse with status 503, got %d (%s)", what, lr.Status, lr.Details)
+	Expect(lr.Status).To(Equal(status), "for %s the picker must answer an ImmediateResponse with status %d, got %d (%s)", what, status, lr.Status, lr.Details)
+}
+
+// expectServing checks grpc.health.v1 SERVING for service at the health
+// address.
+func expectServing(ctx context.Context, cfg *Config, service string) {
+	GinkgoHelper()
+	addr := cfg.HealthAddress
+	if addr == "" {
+		addr = cfg.Address
+	}
+	conn, err := extproctest.Dial(addr, cfg.TLS, nil)
+	Expect(err).NotTo(HaveOccurred(), "dialing the health address %s", addr)
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	Expect(err).NotTo(HaveOccurred(), "the picker must serve grpc.health.v1 Check for service %q at %s", service, addr)
+	Expect(resp.GetStatus()).To(Equal(healthpb.HealthCheckResponse_SERVING), "grpc.health.v1 %q at %s must be SERVING once the pool is loaded", service, addr)
+}
+
+// largeBody is a completion body of exactly n bytes (n of at least 200).
+func largeBody(cfg *Config, n int) []byte {
+	model := cfg.Model
+	if model == "" {
+		model = DefaultModel
+	}
+	head := fmt.Sprintf(`{"model":%q,"max_tokens":8,"prompt":"`, model)
+	tail := `"}`
+	pad := n - len(head) - len(tail)
+	return []byte(head + strings.Repeat("a", max(pad, 0)) + tail)
 }
 
 func lbString(res *extproctest.Result, key string) string {

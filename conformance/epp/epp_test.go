@@ -1,7 +1,9 @@
 package epp_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,7 +59,8 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("unknown broken variant %q", v)
 		}
 		endpoints := []string{"127.0.0.11:8000", "127.0.0.12:8000", "127.0.0.13:8000"}
-		*cfg = epp.Config{Address: startBroken(t, endpoints, d.defects), TLS: true, Endpoints: endpoints, Extensions: true}
+		*cfg = epp.Config{Address: startBroken(t, endpoints, d.defects), TLS: true, Endpoints: endpoints, Extensions: true,
+			MaxBodyBytes: bodyLimit}
 	} else {
 		*cfg = startInfergate(t)
 	}
@@ -88,7 +91,7 @@ func startInfergate(t *testing.T) epp.Config {
 	}
 	s, err := eppsvc.NewService(eppsvc.Config{
 		Server: server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: 2 * time.Second},
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: 2 * time.Second, Limits: server.Limits{MaxRequestBodyBytes: bodyLimit}},
 		PoolFile:         pool,
 		PoolFilePoll:     time.Second,
 		MetricsStaleness: 2 * time.Second,
@@ -101,20 +104,28 @@ func startInfergate(t *testing.T) epp.Config {
 	done := make(chan struct{})
 	go func() { _ = s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return epp.Config{Address: s.GRPCAddr(), TLS: true, Endpoints: endpoints, Extensions: true}
+	return epp.Config{Address: s.GRPCAddr(), TLS: true, Endpoints: endpoints, Extensions: true, MaxBodyBytes: bodyLimit}
 }
+
+// bodyLimit is the request body limit the pickers under test are given.
+const bodyLimit = 256 << 10
 
 // defects of a broken picker.
 type defects struct {
-	noMetadata         bool // header only, no envoy.lb metadata
-	appendHeader       bool // appends the pick to a client-sent header
-	noClearRouteCache  bool
-	dropFirstChunk     bool // forwards a multi-chunk body without its first chunk
-	ignoreListHint     bool
-	ignoreStringHint   bool
-	exactMatchOnly     bool // a port-less IP in a hint matches nothing
-	pickAnyWhenNoMatch bool // no 503 for a hint matching nothing
-	noHealth           bool
+	noMetadata          bool // header only, no envoy.lb metadata
+	appendHeader        bool // appends the pick to a client-sent header
+	noClearRouteCache   bool
+	dropFirstChunk      bool // forwards a multi-chunk body without its first chunk
+	ignoreListHint      bool
+	ignoreStringHint    bool
+	exactMatchOnly      bool // a port-less IP in a hint matches nothing
+	pickAnyWhenNoMatch  bool // no 503 for a hint matching nothing
+	noHealth            bool
+	noLivenessReadiness bool // health for the ext_proc service only
+	bodilessRefused     bool // 400 for a request without a body
+	oneChunk            bool // hands the body back in one chunk, whatever its size
+	pickMalformed       bool // picks for malformed JSON
+	noSizeLimit         bool // picks for a body over bodyLimit
 }
 
 var variants = map[string]struct {
@@ -123,11 +134,15 @@ var variants = map[string]struct {
 }{
 	"metadata-spoof-comma-health": {
 		defects{noMetadata: true, appendHeader: true, ignoreStringHint: true, noHealth: true},
-		[]string{epp.SpecPick, epp.SpecAntiSpoof, epp.SpecSubsetComma, epp.SpecHealth},
+		[]string{epp.SpecPick, epp.SpecAntiSpoof, epp.SpecSubsetComma, epp.SpecHealth, epp.SpecHealthServices},
+	},
+	"bodiless-chunk-json-limit-liveness": {
+		defects{bodilessRefused: true, oneChunk: true, pickMalformed: true, noSizeLimit: true, noLivenessReadiness: true},
+		[]string{epp.SpecBodiless, epp.SpecLargeBody, epp.SpecMalformedJSON, epp.SpecTooLarge, epp.SpecHealthServices},
 	},
 	"routecache-chunks-iponly-503": {
 		defects{noClearRouteCache: true, dropFirstChunk: true, exactMatchOnly: true, pickAnyWhenNoMatch: true},
-		[]string{epp.SpecClearRouteCache, epp.SpecChunkedBody, epp.SpecSubsetIPOnly, epp.SpecSubsetNoMatch, epp.SpecSubsetEmpty},
+		[]string{epp.SpecClearRouteCache, epp.SpecChunkedBody, epp.SpecLargeBody, epp.SpecSubsetIPOnly, epp.SpecSubsetNoMatch, epp.SpecSubsetEmpty},
 	},
 	"list-hint-ignored": {
 		defects{ignoreListHint: true},
@@ -141,7 +156,8 @@ var variants = map[string]struct {
 // behaviour, and that every other spec passes.
 func TestBrokenPickersFailTheirSpecs(t *testing.T) {
 	all := []string{epp.SpecPick, epp.SpecClearRouteCache, epp.SpecChunkedBody, epp.SpecAntiSpoof, epp.SpecSubsetList,
-		epp.SpecSubsetNoMatch, epp.SpecSubsetEmpty, epp.SpecSubsetComma, epp.SpecSubsetIPOnly, epp.SpecHealth}
+		epp.SpecSubsetNoMatch, epp.SpecSubsetEmpty, epp.SpecSubsetComma, epp.SpecSubsetIPOnly, epp.SpecHealth,
+		epp.SpecHealthServices, epp.SpecBodiless, epp.SpecLargeBody, epp.SpecMalformedJSON, epp.SpecTooLarge}
 	fail := map[string][]string{}
 	for name, v := range variants {
 		fail[name] = v.fail
@@ -152,13 +168,17 @@ func TestBrokenPickersFailTheirSpecs(t *testing.T) {
 // startBroken serves a scripted picker with the given defects on TLS.
 func startBroken(t *testing.T, endpoints []string, d defects) string {
 	t.Helper()
-	health := epp.ExtProcHealthService
-	if d.noHealth {
-		health = ""
+	var health []string
+	switch {
+	case d.noHealth:
+	case d.noLivenessReadiness:
+		health = []string{epp.ExtProcHealthService}
+	default:
+		health = []string{epp.ExtProcHealthService, epp.LivenessHealthService, epp.ReadinessHealthService}
 	}
 	return brokentest.Serve(t, func(gs *grpc.Server) {
 		extprocv3.RegisterExternalProcessorServer(gs, &brokenPicker{endpoints: endpoints, d: d})
-	}, health)
+	}, health...)
 }
 
 type brokenPicker struct {
@@ -228,6 +248,9 @@ func (p *brokenPicker) Process(srv extprocv3.ExternalProcessor_ProcessServer) er
 				}
 			}
 			if v.RequestHeaders.GetEndOfStream() {
+				if p.d.bodilessRefused {
+					return srv.Send(fakeproc.Immediate(400, "a body is required"))
+				}
 				if _, err := answer(); err != nil {
 					return err
 				}
@@ -239,9 +262,19 @@ func (p *brokenPicker) Process(srv extprocv3.ExternalProcessor_ProcessServer) er
 			if !v.RequestBody.GetEndOfStream() || answered {
 				continue
 			}
+			whole := bytes.Join(chunks, nil)
+			switch {
+			case len(whole) > bodyLimit && !p.d.noSizeLimit:
+				return srv.Send(fakeproc.Immediate(413, "request body too large"))
+			case !json.Valid(whole) && !p.d.pickMalformed:
+				return srv.Send(fakeproc.Immediate(400, "malformed JSON"))
+			}
 			ok, err := answer()
 			if err != nil || !ok {
 				return err
+			}
+			if p.d.oneChunk {
+				chunks = [][]byte{whole}
 			}
 			if err := brokentest.SendBody(srv, chunks, p.d.dropFirstChunk); err != nil {
 				return err

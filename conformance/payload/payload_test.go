@@ -218,13 +218,13 @@ func TestBrokenProcessorsFailTheirSpecs(t *testing.T) {
 // on TLS.
 func startBroken(t *testing.T, d defects) string {
 	t.Helper()
-	health := payload.ExtProcHealthService
-	if d.noHealth {
-		health = ""
+	var health []string
+	if !d.noHealth {
+		health = []string{payload.ExtProcHealthService}
 	}
 	return brokentest.Serve(t, func(gs *grpc.Server) {
 		extprocv3.RegisterExternalProcessorServer(gs, &brokenProcessor{d: d})
-	}, health)
+	}, health...)
 }
 
 type brokenProcessor struct {

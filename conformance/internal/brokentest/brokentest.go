@@ -120,9 +120,10 @@ func Child(t *testing.T, env ...string) (types.Report, []byte, error) {
 }
 
 // Serve runs a gRPC server on 127.0.0.1 over TLS (a test certificate)
-// until the test ends, with what register adds and, unless healthService
-// is "", grpc.health.v1 SERVING for it. It returns the address.
-func Serve(t *testing.T, register func(*grpc.Server), healthService string) string {
+// until the test ends, with what register adds and, when healthServices
+// are given, grpc.health.v1 SERVING for each of them. It returns the
+// address.
+func Serve(t *testing.T, register func(*grpc.Server), healthServices ...string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -131,9 +132,11 @@ func Serve(t *testing.T, register func(*grpc.Server), healthService string) stri
 	cert := testcert.NewCA(t, "broken").Server(t)
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	register(gs)
-	if healthService != "" {
+	if len(healthServices) > 0 {
 		hs := health.NewServer()
-		hs.SetServingStatus(healthService, healthpb.HealthCheckResponse_SERVING)
+		for _, svc := range healthServices {
+			hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+		}
 		healthpb.RegisterHealthServer(gs, hs)
 	}
 	go func() { _ = gs.Serve(ln) }()
