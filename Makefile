@@ -53,7 +53,7 @@ conformance-reports:
 	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" \
 	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -timeout 40m -v -run '^(TestEnvoyGatewayWithExtension|TestPlainEnvoyGateway|TestIstio)$$' ./test/gatewayconformance/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)' ; \
 	{ echo "# Conformance reports, suite $(SUITE_VERSION)"; echo; \
-	  echo "Written by \`make conformance-reports\` (upstream's report format) from the runs \`make test\` makes: the gateway profile in test/gatewayconformance (where \`make test\` runs three of plain Envoy Gateway's twelve tests, this target all twelve), the epp and payload profiles in conformance/epp and conformance/payload."; echo; \
+	  echo "Written by \`make conformance-reports\` (upstream's report format) from the runs \`make test\` makes: the gateway profile in test/gatewayconformance (where \`make test\` runs three of the tests against plain Envoy Gateway, this target all but the four that would wait 300 s each), the epp and payload profiles in conformance/epp and conformance/payload."; echo; \
 	  $(GO) run ./conformance/internal/reporttable $(REPORTS); } > $(REPORTS)/README.md.partial && mv $(REPORTS)/README.md.partial $(REPORTS)/README.md
 	@cat $(REPORTS)/README.md
 
