@@ -1,16 +1,22 @@
 // Command eppload measures a running endpoint picker over real ext_proc
 // streams: decisions per second and decision latency at several numbers of
-// concurrent streams, and the picker's memory per open stream.
+// concurrent streams, and the picker's CPU and memory.
 //
-// It starts `infergate epp` as a separate process (plain text, loopback,
-// free ports) over a pool of in-process simulators, drives it the way a
-// proxy does (one stream per request: headers, a ~1 KiB chat body in one
-// chunk, read the answer), prints a table, and stops everything.
+// By default it starts `infergate epp` as a separate process (plain text,
+// loopback, free ports) over a pool of in-process simulators. With
+// --target it drives any picker (or any ext_proc processor that answers a
+// request path) already listening there instead, so that implementations
+// can be compared with the same driver; --pid names that process, for its
+// CPU and memory. Either way it drives the processor the way a proxy does
+// (one stream per request: headers, a ~1 KiB chat body in one chunk, read
+// the answer), prints a table, and stops what it started.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +39,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/infergate/infergate/sim"
@@ -49,19 +56,41 @@ func main() {
 	rate := flag.Int("rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
 	rateStreams := flag.Int("rate-streams", 32, "concurrent streams available to the fixed-rate row")
 	profile := flag.String("cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
+	var ext external
+	flag.StringVar(&ext.addr, "target", "", "drive the ext_proc processor listening at host:port instead of starting infergate's picker")
+	flag.BoolVar(&ext.tls, "tls", false, "with --target: dial with TLS, accepting any certificate, as gateways reach pickers")
+	flag.IntVar(&ext.pid, "pid", 0, "with --target: the processor's process id (local), for CPU per decision and RSS")
+	flag.StringVar(&ext.model, "model", "meta-llama/Llama-3.1-8B-Instruct", "the model of the chat requests")
 	flag.Parse()
 	// The driver shares the machine with the picker; collect less often so
 	// its own garbage collection disturbs the measurement less.
 	debug.SetGCPercent(400)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := run(ctx, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams, *profile); err != nil {
+	if err := run(ctx, ext, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "eppload:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int, profile string) error {
+// external is a processor eppload drives without starting it (--target).
+type external struct {
+	addr  string
+	tls   bool
+	pid   int
+	model string
+}
+
+// subject is the processor under load: the connections to it, its process
+// (0: unknown) and, for infergate's picker, its metrics address.
+type subject struct {
+	conns       []*grpc.ClientConn
+	pid         int
+	metricsAddr string
+	desc        string
+}
+
+func run(ctx context.Context, ext external, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int, profile string) error {
 	var counts []int
 	for _, f := range strings.Split(levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -70,25 +99,152 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 		}
 		counts = append(counts, n)
 	}
-	simCtx, stopSims := context.WithCancel(ctx)
-	defer stopSims()
-	pool, err := startSims(simCtx, nEndpoints)
+	var (
+		sub  *subject
+		stop func()
+		err  error
+	)
+	if ext.addr != "" {
+		if profile != "" {
+			return errors.New("--cpu-profile reads infergate's pprof endpoint: not with --target")
+		}
+		sub, err = dialExternal(ext, nConns)
+		stop = func() {}
+	} else {
+		if ext.tls || ext.pid != 0 {
+			return errors.New("--tls and --pid go with --target")
+		}
+		sub, stop, err = startInfergate(ctx, binary, nEndpoints, nConns, profile != "")
+	}
 	if err != nil {
 		return err
+	}
+	defer stop()
+	defer func() {
+		for _, c := range sub.conns {
+			_ = c.Close()
+		}
+	}()
+	body := chatBody(ext.model)
+	fmt.Printf("%s, %d gRPC connections, %d B request body, %s per level\n\n", sub.desc, nConns, len(body), dur)
+	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n")
+	fmt.Printf("CPU is the processor's user+system time per 1,000 decisions, RSS its resident memory after the level (with --pid, or infergate's own).\n\n")
+	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | p999 | max | errors | CPU-s / 1k | RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	var notes []string
+	for _, n := range counts {
+		// Warm up connections and the processor before measuring.
+		if _, err := drive(ctx, sub.conns, body, n, 300*time.Millisecond); err != nil {
+			return err
+		}
+		cpu0, err := sub.cpu()
+		if err != nil {
+			return err
+		}
+		r, err := drive(ctx, sub.conns, body, n, dur)
+		if err != nil {
+			return err
+		}
+		cpu1, err := sub.cpu()
+		if err != nil {
+			return err
+		}
+		cpuCol, rssCol := "-", "-"
+		if sub.pid != 0 {
+			cpuCol = fmt.Sprintf("%.3f", (cpu1-cpu0).Seconds()*1000/float64(max(len(r.lat), 1)))
+			rss, err := childproc.RSS(sub.pid)
+			if err != nil {
+				return err
+			}
+			rssCol = fmt.Sprintf("%.0f MiB", float64(rss)/(1<<20))
+		}
+		fmt.Printf("| %d | %d | %.0f | %s | %s | %s | %s | %d | %s | %s |\n", n, len(r.lat), float64(len(r.lat))/r.elapsed.Seconds(),
+			pct(r.lat, 0.50), pct(r.lat, 0.99), pct(r.lat, 0.999), pct(r.lat, 1), r.errors, cpuCol, rssCol)
+		if r.first != nil {
+			notes = append(notes, fmt.Sprintf("%d streams: the first error was %v", n, r.first))
+		}
+	}
+	for _, n := range notes {
+		fmt.Printf("\n(%s)\n", n)
+	}
+	if rate > 0 {
+		if err := openLoop(ctx, sub, body, rate, rateStreams, dur, profile); err != nil {
+			return err
+		}
+	}
+	if sub.pid == 0 {
+		return nil
+	}
+	perStream, err := memoryPerStream(ctx, sub.conns, sub.pid, idle)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nmemory per open stream: %.1f KiB (RSS growth with %d idle streams open, each past its request headers)\n", perStream/1024, idle)
+	return nil
+}
+
+// cpu is the subject's CPU time so far, 0 when its process is unknown.
+func (s *subject) cpu() (time.Duration, error) {
+	if s.pid == 0 {
+		return 0, nil
+	}
+	return childproc.CPUTime(s.pid)
+}
+
+// dialExternal connects to a processor eppload did not start.
+func dialExternal(ext external, nConns int) (*subject, error) {
+	creds := insecure.NewCredentials()
+	if ext.tls {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // pickers serve self-signed certificates, as gateways accept
+	}
+	sub := &subject{pid: ext.pid, desc: fmt.Sprintf("ext_proc processor at %s (process %d)", ext.addr, ext.pid)}
+	if ext.pid == 0 {
+		sub.desc = fmt.Sprintf("ext_proc processor at %s (no --pid: no CPU or memory figures)", ext.addr)
+	} else if _, err := childproc.CPUTime(ext.pid); err != nil {
+		return nil, fmt.Errorf("--pid %d: %w", ext.pid, err)
+	}
+	for range nConns {
+		c, err := grpc.NewClient(ext.addr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return nil, err
+		}
+		sub.conns = append(sub.conns, c)
+	}
+	return sub, nil
+}
+
+// startInfergate runs `infergate epp` over nEndpoints simulators until
+// stop is called.
+func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, pprof bool) (_ *subject, stop func(), err error) {
+	simCtx, stopSims := context.WithCancel(ctx)
+	var cleanups []func()
+	stop = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	cleanups = append(cleanups, stopSims)
+	pool, err := startSims(simCtx, nEndpoints)
+	if err != nil {
+		return nil, nil, err
 	}
 	dir, err := os.MkdirTemp("", "eppload")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
+	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
 	poolFile := filepath.Join(dir, "pool.yaml")
 	if err := os.WriteFile(poolFile, []byte(pool), 0o600); err != nil {
-		return err
+		return nil, nil, err
 	}
 	var addrs [3]string
 	for i := range addrs {
 		if addrs[i], err = childproc.FreeAddr(); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	grpcAddr, healthAddr, metricsAddr := addrs[0], addrs[1], addrs[2]
@@ -98,85 +254,76 @@ func run(ctx context.Context, binary string, nEndpoints int, levels string, dur 
 	cmd := exec.CommandContext(ctx, binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
 		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
 		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport,
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(profile != ""))
+		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(pprof))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
+		return nil, nil, fmt.Errorf("start %s: %w (run make build first)", binary, err)
 	}
-	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+	cleanups = append(cleanups, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
 	if err := childproc.WaitReady(ctx, healthAddr, 20*time.Second); err != nil {
-		return err
+		return nil, nil, err
 	}
+	sub := &subject{pid: cmd.Process.Pid, metricsAddr: metricsAddr,
+		desc: fmt.Sprintf("infergate's endpoint picker at %s, %d simulated endpoints", grpcAddr, nEndpoints)}
+	for range nConns {
+		c, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, err
+		}
+		sub.conns = append(sub.conns, c)
+	}
+	return sub, stop, nil
+}
 
-	conns := make([]*grpc.ClientConn, nConns)
-	for i := range conns {
-		if conns[i], err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-			return err
-		}
-		defer conns[i].Close()
-	}
-	body := chatBody()
-	fmt.Printf("endpoint picker at %s, %d simulated endpoints, %d gRPC connections, %d B request body, %s per level\n\n",
-		grpcAddr, nEndpoints, nConns, len(body), dur)
-	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n\n")
+// openLoop is the fixed-rate row: latency at an offered load, and, for
+// infergate's picker, its CPU and its own decision histogram meanwhile.
+func openLoop(ctx context.Context, sub *subject, body []byte, rate, rateStreams int, dur time.Duration, profile string) error {
+	fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, n := range counts {
-		// Warm up connections and the picker before measuring.
-		if _, err := drive(ctx, conns, body, n, 300*time.Millisecond); err != nil {
+	var hBefore *histogram
+	if sub.metricsAddr != "" {
+		var err error
+		if hBefore, err = decisionHistogram(ctx, sub.metricsAddr); err != nil {
 			return err
 		}
-		r, err := drive(ctx, conns, body, n, dur)
-		if err != nil {
-			return err
-		}
-		r.print(fmt.Sprint(n))
 	}
-	if rate > 0 {
-		fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
-		fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
-		hBefore, err := decisionHistogram(ctx, metricsAddr)
-		if err != nil {
-			return err
-		}
-		cpuBefore, err := childproc.CPUTime(cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		var prof chan error
-		if profile != "" {
-			prof = make(chan error, 1)
-			go func() { prof <- fetchProfile(ctx, metricsAddr, profile, dur) }()
-		}
-		r, err := paced(ctx, conns, body, rateStreams, rate, dur)
-		if err != nil {
-			return err
-		}
-		if prof != nil {
-			if err := <-prof; err != nil {
-				return err
-			}
-		}
-		r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
-		fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
-			pct(r.service, 0.5), pct(r.service, 0.99), pct(r.service, 1))
-		cpuAfter, err := childproc.CPUTime(cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		hAfter, err := decisionHistogram(ctx, metricsAddr)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("Picker CPU during this row: %.2f cores, %s per decision (gRPC transport, scraping and GC included).\n",
-			(cpuAfter-cpuBefore).Seconds()/r.elapsed.Seconds(), ((cpuAfter - cpuBefore) / time.Duration(max(len(r.lat), 1))).Round(time.Microsecond))
-		fmt.Printf("Inside the picker (infergate_epp_decision_duration_seconds, complete request to answer, during this row): p50 <= %s, p99 <= %s (bucket bounds)\n",
-			hAfter.quantileSince(hBefore, 0.5), hAfter.quantileSince(hBefore, 0.99))
-	}
-	perStream, err := memoryPerStream(ctx, conns, cmd.Process.Pid, idle)
+	cpuBefore, err := sub.cpu()
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nmemory per open stream: %.1f KiB (RSS growth with %d idle streams open, each past its request headers)\n", perStream/1024, idle)
+	var prof chan error
+	if profile != "" {
+		prof = make(chan error, 1)
+		go func() { prof <- fetchProfile(ctx, sub.metricsAddr, profile, dur) }()
+	}
+	r, err := paced(ctx, sub.conns, body, rateStreams, rate, dur)
+	if err != nil {
+		return err
+	}
+	if prof != nil {
+		if err := <-prof; err != nil {
+			return err
+		}
+	}
+	r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
+	fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
+		pct(r.service, 0.5), pct(r.service, 0.99), pct(r.service, 1))
+	if sub.pid != 0 {
+		cpuAfter, err := sub.cpu()
+		if err != nil {
+			return err
+		}
+		fmt.Printf("Processor CPU during this row: %.2f cores, %s per decision (gRPC transport, scraping and GC included).\n",
+			(cpuAfter-cpuBefore).Seconds()/r.elapsed.Seconds(), ((cpuAfter - cpuBefore) / time.Duration(max(len(r.lat), 1))).Round(time.Microsecond))
+	}
+	if hBefore != nil {
+		hAfter, err := decisionHistogram(ctx, sub.metricsAddr)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("Inside the picker (infergate_epp_decision_duration_seconds, complete request to answer, during this row): p50 <= %s, p99 <= %s (bucket bounds)\n",
+			hAfter.quantileSince(hBefore, 0.5), hAfter.quantileSince(hBefore, 0.99))
+	}
 	return nil
 }
 
@@ -198,14 +345,15 @@ func startSims(ctx context.Context, n int) (string, error) {
 	return sb.String(), nil
 }
 
-func chatBody() []byte {
+func chatBody(model string) []byte {
 	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", 17)
-	return []byte(fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":%q}],"max_tokens":64}`, text))
+	return []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":%q}],"max_tokens":64}`, model, text))
 }
 
 type result struct {
 	lat     []time.Duration
 	errors  int64
+	first   error // the first error, if any
 	elapsed time.Duration
 	// service is, for paced runs, the latency from the actual send of the
 	// body instead of its scheduled time (excludes the driver's own delays).
@@ -267,10 +415,11 @@ func paced(ctx context.Context, conns []*grpc.ClientConn, body []byte, n, rate i
 // until dur passes.
 func drive(ctx context.Context, conns []*grpc.ClientConn, body []byte, n int, dur time.Duration) (*result, error) {
 	var (
-		mu   sync.Mutex
-		all  []time.Duration
-		errs atomic.Int64
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		all   []time.Duration
+		first error
+		errs  atomic.Int64
+		wg    sync.WaitGroup
 	)
 	start := time.Now()
 	stop := start.Add(dur)
@@ -280,22 +429,28 @@ func drive(ctx context.Context, conns []*grpc.ClientConn, body []byte, n int, du
 			defer wg.Done()
 			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
 			var local []time.Duration
+			var localErr error
 			for time.Now().Before(stop) {
 				d, err := oneDecision(ctx, client, body)
 				if err != nil {
 					errs.Add(1)
+					localErr = cmp.Or(localErr, err)
 					continue
 				}
 				local = append(local, d)
 			}
 			mu.Lock()
 			all = append(all, local...)
+			first = cmp.Or(first, localErr)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	slices.Sort(all)
-	return &result{lat: all, errors: errs.Load(), elapsed: time.Since(start)}, nil
+	if len(all) == 0 && first != nil {
+		return nil, fmt.Errorf("all %d requests failed, the first with: %w", errs.Load(), first)
+	}
+	return &result{lat: all, errors: errs.Load(), first: first, elapsed: time.Since(start)}, nil
 }
 
 var (
