@@ -61,6 +61,8 @@ func main() {
 	flag.BoolVar(&ext.tls, "tls", false, "with --target: dial with TLS, accepting any certificate, as gateways reach pickers")
 	flag.IntVar(&ext.pid, "pid", 0, "with --target: the processor's process id (local), for CPU per decision and RSS")
 	flag.StringVar(&ext.model, "model", "meta-llama/Llama-3.1-8B-Instruct", "the model of the chat requests")
+	flag.IntVar(&ext.bodyBytes, "body-bytes", 1024, "size of the chat request body (its prompt padded), at least 300")
+	flag.IntVar(&ext.chunkBytes, "chunk-bytes", 0, "send the body in chunks of this size (0: one chunk), as a proxy passes what it reads")
 	flag.Parse()
 	// The driver shares the machine with the picker; collect less often so
 	// its own garbage collection disturbs the measurement less.
@@ -79,6 +81,9 @@ type external struct {
 	tls   bool
 	pid   int
 	model string
+	// bodyBytes and chunkBytes shape every request's body (they apply to
+	// infergate's picker as well).
+	bodyBytes, chunkBytes int
 }
 
 // subject is the processor under load: the connections to it, its process
@@ -125,8 +130,11 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 			_ = c.Close()
 		}
 	}()
-	body := chatBody(ext.model)
-	fmt.Printf("%s, %d gRPC connections, %d B request body, %s per level\n\n", sub.desc, nConns, len(body), dur)
+	body, err := chatBody(ext.model, ext.bodyBytes, ext.chunkBytes)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, nConns, body.size(), len(body), dur)
 	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n")
 	fmt.Printf("CPU is the processor's user+system time per 1,000 decisions, RSS its resident memory after the level (with --pid, or infergate's own).\n\n")
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | p999 | max | errors | CPU-s / 1k | RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -277,7 +285,7 @@ func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, 
 
 // openLoop is the fixed-rate row: latency at an offered load, and, for
 // infergate's picker, its CPU and its own decision histogram meanwhile.
-func openLoop(ctx context.Context, sub *subject, body []byte, rate, rateStreams int, dur time.Duration, profile string) error {
+func openLoop(ctx context.Context, sub *subject, body requestBody, rate, rateStreams int, dur time.Duration, profile string) error {
 	fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	var hBefore *histogram
@@ -345,9 +353,36 @@ func startSims(ctx context.Context, n int) (string, error) {
 	return sb.String(), nil
 }
 
-func chatBody(model string) []byte {
-	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", 17)
-	return []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":%q}],"max_tokens":64}`, model, text))
+// requestBody is a request body as the chunks the driver sends.
+type requestBody [][]byte
+
+func (b requestBody) size() int {
+	n := 0
+	for _, c := range b {
+		n += len(c)
+	}
+	return n
+}
+
+// chatBody is a chat completion of exactly size bytes (its user message
+// padded with a repeated sentence), cut into chunks of chunk bytes (0: one).
+func chatBody(model string, size, chunk int) (requestBody, error) {
+	frame := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%%s"}],"max_tokens":64}`, model)
+	pad := size - (len(frame) - 2)
+	if pad < 100 {
+		return nil, fmt.Errorf("--body-bytes %d: too small for a chat request for model %q", size, model)
+	}
+	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", pad/55+1)[:pad]
+	whole := []byte(fmt.Sprintf(frame, text))
+	if chunk <= 0 || chunk >= len(whole) {
+		return requestBody{whole}, nil
+	}
+	var out requestBody
+	for len(whole) > 0 {
+		n := min(chunk, len(whole))
+		out, whole = append(out, whole[:n]), whole[n:]
+	}
+	return out, nil
 }
 
 type result struct {
@@ -368,7 +403,7 @@ func (r *result) print(label string) {
 // paced offers rate decisions/s for dur using at most n concurrent
 // streams. Latency runs from each request's scheduled time, so a stall in
 // the picker shows up instead of silently lowering the offered load.
-func paced(ctx context.Context, conns []*grpc.ClientConn, body []byte, n, rate int, dur time.Duration) (*result, error) {
+func paced(ctx context.Context, conns []*grpc.ClientConn, body requestBody, n, rate int, dur time.Duration) (*result, error) {
 	total := int(float64(rate) * dur.Seconds())
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
@@ -413,7 +448,7 @@ func paced(ctx context.Context, conns []*grpc.ClientConn, body []byte, n, rate i
 
 // drive runs n workers, each doing one request per stream back to back,
 // until dur passes.
-func drive(ctx context.Context, conns []*grpc.ClientConn, body []byte, n int, dur time.Duration) (*result, error) {
+func drive(ctx context.Context, conns []*grpc.ClientConn, body requestBody, n int, dur time.Duration) (*result, error) {
 	var (
 		mu    sync.Mutex
 		all   []time.Duration
@@ -463,9 +498,10 @@ var (
 	}
 )
 
-// oneDecision is one request's request path: latency is from the last body
-// chunk sent to the last body chunk answered (the pick is in between).
-func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, body []byte) (time.Duration, error) {
+// oneDecision is one request's request path: latency is from the first
+// body chunk sent to the last body chunk answered (the pick is in between;
+// with the body in one chunk, as by default, from its send).
+func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, body requestBody) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st, err := client.Process(ctx)
@@ -476,8 +512,10 @@ func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, 
 		return 0, err
 	}
 	t0 := time.Now()
-	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
-		return 0, err
+	for i, c := range body {
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(body)-1}}}); err != nil {
+			return 0, err
+		}
 	}
 	picked := false
 	for {
