@@ -187,7 +187,7 @@ func (fl *devproxyFlags) runFlags(cmd *cobra.Command) error {
 	if err != nil {
 		return fmt.Errorf("devproxy logger: %w", err)
 	}
-	tuneGC()
+	tuneGC(serverGCPercent)
 
 	proxy, err := devproxy.New(devproxy.Config{
 		Filters:           filters,
@@ -257,7 +257,7 @@ func (fl *devproxyFlags) runNode(cmd *cobra.Command, cfg devproxy.NodeConfig, so
 	if err != nil {
 		return fmt.Errorf("devproxy logger: %w", err)
 	}
-	tuneGC()
+	tuneGC(serverGCPercent)
 	out := cmd.OutOrStdout()
 	cfg.Address, cfg.Resolve, cfg.Logger = fl.address, resolve, log
 	cfg.Timeouts = devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect}

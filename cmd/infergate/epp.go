@@ -35,7 +35,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			if err != nil {
 				return err
 			}
-			tuneGC()
+			tuneGC(serverGCPercent)
 			c.Logger = log
 			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {

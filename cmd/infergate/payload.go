@@ -31,7 +31,7 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 			if err != nil {
 				return err
 			}
-			tuneGC()
+			tuneGC(payloadGCPercent)
 			c.Logger = log
 			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {

@@ -130,7 +130,8 @@ func cgroupMemoryLimit() int64 {
 
 // limitGoMemory sets the Go runtime's soft memory limit to 90% of the
 // container's, unless GOMEMLIMIT says otherwise: without it the collector
-// lets the heap grow to several times the live bytes (GOGC is 400 here,
+// lets the heap grow to several times the live bytes (GOGC is 400 for the
+// picker, 100 for the payload processor,
 // see tuneGC) before it runs, so a process holding its full
 // buffer budget (half the limit) plus the garbage of growing buffers would
 // pass the limit and be killed. It returns the limit set, 0 for none.
