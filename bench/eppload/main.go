@@ -134,7 +134,7 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, nConns, body.size(), len(body), dur)
+	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, nConns, body.size(), len(body.chunks), dur)
 	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n")
 	fmt.Printf("CPU is the processor's user+system time per 1,000 decisions, RSS its resident memory after the level (with --pid, or infergate's own).\n\n")
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | p999 | max | errors | CPU-s / 1k | RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -353,12 +353,16 @@ func startSims(ctx context.Context, n int) (string, error) {
 	return sb.String(), nil
 }
 
-// requestBody is a request body as the chunks the driver sends.
-type requestBody [][]byte
+// requestBody is a request as the driver sends it: its headers message
+// and its body's chunks.
+type requestBody struct {
+	headers *extprocv3.ProcessingRequest
+	chunks  [][]byte
+}
 
 func (b requestBody) size() int {
 	n := 0
-	for _, c := range b {
+	for _, c := range b.chunks {
 		n += len(c)
 	}
 	return n
@@ -370,17 +374,18 @@ func chatBody(model string, size, chunk int) (requestBody, error) {
 	frame := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%%s"}],"max_tokens":64}`, model)
 	pad := size - (len(frame) - 2)
 	if pad < 100 {
-		return nil, fmt.Errorf("--body-bytes %d: too small for a chat request for model %q", size, model)
+		return requestBody{}, fmt.Errorf("--body-bytes %d: too small for a chat request for model %q", size, model)
 	}
 	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", pad/55+1)[:pad]
 	whole := []byte(fmt.Sprintf(frame, text))
+	out := requestBody{headers: headersMsg(len(whole))}
 	if chunk <= 0 || chunk >= len(whole) {
-		return requestBody{whole}, nil
+		out.chunks = [][]byte{whole}
+		return out, nil
 	}
-	var out requestBody
 	for len(whole) > 0 {
 		n := min(chunk, len(whole))
-		out, whole = append(out, whole[:n]), whole[n:]
+		out.chunks, whole = append(out.chunks, whole[:n]), whole[n:]
 	}
 	return out, nil
 }
@@ -488,15 +493,21 @@ func drive(ctx context.Context, conns []*grpc.ClientConn, body requestBody, n in
 	return &result{lat: all, errors: errs.Load(), first: first, elapsed: time.Since(start)}, nil
 }
 
-var (
-	headersMsg = &extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
-		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-			{Key: "content-type", RawValue: []byte("application/json")},
-		}}}},
+// headersMsg is a request's headers message, with the content-length a
+// client sends for a body of size bytes (none for 0), as Envoy forwards it.
+func headersMsg(size int) *extprocv3.ProcessingRequest {
+	hs := []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+		{Key: "content-type", RawValue: []byte("application/json")},
 	}
-)
+	if size > 0 {
+		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(size))})
+	}
+	return &extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}}},
+	}
+}
 
 // oneDecision is one request's request path: latency is from the first
 // body chunk sent to the last body chunk answered (the pick is in between;
@@ -508,12 +519,12 @@ func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, 
 	if err != nil {
 		return 0, err
 	}
-	if err := st.Send(headersMsg); err != nil {
+	if err := st.Send(body.headers); err != nil {
 		return 0, err
 	}
 	t0 := time.Now()
-	for i, c := range body {
-		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(body)-1}}}); err != nil {
+	for i, c := range body.chunks {
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(body.chunks)-1}}}); err != nil {
 			return 0, err
 		}
 	}
@@ -564,7 +575,7 @@ func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) 
 		if err != nil {
 			return 0, err
 		}
-		if err := st.Send(headersMsg); err != nil {
+		if err := st.Send(headersMsg(0)); err != nil {
 			return 0, err
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"testing"
 )
 
@@ -21,9 +22,18 @@ func TestChatBody(t *testing.T) {
 		if err != nil {
 			t.Fatalf("size %d: %v", tc.size, err)
 		}
-		whole := bytes.Join(b, nil)
-		if len(whole) != tc.size || len(b) != tc.chunks || b.size() != tc.size {
-			t.Errorf("size %d chunk %d: %d bytes in %d chunks, want %d in %d", tc.size, tc.chunk, len(whole), len(b), tc.size, tc.chunks)
+		whole := bytes.Join(b.chunks, nil)
+		if len(whole) != tc.size || len(b.chunks) != tc.chunks || b.size() != tc.size {
+			t.Errorf("size %d chunk %d: %d bytes in %d chunks, want %d in %d", tc.size, tc.chunk, len(whole), len(b.chunks), tc.size, tc.chunks)
+		}
+		var cl string
+		for _, h := range b.headers.GetRequestHeaders().GetHeaders().GetHeaders() {
+			if h.GetKey() == "content-length" {
+				cl = string(h.GetRawValue())
+			}
+		}
+		if cl != strconv.Itoa(tc.size) {
+			t.Errorf("size %d: content-length %q", tc.size, cl)
 		}
 		var v struct {
 			Model string `json:"model"`

@@ -202,3 +202,45 @@ func TestRequestIdleTimeout(t *testing.T) {
 		}
 	})
 }
+
+// TestAnnouncedBodySizesTheBuffer: the first chunk of a body whose
+// content-length says how large it is gets a buffer for all of it (so the
+// body is not copied as it grows), bounded so a false announcement takes at
+// most 1 MiB of the budget, and only what the chunk needs when the budget
+// cannot spare the rest.
+func TestAnnouncedBodySizesTheBuffer(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		budget        int64
+		contentLength string // "" sends none
+		first         int
+		want          float64 // bytes held after the first chunk, and after the rest
+	}{
+		{"no content-length", 8 << 20, "", 1000, 1000},
+		{"announced", 8 << 20, "4000", 1000, 4000},
+		{"announced beyond the bound", 8 << 20, "104857600", 1000, 1 << 20},
+		{"not a number", 8 << 20, "lots", 1000, 1000},
+		{"the budget cannot spare it", 2000, "4000", 1000, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: tc.budget}})
+			st := openStream(t, dial(t, srv.GRPCAddr(), nil))
+			hdrs := []string{":method", "POST"}
+			if tc.contentLength != "" {
+				hdrs = append(hdrs, "content-length", tc.contentLength)
+			}
+			mustSend(t, st, reqHeaders(false, hdrs...))
+			mustSend(t, st, reqBody(make([]byte, tc.first), false))
+			waitMetric(t, reg, "infergate_extproc_buffered_request_bytes", tc.want)
+			if tc.contentLength == "4000" && tc.budget > 4000 {
+				// The rest of the announced body fits what was reserved.
+				mustSend(t, st, reqBody(make([]byte, 2000), false))
+				time.Sleep(20 * time.Millisecond)
+				if got := metric(t, reg, "infergate_extproc_buffered_request_bytes"); got != 4000 {
+					t.Fatalf("after 3000 of the announced 4000 bytes, %v held: the buffer grew", got)
+				}
+			}
+		})
+	}
+}

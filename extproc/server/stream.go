@@ -196,6 +196,21 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 	}
 }
 
+// presizeMax bounds the buffer a request's content-length alone may
+// allocate before its bytes arrive, so that a false announcement cannot
+// take much of the budget for nothing.
+const presizeMax = 1 << 20
+
+// announcedBody is the body size the request's content-length announces,
+// at most presizeMax; 0 when it announces none.
+func (s *stream) announcedBody() int {
+	n, err := strconv.ParseInt(s.req.Headers.Get("content-length"), 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return int(min(n, presizeMax))
+}
+
 func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error {
 	s.hasBody = true
 	chunk := b.GetBody()
@@ -214,6 +229,11 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 		// budget for the capacity, not the length: the allocation is what
 		// the memory limit sees. A body in one chunk gets exactly its size.
 		newCap := max(need, 2*cap(s.body))
+		if cap(s.body) == 0 {
+			// The first chunk: size for the whole body when the request
+			// says how large it is, so it is not copied as it grows.
+			newCap = max(need, s.announcedBody())
+		}
 		if l := s.limits.MaxRequestBodyBytes; l > 0 {
 			newCap = min(newCap, int(l))
 		}
