@@ -124,8 +124,13 @@ func loadWasmPlugin(ctx context.Context, path, configPath string) (*wasmtest.Hos
 	return h, nil
 }
 
-// profileNames are the report's names of the profiles run by label.
-var profileNames = map[string]string{"epp": report.EPPProfile, "payload": report.PayloadProfile}
+// profileName is the report's name of the profile run by label.
+func profileName(label string) string {
+	if label == "epp" {
+		return report.EPPProfile
+	}
+	return report.PayloadProfile
+}
 
 // testingT is what ginkgo's RunSpecs reports a failure to outside go test.
 type testingT struct{ failed bool }
@@ -191,7 +196,7 @@ func runConformance(cmd *cobra.Command, o conformanceOptions) error {
 		ginkgo.ReportAfterSuite("the report", func(r ginkgo.Report) {
 			var profiles []confv1.ProfileReport
 			for _, l := range labels {
-				profiles = append(profiles, report.Profile(profileNames[l], r, l))
+				profiles = append(profiles, report.Profile(profileName(l), r, l))
 			}
 			reportErr = report.Write(o.gateway.reportOutput, impl, o.gateway.mode, profiles...)
 		})
