@@ -18,16 +18,13 @@ import (
 	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
 )
 
-var poolStatus = confsuite.ConformanceTest{
-	ShortName: TestPoolStatus,
-	Description: "A pool an HTTPRoute routes to names the Gateway once in status.parents, by group, kind, name and " +
-		"namespace, with the API's reasons for the pool's current generation: Accepted/Accepted, and " +
-		"ResolvedRefs/ResolvedRefs when its endpoint picker Service exists, ResolvedRefs=False/InvalidExtensionRef " +
-		"when it does not, ResolvedRefs/ResolvedRefs again once the pool names one that does " +
+var poolStatus = strictTest(TestPoolStatus, "status.yaml",
+	"A pool an HTTPRoute routes to names the Gateway once in status.parents, by group, kind, name and "+
+		"namespace, with the API's reasons for the pool's current generation: Accepted/Accepted, and "+
+		"ResolvedRefs/ResolvedRefs when its endpoint picker Service exists, ResolvedRefs=False/InvalidExtensionRef "+
+		"when it does not, ResolvedRefs/ResolvedRefs again once the pool names one that does "+
 		"(upstream's checks take any reason for ResolvedRefs and no generation)",
-	Manifests: []string{strictManifestDir + "/status.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		ctx := context.Background()
 		gw := resources.PrimaryGatewayNN
 		ns := resources.AppBackendNamespace
@@ -69,8 +66,7 @@ var poolStatus = confsuite.ConformanceTest{
 		p.Spec.EndpointPickerRef.Name = inferencev1.ObjectName(resources.PrimaryEppServiceNN.Name)
 		require.NoError(t, s.Client.Patch(ctx, &p, patch))
 		mustReport(unresolved, accepted, refsOK)
-	},
-}
+	})
 
 // wantCondition is a condition a parent entry must carry.
 type wantCondition struct {

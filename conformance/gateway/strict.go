@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/utils/headers"
 	k8sutils "sigs.k8s.io/gateway-api-inference-extension/conformance/utils/kubernetes"
 	gwhttp "sigs.k8s.io/gateway-api/conformance/utils/http"
+	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 	confsuite "sigs.k8s.io/gateway-api/conformance/utils/suite"
 	"sigs.k8s.io/gateway-api/pkg/features"
 
@@ -66,18 +67,22 @@ func strictFeatures() []features.FeatureName {
 	return []features.FeatureName{giefeatures.SupportInferencePool, features.SupportGateway, StrictFeature}
 }
 
+// strictTest is one of infergate's tests: its manifest (under strict/)
+// and what it relies on are those of them all.
+func strictTest(name, manifest, description string, test func(*testing.T, *confsuite.ConformanceTestSuite)) confsuite.ConformanceTest {
+	return confsuite.ConformanceTest{ShortName: name, Description: description, Manifests: []string{strictManifestDir + "/" + manifest},
+		Features: strictFeatures(), Test: test}
+}
+
 // StrictTests are infergate's tests of the stricter profile.
 func StrictTests() []confsuite.ConformanceTest {
 	return []confsuite.ConformanceTest{failOpenOwnPicker, failClose, scaleOut, refusals, poolStatus, fallback}
 }
 
-var failOpenOwnPicker = confsuite.ConformanceTest{
-	ShortName: TestFailOpenOwnPicker,
-	Description: "A FailOpen pool whose own endpoint picker is down still serves its requests, from its own pods " +
+var failOpenOwnPicker = strictTest(TestFailOpenOwnPicker, "failopen.yaml",
+	"A FailOpen pool whose own endpoint picker is down still serves its requests, from its own pods "+
 		"(upstream's EppUnAvailableFailOpen breaks the primary pool's picker while it sends to the secondary pool)",
-	Manifests: []string{strictManifestDir + "/failopen.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-failopen"
 		addr, pods := poolRouted(t, s, "httproute-infergate-failopen", resources.SecondaryGatewayNN,
 			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
@@ -91,16 +96,12 @@ var failOpenOwnPicker = confsuite.ConformanceTest{
 		// Any of the pool's pods may answer now: nobody picks.
 		exp.Backend = resources.SecondaryModelServerAppLabel
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
-	},
-}
+	})
 
-var failClose = confsuite.ConformanceTest{
-	ShortName: TestFailClose,
-	Description: "A FailClose pool (failureMode unset, the default) whose endpoint picker is down answers 5xx, " +
+var failClose = strictTest(TestFailClose, "failclose.yaml",
+	"A FailClose pool (failureMode unset, the default) whose endpoint picker is down answers 5xx, "+
 		"and no request reaches its pods",
-	Manifests: []string{strictManifestDir + "/failclose.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "primary.example.com", "/infergate-failclose"
 		addr, pods := poolRouted(t, s, "httproute-infergate-failclose", resources.PrimaryGatewayNN,
 			resources.PrimaryInferencePoolNN, resources.PrimaryModelServerAppLabel)
@@ -112,37 +113,19 @@ var failClose = confsuite.ConformanceTest{
 		restore := scaleToZero(t, s, resources.PrimaryEppDeploymentNN, resources.PrimaryEppServiceNN)
 		t.Cleanup(restore)
 		req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
-		served := func() (int, string, error) {
-			cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
-			if err != nil {
-				return 0, "", err
-			}
-			return cRes.StatusCode, cReq.Pod, nil
-		}
-		// Consistently: every answer a 5xx of the gateway's own, none from a
-		// pod (a pod's echo names it).
-		require.NoError(t, consistently(t, s, func() error {
-			code, pod, err := served()
-			switch {
-			case err != nil:
-				return err
-			case pod != "":
-				return fmt.Errorf("status %d from pod %s: a FailClose pool's request reached a pod while its picker was down", code, pod)
-			case code < 500 || code > 599:
-				return fmt.Errorf("status %d, want a 5xx: a FailClose pool whose picker is down must refuse its requests", code)
-			}
-			return nil
-		}), "FailClose")
-	},
-}
+		require.NoError(t, refusedByGateway(t, s, req, "a FailClose pool's request reached a pod while its picker was down",
+			func(code int, _ http.Header) error {
+				if code < 500 || code > 599 {
+					return fmt.Errorf("status %d, want a 5xx: a FailClose pool whose picker is down must refuse its requests", code)
+				}
+				return nil
+			}), "FailClose")
+	})
 
-var scaleOut = confsuite.ConformanceTest{
-	ShortName: TestScaleOut,
-	Description: "A pod added to a pool while the gateway runs is reached as soon as the picker picks it: " +
+var scaleOut = strictTest(TestScaleOut, "scaleout.yaml",
+	"A pod added to a pool while the gateway runs is reached as soon as the picker picks it: "+
 		"the gateway follows the pool's endpoints without a restart or a change to any Gateway API object",
-	Manifests: []string{strictManifestDir + "/scaleout.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-scaleout"
 		addr, pods := poolRouted(t, s, "httproute-infergate-scaleout", resources.SecondaryGatewayNN,
 			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
@@ -176,17 +159,13 @@ var scaleOut = confsuite.ConformanceTest{
 		}), "no new ready pod of %s", deploy)
 		t.Logf("new pod %s at %s: asking the picker for it", added.Name, added.Status.PodIP)
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, toPod(host, path, &added))
-	},
-}
+	})
 
-var refusals = confsuite.ConformanceTest{
-	ShortName: TestRefusals,
-	Description: "The picker's refusals reach the client as it sent them, on a FailOpen pool: a request it sheds gets " +
-		"429 with " + wire.DropReasonHeader + ": rejected-saturated and Retry-After, a request it has no endpoint for gets 503 " +
+var refusals = strictTest(TestRefusals, "refusals.yaml",
+	"The picker's refusals reach the client as it sent them, on a FailOpen pool: a request it sheds gets "+
+		"429 with "+wire.DropReasonHeader+": rejected-saturated and Retry-After, a request it has no endpoint for gets 503 "+
 		"with rejected-no-endpoints, and neither reaches a pod",
-	Manifests: []string{strictManifestDir + "/refusals.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "secondary.example.com", "/infergate-refusals"
 		addr, pods := poolRouted(t, s, "httproute-infergate-refusals", resources.SecondaryGatewayNN,
 			resources.SecondaryInferencePoolNN, resources.SecondaryModelServerAppLabel)
@@ -211,34 +190,26 @@ var refusals = confsuite.ConformanceTest{
 				exp := toPod(host, path, &pods[0])
 				exp.Request.Headers = tc.headers
 				req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
-				require.NoError(t, consistently(t, s, func() error {
-					cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
+				why := fmt.Sprintf("the picker refused the request (%d), the gateway sent it on", tc.status)
+				require.NoError(t, refusedByGateway(t, s, req, why, func(code int, h http.Header) error {
 					switch {
-					case err != nil:
-						return err
-					case cReq.Pod != "":
-						return fmt.Errorf("status %d from pod %s: the picker refused the request (%d), the gateway sent it on", cRes.StatusCode, cReq.Pod, tc.status)
-					case cRes.StatusCode != tc.status:
-						return fmt.Errorf("status %d, want the picker's %d", cRes.StatusCode, tc.status)
-					case firstValue(cRes.Headers, wire.DropReasonHeader) != tc.reason:
-						return fmt.Errorf("%s %q, want the picker's %q", wire.DropReasonHeader, firstValue(cRes.Headers, wire.DropReasonHeader), tc.reason)
-					case tc.retryAfter && firstValue(cRes.Headers, "Retry-After") == "":
+					case code != tc.status:
+						return fmt.Errorf("status %d, want the picker's %d", code, tc.status)
+					case h.Get(wire.DropReasonHeader) != tc.reason:
+						return fmt.Errorf("%s %q, want the picker's %q", wire.DropReasonHeader, h.Get(wire.DropReasonHeader), tc.reason)
+					case tc.retryAfter && h.Get("Retry-After") == "":
 						return fmt.Errorf("no Retry-After: the picker's was dropped")
 					}
 					return nil
 				}), "the picker's %d", tc.status)
 			})
 		}
-	},
-}
+	})
 
-var fallback = confsuite.ConformanceTest{
-	ShortName: TestFallback,
-	Description: "When the endpoint the picker picked refuses the connection, the request goes to the next endpoint " +
-		"of the picker's list, and the picker is told the endpoint that served (" + wire.ServedEndpointKey + ")",
-	Manifests: []string{strictManifestDir + "/fallback.yaml"},
-	Features:  strictFeatures(),
-	Test: func(t *testing.T, s *confsuite.ConformanceTestSuite) {
+var fallback = strictTest(TestFallback, "fallback.yaml",
+	"When the endpoint the picker picked refuses the connection, the request goes to the next endpoint "+
+		"of the picker's list, and the picker is told the endpoint that served ("+wire.ServedEndpointKey+")",
+	func(t *testing.T, s *confsuite.ConformanceTestSuite) {
 		const host, path = "primary.example.com", "/infergate-fallback"
 		pool := types.NamespacedName{Name: "infergate-fallback-pool", Namespace: resources.AppBackendNamespace}
 		addr, pods := poolRouted(t, s, "httproute-infergate-fallback", resources.PrimaryGatewayNN, pool, resources.PrimaryModelServerAppLabel)
@@ -252,11 +223,24 @@ var fallback = confsuite.ConformanceTest{
 		exp.Response.Headers = map[string]string{headers.ConformanceTestResultHeader: live}
 		t.Logf("the picker answers %s,%s: the first refuses connections, the second is %s's echo server", dead, live, pod.Name)
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
-	},
-}
+	})
 
-// firstValue is a header's first value in a captured response.
-func firstValue(h map[string][]string, name string) string { return http.Header(h).Get(name) }
+// refusedByGateway waits (as consistently does) for req to be answered
+// by the gateway itself, never by a pod (a pod's echo names it; why says
+// what reaching one means), with an answer check accepts.
+func refusedByGateway(t *testing.T, s *confsuite.ConformanceTestSuite, req roundtripper.Request, why string, check func(status int, h http.Header) error) error {
+	t.Helper()
+	return consistently(t, s, func() error {
+		cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
+		switch {
+		case err != nil:
+			return err
+		case cReq.Pod != "":
+			return fmt.Errorf("status %d from pod %s: %s", cRes.StatusCode, cReq.Pod, why)
+		}
+		return check(cRes.StatusCode, http.Header(cRes.Headers))
+	})
+}
 
 // poolPods are the pods labelled app=appLabel in the app namespace that
 // are not terminating.
