@@ -137,8 +137,7 @@ func Register(cfg *Config) bool {
 		It(SpecChunkedBody, func() {
 			req := completion(cfg, nil)
 			body := req.Body[0]
-			third := len(body) / 3
-			req.Body = [][]byte{body[:third], body[third : 2*third], body[2*third:]}
+			req.Body = chunked(body, (len(body)+2)/3)
 			res := run(ctx, cfg, nil, req)
 			expectPick(cfg, res, cfg.Endpoints)
 			Expect(string(res.Body)).To(Equal(string(body)), "a body delivered in 3 chunks (FULL_DUPLEX_STREAMED) must be forwarded unchanged by the picker")
@@ -164,12 +163,12 @@ func Register(cfg *Config) bool {
 			It(SpecSubsetNoMatch, func() {
 				Expect(cfg.Endpoints).NotTo(ContainElement(outsideEndpoint), "conformance config: the pool must not contain %s", outsideEndpoint)
 				res := run(ctx, cfg, extproctest.SubsetHintMetadata(outsideEndpoint), completion(cfg, nil))
-				expectImmediate503(res, fmt.Sprintf("a subset hint [%s] matching no pool endpoint", outsideEndpoint))
+				expectImmediate(res, fmt.Sprintf("a subset hint [%s] matching no pool endpoint", outsideEndpoint), 503)
 			})
 
 			It(SpecSubsetEmpty, func() {
 				res := run(ctx, cfg, extproctest.SubsetHintMetadata(), completion(cfg, nil))
-				expectImmediate503(res, "an empty subset hint list")
+				expectImmediate(res, "an empty subset hint list", 503)
 			})
 
 			It(SpecSubsetComma, Label("extension"), func() {
@@ -211,7 +210,7 @@ func Register(cfg *Config) bool {
 		It(SpecLargeBody, func() {
 			req := completion(cfg, nil)
 			body := largeBody(cfg, 200<<10)
-			req.Body = [][]byte{body[:50<<10], body[50<<10 : 100<<10], body[100<<10 : 150<<10], body[150<<10:]}
+			req.Body = chunked(body, 50<<10)
 			res := run(ctx, cfg, nil, req)
 			expectPick(cfg, res, cfg.Endpoints)
 			Expect(string(res.Body)).To(Equal(string(body)), "a %d-byte body must be forwarded unchanged (%d bytes came out)", len(body), len(res.Body))
@@ -223,7 +222,7 @@ func Register(cfg *Config) bool {
 
 		It(SpecMalformedJSON, func() {
 			req := completion(cfg, nil)
-			req.Body = [][]byte{[]byte(`{"model":"conformance-model","prompt":"unterminated`)}
+			req.Body = [][]byte{[]byte(fmt.Sprintf(`{"model":%q,"prompt":"unterminated`, cfg.model()))}
 			res := run(ctx, cfg, nil, req)
 			expectImmediate(res, "a malformed JSON body", 400)
 		})
@@ -233,11 +232,7 @@ func Register(cfg *Config) bool {
 				Skip("conformance config: MaxBodyBytes (the picker's body limit) not given")
 			}
 			req := completion(cfg, nil)
-			body := largeBody(cfg, cfg.MaxBodyBytes+1)
-			for len(body) > 0 {
-				n := min(len(body), 60<<10)
-				req.Body, body = append(req.Body, body[:n]), body[n:]
-			}
+			req.Body = chunked(largeBody(cfg, cfg.MaxBodyBytes+1), 60<<10)
 			res := run(ctx, cfg, nil, req)
 			expectImmediate(res, fmt.Sprintf("a body of %d bytes (the limit is %d)", cfg.MaxBodyBytes+1, cfg.MaxBodyBytes), 413)
 		})
@@ -254,13 +249,27 @@ func Register(cfg *Config) bool {
 	return true
 }
 
+// model is the model the requests ask for.
+func (c *Config) model() string {
+	if c.Model == "" {
+		return DefaultModel
+	}
+	return c.Model
+}
+
+// chunked cuts body into chunks of n bytes, the last one shorter.
+func chunked(body []byte, n int) [][]byte {
+	var out [][]byte
+	for len(body) > 0 {
+		k := min(n, len(body))
+		out, body = append(out, body[:k]), body[k:]
+	}
+	return out
+}
+
 // completion is a JSON completion POST with the body in one chunk.
 func completion(cfg *Config, extra extproctest.Headers) extproctest.Request {
-	model := cfg.Model
-	if model == "" {
-		model = DefaultModel
-	}
-	body := fmt.Sprintf(`{"model":%q,"prompt":"Conformance check: say hello to the endpoint picker protocol.","max_tokens":8}`, model)
+	body := fmt.Sprintf(`{"model":%q,"prompt":"Conformance check: say hello to the endpoint picker protocol.","max_tokens":8}`, cfg.model())
 	h := extproctest.Headers{{Key: "content-type", Value: "application/json"}}
 	h = append(h, extra...)
 	return extproctest.Request{Method: "POST", Path: "/v1/completions", Headers: h, Body: [][]byte{[]byte(body)}}
@@ -298,11 +307,6 @@ func expectPick(cfg *Config, res *extproctest.Result, allowed []string) string {
 	return vals[0]
 }
 
-func expectImmediate503(res *extproctest.Result, what string) {
-	GinkgoHelper()
-	expectImmediate(res, what, 503)
-}
-
 func expectImmediate(res *extproctest.Result, what string, status int) {
 	GinkgoHelper()
 	lr := res.LocalReply
@@ -331,11 +335,7 @@ func expectServing(ctx context.Context, cfg *Config, service string) {
 
 // largeBody is a completion body of exactly n bytes (n of at least 200).
 func largeBody(cfg *Config, n int) []byte {
-	model := cfg.Model
-	if model == "" {
-		model = DefaultModel
-	}
-	head := fmt.Sprintf(`{"model":%q,"max_tokens":8,"prompt":"`, model)
+	head := fmt.Sprintf(`{"model":%q,"max_tokens":8,"prompt":"`, cfg.model())
 	tail := `"}`
 	pad := n - len(head) - len(tail)
 	return []byte(head + strings.Repeat("a", max(pad, 0)) + tail)
