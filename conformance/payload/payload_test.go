@@ -102,12 +102,7 @@ func TestConformanceWasmPlugin(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the profile against the Wasm plugin: %v\n%s", err, out)
 	}
-	states := map[string]types.SpecState{}
-	for _, s := range r.SpecReports {
-		if s.LeafNodeType == types.NodeTypeIt {
-			states[s.LeafNodeText] = s.State
-		}
-	}
+	states := brokentest.States(r)
 	for _, spec := range allSpecs {
 		want := types.SpecStatePassed
 		if spec == payload.SpecHealth {
@@ -120,23 +115,30 @@ func TestConformanceWasmPlugin(t *testing.T) {
 	}
 }
 
-// loadWasm loads the plugin at path in wasmtest's host with the same
-// policy startInfergate gives the ext_proc processor, in the plugin's JSON
-// form.
-func loadWasm(t *testing.T, path string) payload.Config {
+// conformancePolicy is the policy the processors under test are given:
+// an adapter of a base model and one deny rule, in JSON, which the plugin
+// takes as its configuration and the ext_proc processor as its file.
+func conformancePolicy(t *testing.T) []byte {
 	t.Helper()
-	wasm, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy, err := json.Marshal(map[string]any{
+	b, err := json.Marshal(map[string]any{
 		"models": map[string]any{"bases": []any{map[string]any{"name": baseModel, "adapters": []string{adapter}}}},
 		"deny":   []any{map[string]any{"name": "conformance-deny", "contains": []string{deniedPhrase}}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := wasmtest.Load(context.Background(), wasm, wasmtest.Options{PluginConfig: policy})
+	return b
+}
+
+// loadWasm loads the plugin at path in wasmtest's host with the policy
+// startInfergate gives the ext_proc processor.
+func loadWasm(t *testing.T, path string) payload.Config {
+	t.Helper()
+	wasm, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := wasmtest.Load(context.Background(), wasm, wasmtest.Options{PluginConfig: conformancePolicy(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,9 +150,8 @@ func loadWasm(t *testing.T, path string) payload.Config {
 // with a policy file mapping an adapter to its base and one deny rule.
 func startInfergate(t *testing.T) payload.Config {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "payload.yaml")
-	policy := fmt.Sprintf("models:\n  bases:\n  - name: %s\n    adapters: [%s]\ndeny:\n- name: conformance-deny\n  contains: [%q]\n", baseModel, adapter, deniedPhrase)
-	if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
+	file := filepath.Join(t.TempDir(), "payload.yaml") // JSON is YAML
+	if err := os.WriteFile(file, conformancePolicy(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s, err := payloadsvc.New(payloadsvc.Config{

@@ -69,13 +69,10 @@ func Check(t *testing.T, all []string, variants map[string][]string) {
 			if exitErr := (*exec.ExitError)(nil); !errors.As(err, &exitErr) {
 				t.Fatalf("the suite against a broken implementation must fail, got err %v\n%s", err, out)
 			}
-			states := map[string]types.SpecState{}
+			states := States(r)
 			for _, s := range r.SpecReports {
-				if s.LeafNodeType == types.NodeTypeIt {
-					states[s.LeafNodeText] = s.State
-					if s.State == types.SpecStateFailed {
-						t.Logf("%s: %s", s.LeafNodeText, s.Failure.Message)
-					}
+				if s.LeafNodeType == types.NodeTypeIt && s.State == types.SpecStateFailed {
+					t.Logf("%s: %s", s.LeafNodeText, s.Failure.Message)
 				}
 			}
 			for _, spec := range all {
@@ -97,6 +94,17 @@ func Check(t *testing.T, all []string, variants map[string][]string) {
 			t.Errorf("no broken variant makes spec %q fail", spec)
 		}
 	}
+}
+
+// States is each spec's state in r, by its text.
+func States(r types.Report) map[string]types.SpecState {
+	out := map[string]types.SpecState{}
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType == types.NodeTypeIt {
+			out[s.LeafNodeText] = s.State
+		}
+	}
+	return out
 }
 
 // Child runs the test binary's TestConformance in a child process with
