@@ -113,6 +113,20 @@ func ModuleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
+// Version is infergate's release version, the VERSION file at the module
+// root.
+func Version(ctx context.Context) (string, error) {
+	root, err := ModuleRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	v, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(v)), nil
+}
+
 // ModuleDir finds a required module in the module cache.
 func ModuleDir(ctx context.Context, module string) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", module).Output()

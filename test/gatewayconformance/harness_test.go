@@ -154,15 +154,11 @@ func (r *run) options(t *testing.T, maxWait time.Duration) gateway.Options {
 	timeouts.MaxTimeToConsistency = gateway.DefaultTimeouts().MaxTimeToConsistency
 	version := r.version
 	if r.withInfergate {
-		root, err := controlplane.ModuleRoot(gatewaytest.Ctx(t))
+		v, err := controlplane.Version(gatewaytest.Ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, err := os.ReadFile(filepath.Join(root, "VERSION"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		version += "+infergate-" + strings.TrimSpace(string(v))
+		version += "+infergate-" + v
 	}
 	return gateway.Options{
 		RestConfig:           r.Env.Config,

@@ -5,15 +5,14 @@
 package reportdir
 
 import (
-	"errors"
-	"fmt"
+	"context"
 	"os"
 	"path/filepath"
-	"strings"
 
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 
 	"github.com/infergate/infergate/conformance/report"
+	"github.com/infergate/infergate/test/controlplane"
 )
 
 // Env names the folder; unset, Write writes nothing.
@@ -25,7 +24,7 @@ func Write(project string, profile confv1.ProfileReport) error {
 	if dir == "" {
 		return nil
 	}
-	version, err := moduleVersion()
+	version, err := controlplane.Version(context.Background())
 	if err != nil {
 		return err
 	}
@@ -36,27 +35,4 @@ func Write(project string, profile confv1.ProfileReport) error {
 	impl := confv1.Implementation{Organization: "infergate", Project: project, URL: "https://github.com/infergate/infergate",
 		Version: version, Contact: []string{"@infergate/maintainers"}}
 	return report.Write(path, impl, "default", profile)
-}
-
-// moduleVersion reads VERSION from the nearest folder up from the working
-// directory that holds go.mod.
-func moduleVersion() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			v, err := os.ReadFile(filepath.Join(dir, "VERSION"))
-			if err != nil {
-				return "", fmt.Errorf("reportdir: %w", err)
-			}
-			return strings.TrimSpace(string(v)), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("reportdir: no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
