@@ -47,42 +47,51 @@ import (
 )
 
 func main() {
-	binary := flag.String("binary", "bin/infergate", "infergate binary to run as the picker")
-	endpoints := flag.Int("endpoints", 8, "simulated model servers in the pool")
-	levels := flag.String("streams", "1,32,256", "concurrent stream counts to measure")
-	duration := flag.Duration("duration", 5*time.Second, "measuring time per level")
-	conns := flag.Int("conns", 4, "gRPC connections the streams are spread over (proxies use a few)")
-	idle := flag.Int("idle-streams", 1000, "open streams held for the memory-per-stream figure")
-	rate := flag.Int("rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
-	rateStreams := flag.Int("rate-streams", 32, "concurrent streams available to the fixed-rate row")
-	profile := flag.String("cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
-	var ext external
-	flag.StringVar(&ext.addr, "target", "", "drive the ext_proc processor listening at host:port instead of starting infergate's picker")
-	flag.BoolVar(&ext.tls, "tls", false, "with --target: dial with TLS, accepting any certificate, as gateways reach pickers")
-	flag.IntVar(&ext.pid, "pid", 0, "with --target: the processor's process id (local), for CPU per decision and RSS")
-	flag.StringVar(&ext.model, "model", "meta-llama/Llama-3.1-8B-Instruct", "the model of the chat requests")
-	flag.IntVar(&ext.bodyBytes, "body-bytes", 1024, "size of the chat request body (its prompt padded), at least 300")
-	flag.IntVar(&ext.chunkBytes, "chunk-bytes", 0, "send the body in chunks of this size (0: one chunk), as a proxy passes what it reads")
+	var o options
+	flag.StringVar(&o.binary, "binary", "bin/infergate", "infergate binary to run as the picker")
+	flag.IntVar(&o.endpoints, "endpoints", 8, "simulated model servers in the pool")
+	flag.StringVar(&o.levels, "streams", "1,32,256", "concurrent stream counts to measure")
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measuring time per level")
+	flag.IntVar(&o.conns, "conns", 4, "gRPC connections the streams are spread over (proxies use a few)")
+	flag.IntVar(&o.idle, "idle-streams", 1000, "open streams held for the memory-per-stream figure")
+	flag.IntVar(&o.rate, "rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
+	flag.IntVar(&o.rateStreams, "rate-streams", 32, "concurrent streams available to the fixed-rate row")
+	flag.StringVar(&o.profile, "cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
+	flag.StringVar(&o.target, "target", "", "drive the ext_proc processor listening at host:port instead of starting infergate's picker")
+	flag.BoolVar(&o.tls, "tls", false, "with --target: dial with TLS, accepting any certificate, as gateways reach pickers")
+	flag.IntVar(&o.pid, "pid", 0, "with --target: the processor's process id (local), for CPU per decision and RSS")
+	flag.StringVar(&o.model, "model", "meta-llama/Llama-3.1-8B-Instruct", "the model of the chat requests")
+	flag.IntVar(&o.bodyBytes, "body-bytes", 1024, "size of the chat request body (its prompt padded), at least 300")
+	flag.IntVar(&o.chunkBytes, "chunk-bytes", 0, "send the body in chunks of this size (0: one chunk), as a proxy passes what it reads")
 	flag.Parse()
 	// The driver shares the machine with the picker; collect less often so
 	// its own garbage collection disturbs the measurement less.
 	debug.SetGCPercent(400)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := run(ctx, ext, *binary, *endpoints, *levels, *duration, *conns, *idle, *rate, *rateStreams, *profile); err != nil {
+	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "eppload:", err)
 		os.Exit(1)
 	}
 }
 
-// external is a processor eppload drives without starting it (--target).
-type external struct {
-	addr  string
-	tls   bool
-	pid   int
-	model string
-	// bodyBytes and chunkBytes shape every request's body (they apply to
-	// infergate's picker as well).
+// options are the command's flags.
+type options struct {
+	// infergate's picker, started unless target is set.
+	binary    string
+	endpoints int
+	// What is measured.
+	levels            string
+	duration          time.Duration
+	conns, idle       int
+	rate, rateStreams int
+	profile           string
+	// A processor already listening (--target), and its process.
+	target string
+	tls    bool
+	pid    int
+	// The requests.
+	model                 string
 	bodyBytes, chunkBytes int
 }
 
@@ -95,9 +104,9 @@ type subject struct {
 	desc        string
 }
 
-func run(ctx context.Context, ext external, binary string, nEndpoints int, levels string, dur time.Duration, nConns, idle, rate, rateStreams int, profile string) error {
+func run(ctx context.Context, o options) error {
 	var counts []int
-	for _, f := range strings.Split(levels, ",") {
+	for _, f := range strings.Split(o.levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
 			return fmt.Errorf("--streams: %q is not a positive count", f)
@@ -109,17 +118,17 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 		stop func()
 		err  error
 	)
-	if ext.addr != "" {
-		if profile != "" {
+	if o.target != "" {
+		if o.profile != "" {
 			return errors.New("--cpu-profile reads infergate's pprof endpoint: not with --target")
 		}
-		sub, err = dialExternal(ext, nConns)
+		sub, err = dialExternal(o)
 		stop = func() {}
 	} else {
-		if ext.tls || ext.pid != 0 {
+		if o.tls || o.pid != 0 {
 			return errors.New("--tls and --pid go with --target")
 		}
-		sub, stop, err = startInfergate(ctx, binary, nEndpoints, nConns, profile != "")
+		sub, stop, err = startInfergate(ctx, o)
 	}
 	if err != nil {
 		return err
@@ -130,11 +139,11 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 			_ = c.Close()
 		}
 	}()
-	body, err := chatBody(ext.model, ext.bodyBytes, ext.chunkBytes)
+	body, err := chatBody(o.model, o.bodyBytes, o.chunkBytes)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, nConns, body.size(), len(body.chunks), dur)
+	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, o.conns, body.size(), len(body.chunks), o.duration)
 	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n")
 	fmt.Printf("CPU is the processor's user+system time per 1,000 decisions, RSS its resident memory after the level (with --pid, or infergate's own).\n\n")
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | p999 | max | errors | CPU-s / 1k | RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -148,7 +157,7 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 		if err != nil {
 			return err
 		}
-		r, err := drive(ctx, sub.conns, body, n, dur)
+		r, err := drive(ctx, sub.conns, body, n, o.duration)
 		if err != nil {
 			return err
 		}
@@ -174,19 +183,19 @@ func run(ctx context.Context, ext external, binary string, nEndpoints int, level
 	for _, n := range notes {
 		fmt.Printf("\n(%s)\n", n)
 	}
-	if rate > 0 {
-		if err := openLoop(ctx, sub, body, rate, rateStreams, dur, profile); err != nil {
+	if o.rate > 0 {
+		if err := openLoop(ctx, sub, body, o); err != nil {
 			return err
 		}
 	}
 	if sub.pid == 0 {
 		return nil
 	}
-	perStream, err := memoryPerStream(ctx, sub.conns, sub.pid, idle)
+	perStream, err := memoryPerStream(ctx, sub.conns, sub.pid, o.idle)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nmemory per open stream: %.1f KiB (RSS growth with %d idle streams open, each past its request headers)\n", perStream/1024, idle)
+	fmt.Printf("\nmemory per open stream: %.1f KiB (RSS growth with %d idle streams open, each past its request headers)\n", perStream/1024, o.idle)
 	return nil
 }
 
@@ -199,19 +208,19 @@ func (s *subject) cpu() (time.Duration, error) {
 }
 
 // dialExternal connects to a processor eppload did not start.
-func dialExternal(ext external, nConns int) (*subject, error) {
+func dialExternal(o options) (*subject, error) {
 	creds := insecure.NewCredentials()
-	if ext.tls {
+	if o.tls {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // pickers serve self-signed certificates, as gateways accept
 	}
-	sub := &subject{pid: ext.pid, desc: fmt.Sprintf("ext_proc processor at %s (process %d)", ext.addr, ext.pid)}
-	if ext.pid == 0 {
-		sub.desc = fmt.Sprintf("ext_proc processor at %s (no --pid: no CPU or memory figures)", ext.addr)
-	} else if _, err := childproc.CPUTime(ext.pid); err != nil {
-		return nil, fmt.Errorf("--pid %d: %w", ext.pid, err)
+	sub := &subject{pid: o.pid, desc: fmt.Sprintf("ext_proc processor at %s (process %d)", o.target, o.pid)}
+	if o.pid == 0 {
+		sub.desc = fmt.Sprintf("ext_proc processor at %s (no --pid: no CPU or memory figures)", o.target)
+	} else if _, err := childproc.CPUTime(o.pid); err != nil {
+		return nil, fmt.Errorf("--pid %d: %w", o.pid, err)
 	}
-	for range nConns {
-		c, err := grpc.NewClient(ext.addr, grpc.WithTransportCredentials(creds))
+	for range o.conns {
+		c, err := grpc.NewClient(o.target, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return nil, err
 		}
@@ -220,9 +229,9 @@ func dialExternal(ext external, nConns int) (*subject, error) {
 	return sub, nil
 }
 
-// startInfergate runs `infergate epp` over nEndpoints simulators until
+// startInfergate runs `infergate epp` over o.endpoints simulators until
 // stop is called.
-func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, pprof bool) (_ *subject, stop func(), err error) {
+func startInfergate(ctx context.Context, o options) (_ *subject, stop func(), err error) {
 	simCtx, stopSims := context.WithCancel(ctx)
 	var cleanups []func()
 	stop = func() {
@@ -236,7 +245,7 @@ func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, 
 		}
 	}()
 	cleanups = append(cleanups, stopSims)
-	pool, err := startSims(simCtx, nEndpoints)
+	pool, err := startSims(simCtx, o.endpoints)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -259,21 +268,21 @@ func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, 
 	_, gport, _ := net.SplitHostPort(grpcAddr)
 	_, hport, _ := net.SplitHostPort(healthAddr)
 	_, mport, _ := net.SplitHostPort(metricsAddr)
-	cmd := exec.CommandContext(ctx, binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
+	cmd := exec.CommandContext(ctx, o.binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
 		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
 		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport,
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(pprof))
+		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(o.profile != ""))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start %s: %w (run make build first)", binary, err)
+		return nil, nil, fmt.Errorf("start %s: %w (run make build first)", o.binary, err)
 	}
 	cleanups = append(cleanups, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
 	if err := childproc.WaitReady(ctx, healthAddr, 20*time.Second); err != nil {
 		return nil, nil, err
 	}
 	sub := &subject{pid: cmd.Process.Pid, metricsAddr: metricsAddr,
-		desc: fmt.Sprintf("infergate's endpoint picker at %s, %d simulated endpoints", grpcAddr, nEndpoints)}
-	for range nConns {
+		desc: fmt.Sprintf("infergate's endpoint picker at %s, %d simulated endpoints", grpcAddr, o.endpoints)}
+	for range o.conns {
 		c, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, nil, err
@@ -285,8 +294,8 @@ func startInfergate(ctx context.Context, binary string, nEndpoints, nConns int, 
 
 // openLoop is the fixed-rate row: latency at an offered load, and, for
 // infergate's picker, its CPU and its own decision histogram meanwhile.
-func openLoop(ctx context.Context, sub *subject, body requestBody, rate, rateStreams int, dur time.Duration, profile string) error {
-	fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", rate, rateStreams)
+func openLoop(ctx context.Context, sub *subject, body requestBody, o options) error {
+	fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", o.rate, o.rateStreams)
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	var hBefore *histogram
 	if sub.metricsAddr != "" {
@@ -300,11 +309,11 @@ func openLoop(ctx context.Context, sub *subject, body requestBody, rate, rateStr
 		return err
 	}
 	var prof chan error
-	if profile != "" {
+	if o.profile != "" {
 		prof = make(chan error, 1)
-		go func() { prof <- fetchProfile(ctx, sub.metricsAddr, profile, dur) }()
+		go func() { prof <- fetchProfile(ctx, sub.metricsAddr, o.profile, o.duration) }()
 	}
-	r, err := paced(ctx, sub.conns, body, rateStreams, rate, dur)
+	r, err := paced(ctx, sub.conns, body, o.rateStreams, o.rate, o.duration)
 	if err != nil {
 		return err
 	}
@@ -313,7 +322,7 @@ func openLoop(ctx context.Context, sub *subject, body requestBody, rate, rateStr
 			return err
 		}
 	}
-	r.print(fmt.Sprintf("%d @ %d/s", rateStreams, rate))
+	r.print(fmt.Sprintf("%d @ %d/s", o.rateStreams, o.rate))
 	fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
 		pct(r.service, 0.5), pct(r.service, 0.99), pct(r.service, 1))
 	if sub.pid != 0 {
@@ -353,11 +362,14 @@ func startSims(ctx context.Context, n int) (string, error) {
 	return sb.String(), nil
 }
 
-// requestBody is a request as the driver sends it: its headers message
-// and its body's chunks.
+// requestBody is a request as the driver sends it: its headers message,
+// its body's chunks, and those as the body messages, built once so that
+// the driver does not build them again for every request it sends (they
+// are only read, so every stream may send the same ones).
 type requestBody struct {
 	headers *extprocv3.ProcessingRequest
 	chunks  [][]byte
+	bodies  []*extprocv3.ProcessingRequest
 }
 
 func (b requestBody) size() int {
@@ -371,21 +383,23 @@ func (b requestBody) size() int {
 // chatBody is a chat completion of exactly size bytes (its user message
 // padded with a repeated sentence), cut into chunks of chunk bytes (0: one).
 func chatBody(model string, size, chunk int) (requestBody, error) {
+	const sentence = "Summarise the quarterly report in three bullet points. "
 	frame := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%%s"}],"max_tokens":64}`, model)
 	pad := size - (len(frame) - 2)
 	if pad < 100 {
 		return requestBody{}, fmt.Errorf("--body-bytes %d: too small for a chat request for model %q", size, model)
 	}
-	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", pad/55+1)[:pad]
-	whole := []byte(fmt.Sprintf(frame, text))
-	out := requestBody{headers: headersMsg(len(whole))}
-	if chunk <= 0 || chunk >= len(whole) {
-		out.chunks = [][]byte{whole}
-		return out, nil
+	whole := []byte(fmt.Sprintf(frame, strings.Repeat(sentence, pad/len(sentence)+1)[:pad]))
+	if chunk <= 0 {
+		chunk = len(whole)
 	}
+	out := requestBody{headers: headersMsg(len(whole))}
 	for len(whole) > 0 {
 		n := min(chunk, len(whole))
-		out.chunks, whole = append(out.chunks, whole[:n]), whole[n:]
+		out.chunks = append(out.chunks, whole[:n])
+		whole = whole[n:]
+		out.bodies = append(out.bodies, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: out.chunks[len(out.chunks)-1], EndOfStream: len(whole) == 0}}})
 	}
 	return out, nil
 }
@@ -523,8 +537,8 @@ func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, 
 		return 0, err
 	}
 	t0 := time.Now()
-	for i, c := range body.chunks {
-		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(body.chunks)-1}}}); err != nil {
+	for _, m := range body.bodies {
+		if err := st.Send(m); err != nil {
 			return 0, err
 		}
 	}

@@ -23,8 +23,13 @@ func TestChatBody(t *testing.T) {
 			t.Fatalf("size %d: %v", tc.size, err)
 		}
 		whole := bytes.Join(b.chunks, nil)
-		if len(whole) != tc.size || len(b.chunks) != tc.chunks || b.size() != tc.size {
+		if len(whole) != tc.size || len(b.chunks) != tc.chunks || len(b.bodies) != tc.chunks || b.size() != tc.size {
 			t.Errorf("size %d chunk %d: %d bytes in %d chunks, want %d in %d", tc.size, tc.chunk, len(whole), len(b.chunks), tc.size, tc.chunks)
+		}
+		for i, m := range b.bodies {
+			if rb := m.GetRequestBody(); !bytes.Equal(rb.GetBody(), b.chunks[i]) || rb.GetEndOfStream() != (i == len(b.bodies)-1) {
+				t.Errorf("size %d: body message %d does not carry chunk %d, end of stream only on the last", tc.size, i, i)
+			}
 		}
 		var cl string
 		for _, h := range b.headers.GetRequestHeaders().GetHeaders().GetHeaders() {
