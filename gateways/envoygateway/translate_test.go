@@ -406,7 +406,11 @@ func TestFallbackRetries(t *testing.T) {
 			}
 		})
 	}
-	if n := xdsbuild.FallbackRetries().GetNumRetries().GetValue(); n != xdsbuild.FallbackRetryCount || n < 1 {
-		t.Fatalf("num_retries %d", n)
+	// What the policy is: retries only of what never reached a server, at
+	// least one (a list of a pick and a fallback), never the same host.
+	rp := xdsbuild.FallbackRetries()
+	if rp.GetRetryOn() != "connect-failure,refused-stream" || rp.GetNumRetries().GetValue() < 1 ||
+		len(rp.GetRetryHostPredicate()) != 1 || rp.GetRetryHostPredicate()[0].GetName() != "envoy.retry_host_predicates.previous_hosts" {
+		t.Fatalf("fallback retry policy %v", rp)
 	}
 }
