@@ -234,3 +234,28 @@ func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
+
+// testsOutput is what the run printed for each of the named tests, from
+// its "=== RUN" line to the next test's: a failing test's own story, which
+// the run's tail may no longer hold.
+func testsOutput(out string, names []string) string {
+	var b strings.Builder
+	for _, name := range names {
+		start := "=== RUN   " + gatewayProfileRun + "/" + name
+		in := false
+		for _, line := range strings.Split(out, "\n") {
+			trimmed := strings.TrimSpace(line)
+			if rest, ok := strings.CutPrefix(trimmed, "=== RUN   "+gatewayProfileRun+"/"); ok {
+				in = trimmed == start || strings.HasPrefix(rest, name+"/")
+			}
+			if in {
+				b.WriteString(line)
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return b.String()
+}
+
+// gatewayProfileRun is the name the command runs the profile under.
+const gatewayProfileRun = "GatewayProfile"

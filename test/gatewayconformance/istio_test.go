@@ -1,6 +1,7 @@
 package gatewayconformance
 
 import (
+	"cmp"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -45,7 +46,10 @@ func TestIstio(t *testing.T) {
 	// The pseudo-version of the istio.io/istio module pilot-discovery was
 	// built from names the implementation's version.
 	r := &run{Live: l, name: "istio", version: filepath.Base(dir), class: "istio"}
-	const maxWait = 45 * time.Second
+	// Above the 45 s that once expired (GatewayFollowingEPPRouting, under
+	// make test's load) for a correct run; the two tests Istio fails wait
+	// this long each.
+	const maxWait = 90 * time.Second
 	o := r.options(t, maxWait)
 	report, out, passed := r.command(t, o, maxWait)
 	if passed {
@@ -57,7 +61,8 @@ func TestIstio(t *testing.T) {
 			want = append(want, gateway.TestPoolStatus)
 		}
 		if !slices.Equal(pr.Core.FailedTests, want) {
-			t.Errorf("Istio, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, tail(out, 150))
+			unexpected := slices.DeleteFunc(slices.Clone(pr.Core.FailedTests), func(n string) bool { return slices.Contains(want, n) })
+			t.Errorf("Istio, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, cmp.Or(testsOutput(out, unexpected), tail(out, 150)))
 		}
 		t.Logf("Istio %s, profile %s: %s, %d passed, %d skipped, failed %v", r.version, pr.Name, pr.Core.Result, pr.Core.Passed, pr.Core.Skipped, pr.Core.FailedTests)
 	}
