@@ -14,9 +14,7 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,20 +26,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/infergate/infergate/bench/extprocload"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/childproc"
 )
@@ -134,30 +125,26 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer stop()
-	defer func() {
-		for _, c := range sub.conns {
-			_ = c.Close()
-		}
-	}()
-	body, err := chatBody(o.model, o.bodyBytes, o.chunkBytes)
+	defer extprocload.Close(sub.conns)
+	body, err := extprocload.Chat(o.model, o.bodyBytes, o.chunkBytes)
 	if err != nil {
-		return err
+		return fmt.Errorf("--body-bytes: %w", err)
 	}
-	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, o.conns, body.size(), len(body.chunks), o.duration)
+	fmt.Printf("%s, %d gRPC connections, %d B request body in %d chunk(s), %s per level\n\n", sub.desc, o.conns, body.Size(), len(body.Chunks), o.duration)
 	fmt.Printf("Closed loop: each stream sends its next request as soon as the last is answered (throughput at saturation).\n")
 	fmt.Printf("CPU is the processor's user+system time per 1,000 decisions, RSS its resident memory after the level (with --pid, or infergate's own).\n\n")
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | p999 | max | errors | CPU-s / 1k | RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var notes []string
 	for _, n := range counts {
 		// Warm up connections and the processor before measuring.
-		if _, err := drive(ctx, sub.conns, body, n, 300*time.Millisecond); err != nil {
+		if _, err := extprocload.Closed(ctx, sub.conns, body, n, 300*time.Millisecond); err != nil {
 			return err
 		}
 		cpu0, err := sub.cpu()
 		if err != nil {
 			return err
 		}
-		r, err := drive(ctx, sub.conns, body, n, o.duration)
+		r, err := extprocload.Closed(ctx, sub.conns, body, n, o.duration)
 		if err != nil {
 			return err
 		}
@@ -167,17 +154,17 @@ func run(ctx context.Context, o options) error {
 		}
 		cpuCol, rssCol := "-", "-"
 		if sub.pid != 0 {
-			cpuCol = fmt.Sprintf("%.3f", (cpu1-cpu0).Seconds()*1000/float64(max(len(r.lat), 1)))
+			cpuCol = fmt.Sprintf("%.3f", (cpu1-cpu0).Seconds()*1000/float64(max(len(r.Latencies), 1)))
 			rss, err := childproc.RSS(sub.pid)
 			if err != nil {
 				return err
 			}
 			rssCol = fmt.Sprintf("%.0f MiB", float64(rss)/(1<<20))
 		}
-		fmt.Printf("| %d | %d | %.0f | %s | %s | %s | %s | %d | %s | %s |\n", n, len(r.lat), float64(len(r.lat))/r.elapsed.Seconds(),
-			pct(r.lat, 0.50), pct(r.lat, 0.99), pct(r.lat, 0.999), pct(r.lat, 1), r.errors, cpuCol, rssCol)
-		if r.first != nil {
-			notes = append(notes, fmt.Sprintf("%d streams: the first error was %v", n, r.first))
+		fmt.Printf("| %d | %d | %.0f | %s | %s | %s | %s | %d | %s | %s |\n", n, len(r.Latencies), r.Rate(),
+			pct(r.Latencies, 0.50), pct(r.Latencies, 0.99), pct(r.Latencies, 0.999), pct(r.Latencies, 1), r.Errors, cpuCol, rssCol)
+		if r.First != nil {
+			notes = append(notes, fmt.Sprintf("%d streams: the first error was %v", n, r.First))
 		}
 	}
 	for _, n := range notes {
@@ -209,23 +196,17 @@ func (s *subject) cpu() (time.Duration, error) {
 
 // dialExternal connects to a processor eppload did not start.
 func dialExternal(o options) (*subject, error) {
-	creds := insecure.NewCredentials()
-	if o.tls {
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // pickers serve self-signed certificates, as gateways accept
-	}
 	sub := &subject{pid: o.pid, desc: fmt.Sprintf("ext_proc processor at %s (process %d)", o.target, o.pid)}
 	if o.pid == 0 {
 		sub.desc = fmt.Sprintf("ext_proc processor at %s (no --pid: no CPU or memory figures)", o.target)
 	} else if _, err := childproc.CPUTime(o.pid); err != nil {
 		return nil, fmt.Errorf("--pid %d: %w", o.pid, err)
 	}
-	for range o.conns {
-		c, err := grpc.NewClient(o.target, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			return nil, err
-		}
-		sub.conns = append(sub.conns, c)
+	conns, err := extprocload.Dial(o.target, o.tls, o.conns)
+	if err != nil {
+		return nil, err
 	}
+	sub.conns = conns
 	return sub, nil
 }
 
@@ -282,19 +263,15 @@ func startInfergate(ctx context.Context, o options) (_ *subject, stop func(), er
 	}
 	sub := &subject{pid: cmd.Process.Pid, metricsAddr: metricsAddr,
 		desc: fmt.Sprintf("infergate's endpoint picker at %s, %d simulated endpoints", grpcAddr, o.endpoints)}
-	for range o.conns {
-		c, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, nil, err
-		}
-		sub.conns = append(sub.conns, c)
+	if sub.conns, err = extprocload.Dial(grpcAddr, false, o.conns); err != nil {
+		return nil, nil, err
 	}
 	return sub, stop, nil
 }
 
 // openLoop is the fixed-rate row: latency at an offered load, and, for
 // infergate's picker, its CPU and its own decision histogram meanwhile.
-func openLoop(ctx context.Context, sub *subject, body requestBody, o options) error {
+func openLoop(ctx context.Context, sub *subject, body extprocload.Request, o options) error {
 	fmt.Printf("\nOpen loop: %d decisions/s offered over up to %d concurrent streams; latency counts from the scheduled send time.\n\n", o.rate, o.rateStreams)
 	fmt.Printf("| streams | decisions | decisions/s | p50 | p99 | max | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	var hBefore *histogram
@@ -313,25 +290,22 @@ func openLoop(ctx context.Context, sub *subject, body requestBody, o options) er
 		prof = make(chan error, 1)
 		go func() { prof <- fetchProfile(ctx, sub.metricsAddr, o.profile, o.duration) }()
 	}
-	r, err := paced(ctx, sub.conns, body, o.rateStreams, o.rate, o.duration)
-	if err != nil {
-		return err
-	}
+	r := extprocload.Paced(ctx, sub.conns, body, o.rateStreams, o.rate, o.duration)
 	if prof != nil {
 		if err := <-prof; err != nil {
 			return err
 		}
 	}
-	r.print(fmt.Sprintf("%d @ %d/s", o.rateStreams, o.rate))
+	printRow(fmt.Sprintf("%d @ %d/s", o.rateStreams, o.rate), r)
 	fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
-		pct(r.service, 0.5), pct(r.service, 0.99), pct(r.service, 1))
+		pct(r.Service, 0.5), pct(r.Service, 0.99), pct(r.Service, 1))
 	if sub.pid != 0 {
 		cpuAfter, err := sub.cpu()
 		if err != nil {
 			return err
 		}
 		fmt.Printf("Processor CPU during this row: %.2f cores, %s per decision (gRPC transport, scraping and GC included).\n",
-			(cpuAfter-cpuBefore).Seconds()/r.elapsed.Seconds(), ((cpuAfter - cpuBefore) / time.Duration(max(len(r.lat), 1))).Round(time.Microsecond))
+			(cpuAfter-cpuBefore).Seconds()/r.Elapsed.Seconds(), ((cpuAfter - cpuBefore) / time.Duration(max(len(r.Latencies), 1))).Round(time.Microsecond))
 	}
 	if hBefore != nil {
 		hAfter, err := decisionHistogram(ctx, sub.metricsAddr)
@@ -362,216 +336,9 @@ func startSims(ctx context.Context, n int) (string, error) {
 	return sb.String(), nil
 }
 
-// requestBody is a request as the driver sends it: its headers message,
-// its body's chunks, and those as the body messages, built once so that
-// the driver does not build them again for every request it sends (they
-// are only read, so every stream may send the same ones).
-type requestBody struct {
-	headers *extprocv3.ProcessingRequest
-	chunks  [][]byte
-	bodies  []*extprocv3.ProcessingRequest
-}
-
-func (b requestBody) size() int {
-	n := 0
-	for _, c := range b.chunks {
-		n += len(c)
-	}
-	return n
-}
-
-// chatBody is a chat completion of exactly size bytes (its user message
-// padded with a repeated sentence), cut into chunks of chunk bytes (0: one).
-func chatBody(model string, size, chunk int) (requestBody, error) {
-	const sentence = "Summarise the quarterly report in three bullet points. "
-	frame := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%%s"}],"max_tokens":64}`, model)
-	pad := size - (len(frame) - 2)
-	if pad < 100 {
-		return requestBody{}, fmt.Errorf("--body-bytes %d: too small for a chat request for model %q", size, model)
-	}
-	whole := []byte(fmt.Sprintf(frame, strings.Repeat(sentence, pad/len(sentence)+1)[:pad]))
-	if chunk <= 0 {
-		chunk = len(whole)
-	}
-	out := requestBody{headers: headersMsg(len(whole))}
-	for len(whole) > 0 {
-		n := min(chunk, len(whole))
-		out.chunks = append(out.chunks, whole[:n])
-		whole = whole[n:]
-		out.bodies = append(out.bodies, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: out.chunks[len(out.chunks)-1], EndOfStream: len(whole) == 0}}})
-	}
-	return out, nil
-}
-
-type result struct {
-	lat     []time.Duration
-	errors  int64
-	first   error // the first error, if any
-	elapsed time.Duration
-	// service is, for paced runs, the latency from the actual send of the
-	// body instead of its scheduled time (excludes the driver's own delays).
-	service []time.Duration
-}
-
-func (r *result) print(label string) {
-	fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %d |\n", label, len(r.lat), float64(len(r.lat))/r.elapsed.Seconds(),
-		pct(r.lat, 0.50), pct(r.lat, 0.99), pct(r.lat, 1), r.errors)
-}
-
-// paced offers rate decisions/s for dur using at most n concurrent
-// streams. Latency runs from each request's scheduled time, so a stall in
-// the picker shows up instead of silently lowering the offered load.
-func paced(ctx context.Context, conns []*grpc.ClientConn, body requestBody, n, rate int, dur time.Duration) (*result, error) {
-	total := int(float64(rate) * dur.Seconds())
-	interval := time.Second / time.Duration(rate)
-	start := time.Now()
-	jobs := make(chan time.Time, total)
-	for i := range total {
-		jobs <- start.Add(time.Duration(i) * interval)
-	}
-	close(jobs)
-	var (
-		mu           sync.Mutex
-		all, service []time.Duration
-		errs         atomic.Int64
-		wg           sync.WaitGroup
-	)
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
-			var local, localService []time.Duration
-			for at := range jobs {
-				time.Sleep(time.Until(at))
-				d, err := oneDecision(ctx, client, body)
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				local = append(local, time.Since(at))
-				localService = append(localService, d)
-			}
-			mu.Lock()
-			all = append(all, local...)
-			service = append(service, localService...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	slices.Sort(all)
-	slices.Sort(service)
-	return &result{lat: all, service: service, errors: errs.Load(), elapsed: time.Since(start)}, nil
-}
-
-// drive runs n workers, each doing one request per stream back to back,
-// until dur passes.
-func drive(ctx context.Context, conns []*grpc.ClientConn, body requestBody, n int, dur time.Duration) (*result, error) {
-	var (
-		mu    sync.Mutex
-		all   []time.Duration
-		first error
-		errs  atomic.Int64
-		wg    sync.WaitGroup
-	)
-	start := time.Now()
-	stop := start.Add(dur)
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
-			var local []time.Duration
-			var localErr error
-			for time.Now().Before(stop) {
-				d, err := oneDecision(ctx, client, body)
-				if err != nil {
-					errs.Add(1)
-					localErr = cmp.Or(localErr, err)
-					continue
-				}
-				local = append(local, d)
-			}
-			mu.Lock()
-			all = append(all, local...)
-			first = cmp.Or(first, localErr)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	slices.Sort(all)
-	if len(all) == 0 && first != nil {
-		return nil, fmt.Errorf("all %d requests failed, the first with: %w", errs.Load(), first)
-	}
-	return &result{lat: all, errors: errs.Load(), first: first, elapsed: time.Since(start)}, nil
-}
-
-// headersMsg is a request's headers message, with the content-length a
-// client sends for a body of size bytes (none for 0), as Envoy forwards it.
-func headersMsg(size int) *extprocv3.ProcessingRequest {
-	hs := []*corev3.HeaderValue{
-		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-		{Key: "content-type", RawValue: []byte("application/json")},
-	}
-	if size > 0 {
-		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(size))})
-	}
-	return &extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
-		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}}},
-	}
-}
-
-// oneDecision is one request's request path: latency is from the first
-// body chunk sent to the last body chunk answered (the pick is in between;
-// with the body in one chunk, as by default, from its send).
-func oneDecision(ctx context.Context, client extprocv3.ExternalProcessorClient, body requestBody) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	st, err := client.Process(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if err := st.Send(body.headers); err != nil {
-		return 0, err
-	}
-	t0 := time.Now()
-	for _, m := range body.bodies {
-		if err := st.Send(m); err != nil {
-			return 0, err
-		}
-	}
-	picked := false
-	for {
-		r, err := st.Recv()
-		if err != nil {
-			return 0, err
-		}
-		if h := r.GetRequestHeaders(); h != nil {
-			picked = len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) > 0
-		}
-		if r.GetImmediateResponse() != nil {
-			return 0, fmt.Errorf("immediate response %d", r.GetImmediateResponse().GetStatus().GetCode())
-		}
-		if sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil && sr.GetEndOfStream() {
-			break
-		}
-	}
-	d := time.Since(t0)
-	_ = st.CloseSend()
-	if !picked {
-		return 0, errors.New("no pick in the headers response")
-	}
-	return d, nil
-}
-
-func pct(sorted []time.Duration, p float64) string {
-	if len(sorted) == 0 {
-		return "-"
-	}
-	i := min(int(float64(len(sorted))*p), len(sorted)-1)
-	return sorted[i].Round(time.Microsecond).String()
+func printRow(label string, r *extprocload.Result) {
+	fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %d |\n", label, len(r.Latencies), r.Rate(),
+		pct(r.Latencies, 0.50), pct(r.Latencies, 0.99), pct(r.Latencies, 1), r.Errors)
 }
 
 // memoryPerStream opens n streams that stay open past their headers (as
@@ -584,14 +351,8 @@ func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for i := range n {
-		st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(ctx)
-		if err != nil {
-			return 0, err
-		}
-		if err := st.Send(headersMsg(0)); err != nil {
-			return 0, err
-		}
+	if err := extprocload.OpenIdle(ctx, conns, n); err != nil {
+		return 0, err
 	}
 	time.Sleep(time.Second) // let the picker accept them all
 	after, err := childproc.RSS(pid)
@@ -681,3 +442,5 @@ func (h *histogram) quantileSince(before *histogram, q float64) string {
 	}
 	return "+Inf"
 }
+
+func pct(sorted []time.Duration, p float64) string { return extprocload.Pct(sorted, p) }

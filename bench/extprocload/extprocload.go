@@ -1,0 +1,300 @@
+// Package extprocload drives an ext_proc processor the way a proxy does:
+// one stream per request (headers, the body in chunks, read the answer),
+// from many concurrent streams, and measures the answers. bench/eppload and
+// bench/reference share it, so that every processor they compare meets the
+// same driver.
+package extprocload
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Dial opens n connections to an ext_proc processor at target, over TLS
+// accepting any certificate (as gateways reach pickers) or in plain text.
+func Dial(target string, useTLS bool, n int) ([]*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if useTLS {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // pickers serve self-signed certificates, as gateways accept
+	}
+	var conns []*grpc.ClientConn
+	for range n {
+		c, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			Close(conns)
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+// Close closes connections Dial opened.
+func Close(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// Request is a request as the driver sends it: its headers message, its
+// body's chunks, and those as the body messages, built once so that the
+// driver does not build them again for every request it sends (they are
+// only read, so every stream may send the same ones).
+type Request struct {
+	Headers *extprocv3.ProcessingRequest
+	Chunks  [][]byte
+	Bodies  []*extprocv3.ProcessingRequest
+}
+
+// Size is the body's length.
+func (r Request) Size() int {
+	n := 0
+	for _, c := range r.Chunks {
+		n += len(c)
+	}
+	return n
+}
+
+// Chat is a chat completion for model of exactly size bytes (its user
+// message padded with a repeated sentence), cut into chunks of chunk bytes
+// (0: one).
+func Chat(model string, size, chunk int) (Request, error) {
+	const sentence = "Summarise the quarterly report in three bullet points. "
+	frame := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%%s"}],"max_tokens":64}`, model)
+	pad := size - (len(frame) - 2)
+	if pad < 100 {
+		return Request{}, fmt.Errorf("a body of %d bytes is too small for a chat request for model %q", size, model)
+	}
+	whole := []byte(fmt.Sprintf(frame, strings.Repeat(sentence, pad/len(sentence)+1)[:pad]))
+	if chunk <= 0 {
+		chunk = len(whole)
+	}
+	out := Request{Headers: HeadersMessage(len(whole))}
+	for len(whole) > 0 {
+		n := min(chunk, len(whole))
+		out.Chunks = append(out.Chunks, whole[:n])
+		whole = whole[n:]
+		out.Bodies = append(out.Bodies, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: out.Chunks[len(out.Chunks)-1], EndOfStream: len(whole) == 0}}})
+	}
+	return out, nil
+}
+
+// HeadersMessage is a request's headers message, with the content-length a
+// client sends for a body of size bytes (none for 0), as Envoy forwards it.
+func HeadersMessage(size int) *extprocv3.ProcessingRequest {
+	hs := []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+		{Key: "content-type", RawValue: []byte("application/json")},
+	}
+	if size > 0 {
+		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(size))})
+	}
+	return &extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: hs}}},
+	}
+}
+
+// Result is what a run measured: the latencies of the answered requests,
+// sorted, and the errors.
+type Result struct {
+	Latencies []time.Duration
+	Errors    int64
+	First     error // the first error, if any
+	Elapsed   time.Duration
+	// Service is, for paced runs, the latency from the actual send of the
+	// body instead of its scheduled time (excludes the driver's own delays).
+	Service []time.Duration
+}
+
+// Rate is the answered requests per second.
+func (r *Result) Rate() float64 { return float64(len(r.Latencies)) / r.Elapsed.Seconds() }
+
+// Quantile is the latency at quantile q (0: none answered).
+func (r *Result) Quantile(q float64) time.Duration { return quantile(r.Latencies, q) }
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(int(float64(len(sorted))*q), len(sorted)-1)]
+}
+
+// Pct formats quantile q of sorted latencies, "-" for none.
+func Pct(sorted []time.Duration, q float64) string {
+	if len(sorted) == 0 {
+		return "-"
+	}
+	return quantile(sorted, q).Round(time.Microsecond).String()
+}
+
+// Closed runs n workers over conns, each sending one request per stream
+// back to back, until dur passes. A run where every request failed is an
+// error carrying the first failure.
+func Closed(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, dur time.Duration) (*Result, error) {
+	var (
+		mu    sync.Mutex
+		all   []time.Duration
+		first error
+		errs  atomic.Int64
+		wg    sync.WaitGroup
+	)
+	start := time.Now()
+	stop := start.Add(dur)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
+			var local []time.Duration
+			var localErr error
+			for time.Now().Before(stop) {
+				d, err := One(ctx, client, req)
+				if err != nil {
+					errs.Add(1)
+					localErr = cmp.Or(localErr, err)
+					continue
+				}
+				local = append(local, d)
+			}
+			mu.Lock()
+			all = append(all, local...)
+			first = cmp.Or(first, localErr)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(all)
+	if len(all) == 0 && first != nil {
+		return nil, fmt.Errorf("all %d requests failed, the first with: %w", errs.Load(), first)
+	}
+	return &Result{Latencies: all, Errors: errs.Load(), First: first, Elapsed: time.Since(start)}, nil
+}
+
+// Paced offers rate requests/s for dur using at most n concurrent streams.
+// Latency runs from each request's scheduled time, so a stall in the
+// processor shows up instead of silently lowering the offered load.
+func Paced(ctx context.Context, conns []*grpc.ClientConn, req Request, n, rate int, dur time.Duration) *Result {
+	total := int(float64(rate) * dur.Seconds())
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	jobs := make(chan time.Time, total)
+	for i := range total {
+		jobs <- start.Add(time.Duration(i) * interval)
+	}
+	close(jobs)
+	var (
+		mu           sync.Mutex
+		all, service []time.Duration
+		first        error
+		errs         atomic.Int64
+		wg           sync.WaitGroup
+	)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
+			var local, localService []time.Duration
+			var localErr error
+			for at := range jobs {
+				time.Sleep(time.Until(at))
+				d, err := One(ctx, client, req)
+				if err != nil {
+					errs.Add(1)
+					localErr = cmp.Or(localErr, err)
+					continue
+				}
+				local = append(local, time.Since(at))
+				localService = append(localService, d)
+			}
+			mu.Lock()
+			all = append(all, local...)
+			service = append(service, localService...)
+			first = cmp.Or(first, localErr)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(all)
+	slices.Sort(service)
+	return &Result{Latencies: all, Service: service, Errors: errs.Load(), First: first, Elapsed: time.Since(start)}
+}
+
+// One is one request's request path: latency is from the first body chunk
+// sent to the last body chunk answered (the pick is in between; with the
+// body in one chunk, from its send). An answer counts once the headers
+// response sets headers (a picker's pick, a payload processor's model
+// headers) and the body has come back; an immediate response or no headers
+// set is an error.
+func One(ctx context.Context, client extprocv3.ExternalProcessorClient, req Request) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := client.Process(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := st.Send(req.Headers); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for _, m := range req.Bodies {
+		if err := st.Send(m); err != nil {
+			return 0, err
+		}
+	}
+	picked := false
+	for {
+		r, err := st.Recv()
+		if err != nil {
+			return 0, err
+		}
+		if h := r.GetRequestHeaders(); h != nil {
+			picked = len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) > 0
+		}
+		if r.GetImmediateResponse() != nil {
+			return 0, fmt.Errorf("immediate response %d", r.GetImmediateResponse().GetStatus().GetCode())
+		}
+		if sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil && sr.GetEndOfStream() {
+			break
+		}
+	}
+	d := time.Since(t0)
+	_ = st.CloseSend()
+	if !picked {
+		return 0, errors.New("no headers set in the headers response")
+	}
+	return d, nil
+}
+
+// OpenIdle opens n streams over conns that stay open past their request
+// headers (as during a long body upload) until ctx ends.
+func OpenIdle(ctx context.Context, conns []*grpc.ClientConn, n int) error {
+	for i := range n {
+		st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(ctx)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(HeadersMessage(0)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
