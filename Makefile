@@ -10,7 +10,7 @@ VERSION  ?= $(shell cat VERSION)
 COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled clean
+.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled bench-reference clean
 
 all: build
 
@@ -101,6 +101,11 @@ bench-stalled: build
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
+
+## bench-reference: infergate's picker and payload processor beside GAIE v1.5.0's epp and bbr (built by hack/reference.sh), same driver, rounds interleaved (needs root: a network namespace of its own). ARGS=--pin pins the processors to one core and the driver to the other.
+bench-reference: build
+	assets="$$(hack/controlplane.sh)" && ref="$$(hack/reference.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./bench/reference --binary $(BIN) --reference "$$ref" $(ARGS)
 
 ## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the dev proxy, the picker and simulators under five routing configs (about 12 minutes on 2 cores).
 bench-routing: build

@@ -1,0 +1,23 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// TestMedian: each figure's median is taken on its own, so a summary may
+// mix rounds (the fastest round need not have the lowest p99).
+func TestMedian(t *testing.T) {
+	ss := []sample{
+		{rate: 100, p99: 30 * time.Millisecond, cpuPer1k: 0.5, rssMiB: 90},
+		{rate: 300, p99: 10 * time.Millisecond, cpuPer1k: 0.3, rssMiB: 70},
+		{rate: 200, p99: 50 * time.Millisecond, cpuPer1k: 0.4, rssMiB: 80},
+	}
+	m := median(ss)
+	if m.rate != 200 || m.p99 != 30*time.Millisecond || m.cpuPer1k != 0.4 || m.rssMiB != 80 {
+		t.Errorf("median %+v, want rate 200, p99 30ms, CPU 0.4, RSS 80", m.sample)
+	}
+	if one := median(ss[:1]); one.rate != 100 {
+		t.Errorf("one round: rate %v, want 100", one.rate)
+	}
+}

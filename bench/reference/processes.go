@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+
+	"github.com/infergate/infergate/bench/extprocload"
+	"github.com/infergate/infergate/test/childproc"
+)
+
+// pickers: GAIE's endpoint picker against infergate's, both in Kubernetes
+// mode on the same pool with their default scheduling profiles, TLS on.
+var pickers = comparison{
+	name: "endpoint pickers",
+	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
+		if !infergate {
+			return r.start(ctx, "GAIE epp v1.5.0", filepath.Join(r.o.reference, "epp"), "127.0.0.1:9002",
+				"--pool-name", poolName, "--pool-namespace", namespace,
+				"--grpc-port", "9002", "--grpc-health-port", "9003", "--metrics-port", "9090",
+				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
+		}
+		return r.start(ctx, "infergate epp", r.o.binary, "127.0.0.1:9012", "epp",
+			"--pool-name", poolName, "--pool-namespace", namespace, "--kubeconfig", r.kubeconfig,
+			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9012",
+			"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9013",
+			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091")
+	},
+	request: func(o options) (extprocload.Request, error) {
+		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.eppBodyBytes, 0)
+	},
+	goals: func(ref, ours summary) []string {
+		return []string{
+			fmt.Sprintf("goal requests/s ≥ 3× the reference's: %.2f×, %s", ours.rate/ref.rate, met(ours.rate >= 3*ref.rate)),
+			fmt.Sprintf("goal p99 ≤ 0.33× the reference's: %.2f×, %s", ours.p99.Seconds()/ref.p99.Seconds(), met(ours.p99.Seconds() <= 0.33*ref.p99.Seconds())),
+		}
+	},
+}
+
+// payloadProcessors: GAIE's body-based router (streaming) against
+// infergate's payload processor with no policy, both setting the model
+// headers only, TLS on.
+var payloadProcessors = comparison{
+	name: "payload processors",
+	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
+		if !infergate {
+			return r.start(ctx, "GAIE bbr v1.5.0", filepath.Join(r.o.reference, "bbr"), "127.0.0.1:9004",
+				"--streaming", "--grpc-port", "9004", "--grpc-health-port", "9005", "--metrics-port", "9092",
+				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
+		}
+		return r.start(ctx, "infergate payload", r.o.binary, "127.0.0.1:9014", "payload",
+			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9014", "--grpc-health-port", "9015", "--metrics-port", "9093")
+	},
+	request: func(o options) (extprocload.Request, error) {
+		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.payloadBodyBytes, o.payloadChunkBytes)
+	},
+	goals: func(ref, ours summary) []string {
+		return []string{
+			fmt.Sprintf("goal RSS ≤ the reference's: %.0f against %.0f MiB, %s", ours.rssMiB, ref.rssMiB, met(ours.rssMiB <= ref.rssMiB)),
+			fmt.Sprintf("goal requests/s ≥ 1.4× the reference's: %.2f×, %s", ours.rate/ref.rate, met(ours.rate >= 1.4*ref.rate)),
+		}
+	},
+}
+
+// process is a processor under measurement, and connections to it.
+type process struct {
+	name  string
+	cmd   *exec.Cmd
+	log   string
+	conns []*grpc.ClientConn
+	done  chan error
+}
+
+// start runs bin with args (KUBECONFIG set to the rig's), logging to a
+// file, and dials its ext_proc address over TLS.
+func (r *rig) start(ctx context.Context, name, bin, addr string, args ...string) (*process, error) {
+	logPath := filepath.Join(r.dir, strings.ReplaceAll(name, " ", "-")+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	if r.o.pin {
+		args = append([]string{"-c", "1", bin}, args...)
+		bin = "taskset"
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+r.kubeconfig)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
+	if p.conns, err = extprocload.Dial(addr, true, r.o.conns); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// waitAnswering waits until the processor answers req, which for a picker
+// means it has read the pool and its Pods.
+func (p *process) waitAnswering(ctx context.Context, req extprocload.Request) error {
+	var last error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		select {
+		case err := <-p.done:
+			return fmt.Errorf("%s exited (%v); its log ends:\n%s", p.name, err, childproc.Tail(p.log, 20))
+		default:
+		}
+		if _, last = extprocload.One(ctx, extprocv3.NewExternalProcessorClient(p.conns[0]), req); last == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s did not answer within 60 s, the last attempt: %v; its log ends:\n%s", p.name, last, childproc.Tail(p.log, 20))
+}
+
+func (p *process) cpu() (time.Duration, error) { return childproc.CPUTime(p.cmd.Process.Pid) }
+
+func (p *process) rss() (int64, error) { return childproc.RSS(p.cmd.Process.Pid) }
+
+// stop closes the connections and stops the process, killing it if it
+// has not stopped 10 s after an interrupt.
+func (p *process) stop() {
+	extprocload.Close(p.conns)
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
