@@ -18,7 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -288,7 +287,7 @@ func openLoop(ctx context.Context, sub *subject, body extprocload.Request, o opt
 	var prof chan error
 	if o.profile != "" {
 		prof = make(chan error, 1)
-		go func() { prof <- fetchProfile(ctx, sub.metricsAddr, o.profile, o.duration) }()
+		go func() { prof <- extprocload.FetchProfile(ctx, sub.metricsAddr, o.profile, o.duration) }()
 	}
 	r := extprocload.Paced(ctx, sub.conns, body, o.rateStreams, o.rate, o.duration)
 	if prof != nil {
@@ -360,27 +359,6 @@ func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) 
 		return 0, err
 	}
 	return float64(after-before) / float64(n), nil
-}
-
-// fetchProfile saves the picker's CPU profile over d.
-func fetchProfile(ctx context.Context, metricsAddr, path string, d time.Duration) error {
-	secs := max(int(d.Seconds())-1, 1)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, secs), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("cpu profile: %w", err)
-	}
-	defer resp.Body.Close()
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = io.Copy(f, resp.Body)
-	return err
 }
 
 // histogram is a cumulative Prometheus histogram: upper bounds and counts.

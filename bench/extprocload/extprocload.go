@@ -11,6 +11,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -297,4 +300,27 @@ func OpenIdle(ctx context.Context, conns []*grpc.ClientConn, n int) error {
 		}
 	}
 	return nil
+}
+
+// FetchProfile saves the CPU profile of a Go process serving pprof at
+// addr (infergate's --enable-pprof, on its metrics listener), taken over
+// about d, to path.
+func FetchProfile(ctx context.Context, addr, path string, d time.Duration) error {
+	secs := max(int(d.Seconds())-1, 1)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }

@@ -49,6 +49,7 @@ func main() {
 	flag.IntVar(&o.eppBodyBytes, "epp-body-bytes", 1024, "chat body size for the pickers, in one chunk")
 	flag.IntVar(&o.payloadBodyBytes, "payload-body-bytes", 65536, "chat body size for the payload processors")
 	flag.IntVar(&o.payloadChunkBytes, "payload-chunk-bytes", 16384, "chunk size of the payload processors' bodies")
+	flag.StringVar(&o.profile, "cpu-profile", "", "write infergate's CPU profile during its first round of each comparison to this path, suffixed -epp.pprof or -payload.pprof")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
 	if os.Getenv(netnsEnv) == "" {
@@ -74,6 +75,7 @@ type options struct {
 	eppBodyBytes                        int
 	payloadBodyBytes, payloadChunkBytes int
 	pin                                 bool
+	profile                             string
 }
 
 // reexec runs this command again in a network namespace of its own and
@@ -149,7 +151,7 @@ func setUpNamespace() error {
 // comparison is one pair of processors and the request they are driven
 // with.
 type comparison struct {
-	name string
+	name, key string
 	// start starts the reference (which false) or infergate's processor.
 	start func(ctx context.Context, r *rig, infergate bool) (*process, error)
 	// request is the request both are driven with.
@@ -197,7 +199,11 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 			order = []int{1, 0}
 		}
 		for _, i := range order {
-			s, err := measure(ctx, procs[i], req, o)
+			profile := ""
+			if round == 0 && o.profile != "" && procs[i].pprofAddr != "" {
+				profile = o.profile + "-" + c.key + ".pprof"
+			}
+			s, err := measure(ctx, procs[i], req, o, profile)
 			if err != nil {
 				return fmt.Errorf("%s: %w", procs[i].name, err)
 			}
@@ -220,7 +226,8 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 }
 
 // measure warms p up, then drives it for the round's time.
-func measure(ctx context.Context, p *process, req extprocload.Request, o options) (sample, error) {
+// With profile set, p's CPU profile over the measured time is written there.
+func measure(ctx context.Context, p *process, req extprocload.Request, o options, profile string) (sample, error) {
 	if _, err := extprocload.Closed(ctx, p.conns, req, o.streams, time.Second); err != nil {
 		return sample{}, err
 	}
@@ -232,9 +239,20 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	if err != nil {
 		return sample{}, err
 	}
+	var prof chan error
+	if profile != "" {
+		prof = make(chan error, 1)
+		go func() { prof <- extprocload.FetchProfile(ctx, p.pprofAddr, profile, o.duration) }()
+	}
 	res, err := extprocload.Closed(ctx, p.conns, req, o.streams, o.duration)
 	if err != nil {
 		return sample{}, err
+	}
+	if prof != nil {
+		if err := <-prof; err != nil {
+			return sample{}, err
+		}
+		fmt.Fprintf(os.Stderr, "reference: %s's CPU profile written to %s\n", p.name, profile)
 	}
 	cpu1, err := p.cpu()
 	if err != nil {

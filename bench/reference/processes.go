@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // pickers: GAIE's endpoint picker against infergate's, both in Kubernetes
 // mode on the same pool with their default scheduling profiles, TLS on.
 var pickers = comparison{
-	name: "endpoint pickers",
+	name: "endpoint pickers", key: "epp",
 	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
 		if !infergate {
 			return r.start(ctx, "GAIE epp v1.5.0", filepath.Join(r.o.reference, "epp"), "127.0.0.1:9002",
@@ -27,11 +28,11 @@ var pickers = comparison{
 				"--grpc-port", "9002", "--grpc-health-port", "9003", "--metrics-port", "9090",
 				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
 		}
-		return r.start(ctx, "infergate epp", r.o.binary, "127.0.0.1:9012", "epp",
+		return r.startInfergate(ctx, "infergate epp", "127.0.0.1:9012", "127.0.0.1:9091", "epp",
 			"--pool-name", poolName, "--pool-namespace", namespace, "--kubeconfig", r.kubeconfig,
 			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9012",
 			"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9013",
-			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091")
+			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091", "--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
 	},
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.eppBodyBytes, 0)
@@ -48,15 +49,17 @@ var pickers = comparison{
 // infergate's payload processor with no policy, both setting the model
 // headers only, TLS on.
 var payloadProcessors = comparison{
-	name: "payload processors",
+	name: "payload processors", key: "payload",
 	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
 		if !infergate {
 			return r.start(ctx, "GAIE bbr v1.5.0", filepath.Join(r.o.reference, "bbr"), "127.0.0.1:9004",
 				"--streaming", "--grpc-port", "9004", "--grpc-health-port", "9005", "--metrics-port", "9092",
 				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
 		}
-		return r.start(ctx, "infergate payload", r.o.binary, "127.0.0.1:9014", "payload",
-			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9014", "--grpc-health-port", "9015", "--metrics-port", "9093")
+		return r.startInfergate(ctx, "infergate payload", "127.0.0.1:9014", "127.0.0.1:9093", "payload",
+			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9014", "--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9015",
+			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9093",
+			"--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
 	},
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.payloadBodyBytes, o.payloadChunkBytes)
@@ -71,11 +74,12 @@ var payloadProcessors = comparison{
 
 // process is a processor under measurement, and connections to it.
 type process struct {
-	name  string
-	cmd   *exec.Cmd
-	log   string
-	conns []*grpc.ClientConn
-	done  chan error
+	name      string
+	pprofAddr string // infergate's metrics listener, serving pprof with --cpu-profile
+	cmd       *exec.Cmd
+	log       string
+	conns     []*grpc.ClientConn
+	done      chan error
 }
 
 // start runs bin with args (KUBECONFIG set to the rig's), logging to a
@@ -104,6 +108,16 @@ func (r *rig) start(ctx context.Context, name, bin, addr string, args ...string)
 		return nil, err
 	}
 	return p, nil
+}
+
+// startInfergate starts infergate's binary; metricsAddr is where it serves
+// pprof when a profile is asked for.
+func (r *rig) startInfergate(ctx context.Context, name, addr, metricsAddr string, args ...string) (*process, error) {
+	p, err := r.start(ctx, name, r.o.binary, addr, args...)
+	if err == nil && r.o.profile != "" {
+		p.pprofAddr = metricsAddr
+	}
+	return p, err
 }
 
 // waitAnswering waits until the processor answers req, which for a picker

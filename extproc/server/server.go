@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"runtime"
 	"sync"
 	"time"
 
@@ -191,6 +190,11 @@ func addrOf(ln net.Listener) string {
 	return ln.Addr().String()
 }
 
+// streamWorkers is how many goroutines serve streams, each in turn: enough
+// for the concurrency one picker or payload processor sees at saturation
+// on a few cores, at a few KiB of stack each.
+const streamWorkers = 64
+
 // Serve runs until ctx ends, then stops gracefully: readiness goes false,
 // open streams get DrainTimeout to finish, then the rest are cut.
 func (s *Server) Serve(ctx context.Context) error {
@@ -205,9 +209,12 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	// Proxies keep ext_proc connections open for long; let them ping.
 	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	// Every request is a new stream; reusing worker goroutines saves a
-	// goroutine start and stack growth per request.
-	gopts = append(gopts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
+	// Every request is a new stream. A stream served by a new goroutine
+	// grows its stack while marshalling the first answer (a fifth of the
+	// picker's CPU at 32 streams went to copying stacks with GOMAXPROCS
+	// workers); workers that are reused keep theirs. Streams beyond the
+	// workers still get goroutines of their own.
+	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
 	gs := grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	healthpb.RegisterHealthServer(gs, s.health) // also on the main port, as gateways probe it there
