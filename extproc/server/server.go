@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -215,6 +216,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	// workers); workers that are reused keep theirs. Streams beyond the
 	// workers still get goroutines of their own.
 	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
+	cdc, err := newCodec()
+	if err != nil {
+		return err
+	}
+	gopts = append(gopts, grpc.ForceServerCodecV2(cdc), experimental.BufferPool(cdc.pool))
 	gs := grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	healthpb.RegisterHealthServer(gs, s.health) // also on the main port, as gateways probe it there
