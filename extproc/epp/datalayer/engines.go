@@ -111,6 +111,21 @@ func mappingFor(engine string) (mapping, bool) {
 	return m, ok
 }
 
+// wants reports whether the mapping reads the family name.
+func (m mapping) wants(name string) bool {
+	if name == m.lora {
+		return true
+	}
+	for _, sig := range []signal{m.waiting, m.running, m.kvUsage, m.blockSize.signal, m.numGPUBlocks.signal, m.promptTokens, m.prefixQueries, m.prefixHits} {
+		for _, sel := range sig {
+			if sel.name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // extract builds Metrics from parsed families. Several series of a count
 // (one per model, rank, ...) add up; utilization takes the largest. It fails
 // with ReasonMissingSeries when a required signal has no series.

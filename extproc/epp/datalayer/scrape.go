@@ -97,7 +97,7 @@ func (s *Scraper) scrape(ctx context.Context, e *datastore.Endpoint) (*datastore
 
 	body := &bodyReader{r: resp.Body, max: s.maxBody}
 	parser := expfmt.NewTextParser(model.UTF8Validation) // vLLM and SGLang names have colons
-	fams, err := parser.TextToMetricFamilies(body)
+	fams, err := parser.TextToMetricFamilies(newFamilyFilter(body, mp.wants))
 	switch {
 	case errors.Is(body.err, errTooLarge):
 		return nil, &ScrapeError{Reason: ReasonParse, Err: fmt.Errorf("%w: over %d bytes", errTooLarge, s.maxBody)}
