@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ func main() {
 	flag.IntVar(&o.payloadBodyBytes, "payload-body-bytes", 65536, "chat body size for the payload processors")
 	flag.IntVar(&o.payloadChunkBytes, "payload-chunk-bytes", 16384, "chunk size of the payload processors' bodies")
 	flag.StringVar(&o.profile, "cpu-profile", "", "write infergate's CPU profile during its first round of each comparison to this path, suffixed -epp.pprof or -payload.pprof")
+	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
 	if os.Getenv(netnsEnv) == "" {
@@ -75,7 +77,7 @@ type options struct {
 	eppBodyBytes                        int
 	payloadBodyBytes, payloadChunkBytes int
 	pin                                 bool
-	profile                             string
+	profile, driverProfile              string
 }
 
 // reexec runs this command again in a network namespace of its own and
@@ -199,11 +201,24 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 			order = []int{1, 0}
 		}
 		for _, i := range order {
-			profile := ""
-			if round == 0 && o.profile != "" && procs[i].pprofAddr != "" {
-				profile = o.profile + "-" + c.key + ".pprof"
+			// The other processor is stopped meanwhile (SIGSTOP), so that
+			// its scrapes and upkeep take no CPU from the one measured.
+			if err := procs[1-i].pause(); err != nil {
+				return err
 			}
-			s, err := measure(ctx, procs[i], req, o, profile)
+			if err := procs[i].resume(); err != nil {
+				return err
+			}
+			var profile, driverProfile string
+			if round == 0 && i == 1 {
+				if o.profile != "" {
+					profile = o.profile + "-" + c.key + ".pprof"
+				}
+				if o.driverProfile != "" {
+					driverProfile = o.driverProfile + "-" + c.key + ".pprof"
+				}
+			}
+			s, err := measure(ctx, procs[i], req, o, profile, driverProfile)
 			if err != nil {
 				return fmt.Errorf("%s: %w", procs[i].name, err)
 			}
@@ -226,8 +241,9 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 }
 
 // measure warms p up, then drives it for the round's time.
-// With profile set, p's CPU profile over the measured time is written there.
-func measure(ctx context.Context, p *process, req extprocload.Request, o options, profile string) (sample, error) {
+// With profile set, p's CPU profile over the measured time is written
+// there, and with driverProfile the driver's own.
+func measure(ctx context.Context, p *process, req extprocload.Request, o options, profile, driverProfile string) (sample, error) {
 	if _, err := extprocload.Closed(ctx, p.conns, req, o.streams, time.Second); err != nil {
 		return sample{}, err
 	}
@@ -243,6 +259,13 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	if profile != "" {
 		prof = make(chan error, 1)
 		go func() { prof <- extprocload.FetchProfile(ctx, p.pprofAddr, profile, o.duration) }()
+	}
+	if driverProfile != "" {
+		stop, err := profileSelf(driverProfile)
+		if err != nil {
+			return sample{}, err
+		}
+		defer stop()
 	}
 	res, err := extprocload.Closed(ctx, p.conns, req, o.streams, o.duration)
 	if err != nil {
@@ -271,6 +294,23 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 		rate: res.Rate(), p50: res.Quantile(0.5), p99: res.Quantile(0.99), p999: res.Quantile(0.999),
 		cpuPer1k: (cpu1 - cpu0).Seconds() * 1000 / answered, driverPer1k: (self1 - self0).Seconds() * 1000 / answered,
 		rssMiB: float64(rss) / (1 << 20), errors: res.Errors,
+	}, nil
+}
+
+// profileSelf starts this process's CPU profile into path; stop ends it.
+func profileSelf(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+		fmt.Fprintf(os.Stderr, "reference: the driver's CPU profile written to %s\n", path)
 	}, nil
 }
 

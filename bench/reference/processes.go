@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -137,6 +138,12 @@ func (p *process) waitAnswering(ctx context.Context, req extprocload.Request) er
 	return fmt.Errorf("%s did not answer within 60 s, the last attempt: %v; its log ends:\n%s", p.name, last, childproc.Tail(p.log, 20))
 }
 
+// pause stops the process (SIGSTOP) until resume.
+func (p *process) pause() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// resume continues a paused process (SIGCONT).
+func (p *process) resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }
+
 func (p *process) cpu() (time.Duration, error) { return childproc.CPUTime(p.cmd.Process.Pid) }
 
 func (p *process) rss() (int64, error) { return childproc.RSS(p.cmd.Process.Pid) }
@@ -145,6 +152,7 @@ func (p *process) rss() (int64, error) { return childproc.RSS(p.cmd.Process.Pid)
 // has not stopped 10 s after an interrupt.
 func (p *process) stop() {
 	extprocload.Close(p.conns)
+	_ = p.resume()
 	_ = p.cmd.Process.Signal(os.Interrupt)
 	select {
 	case <-p.done:
