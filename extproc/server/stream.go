@@ -224,7 +224,17 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 			return s.reject(rej)
 		}
 	}
-	if need := len(s.body) + len(chunk); need > cap(s.body) {
+	if cap(s.body) == 0 && b.GetEndOfStream() {
+		// The whole body in one message: keep the message's own bytes,
+		// which unmarshalling already copied out of gRPC's buffers, rather
+		// than copying them once more.
+		if !s.budget.reserve(int64(len(chunk))) {
+			s.budget.refuseBuffer()
+			return s.reject(overloaded("memory budget for request bodies"))
+		}
+		s.reserved += int64(len(chunk))
+		s.body = chunk
+	} else if need := len(s.body) + len(chunk); need > cap(s.body) {
 		// Grow by doubling (capped at the body limit) and charge the
 		// budget for the capacity, not the length: the allocation is what
 		// the memory limit sees. A body in one chunk gets exactly its size.
@@ -250,9 +260,10 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 		s.reserved += grow
 		grown := make([]byte, len(s.body), newCap)
 		copy(grown, s.body)
-		s.body = grown
+		s.body = append(grown, chunk...)
+	} else {
+		s.body = append(s.body, chunk...)
 	}
-	s.body = append(s.body, chunk...)
 	if !b.GetEndOfStream() {
 		return nil
 	}
