@@ -62,8 +62,8 @@ func main() {
 func run(ctx context.Context, binary string, streams int, sizes string, measure time.Duration) error {
 	fmt.Printf("payload processor, --request-buffer-budget %d MiB (40%% of the charts' 512 MiB limit), GOMEMLIMIT %q; %d stalled streams over 8 connections, %d KiB chunks\n\n",
 		budgetBytes>>20, os.Getenv("GOMEMLIMIT"), streams, chunkBytes>>10)
-	fmt.Println("| stalled body | held | refused 503 | RSS idle | RSS peak | good p50 before | good p99 before | good p50 during | good p99 during | good refused during |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| stalled body | held | refused 503 | RSS idle | RSS peak | RSS per held body byte | good p50 before | good p99 before | good p50 during | good p99 during | good refused during |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, f := range strings.Split(sizes, ",") {
 		size, err := parseSize(strings.TrimSpace(f))
 		if err != nil {
@@ -210,8 +210,14 @@ func runOne(ctx context.Context, binary string, streams, size int, measure time.
 	}
 	release()
 	stopSampling()
-	fmt.Printf("| %s | %d | %d | %d MiB | %d MiB | %s | %s | %s | %s | %d |\n", label, held.Load(), refused.Load(),
-		idleRSS>>20, peak.Load()>>20, pct(before, 50), pct(before, 99), pct(during, 50), pct(during, 99), goodRefused)
+	// Memory per in-flight byte: the RSS the held bodies added over idle,
+	// per byte of body they hold (each sent whole, not ended).
+	perByte := "-"
+	if h := held.Load(); h > 0 {
+		perByte = fmt.Sprintf("%.2f", float64(peak.Load()-idleRSS)/float64(h*int64(size)))
+	}
+	fmt.Printf("| %s | %d | %d | %d MiB | %d MiB | %s | %s | %s | %s | %s | %d |\n", label, held.Load(), refused.Load(),
+		idleRSS>>20, peak.Load()>>20, perByte, pct(before, 50), pct(before, 99), pct(during, 50), pct(during, 99), goodRefused)
 	if peak.Load() > chartMemoryLimit {
 		return fmt.Errorf("RSS peaked at %d MiB, over the charts' 512 MiB limit", peak.Load()>>20)
 	}
