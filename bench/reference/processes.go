@@ -99,6 +99,9 @@ func (r *rig) start(ctx context.Context, name, bin, addr string, args ...string)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+r.kubeconfig)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Should this command die (or be killed) with a processor stopped,
+	// the processor goes too rather than linger.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
 	}
