@@ -32,6 +32,7 @@ import (
 
 	"github.com/infergate/infergate/bench/extprocload"
 	"github.com/infergate/infergate/test/childproc"
+	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // netnsEnv marks the re-run inside the network namespace.
@@ -105,7 +106,8 @@ func run(ctx context.Context, o options) error {
 	if o.reference == "" {
 		return errors.New("--reference: the folder hack/reference.sh prints is required")
 	}
-	if err := setUpNamespace(); err != nil {
+	// The API server wants an address that is not loopback to advertise.
+	if err := gatewaytest.SetUpBridge(); err != nil {
 		return err
 	}
 	var comparisons []comparison
@@ -127,24 +129,6 @@ func run(ctx context.Context, o options) error {
 	for _, c := range comparisons {
 		if err := compare(ctx, rig, c, o); err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
-		}
-	}
-	return nil
-}
-
-// setUpNamespace brings up loopback and a bridge with no ports carrying
-// 192.0.2.1/24 and the default route: the API server wants an address that
-// is not loopback to advertise. Nothing leaves the namespace.
-func setUpNamespace() error {
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "infergate0", "type", "bridge"},
-		{"addr", "add", "192.0.2.1/24", "dev", "infergate0"},
-		{"link", "set", "infergate0", "up"},
-		{"route", "add", "default", "dev", "infergate0"},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %v: %w: %s", args, err, out)
 		}
 	}
 	return nil

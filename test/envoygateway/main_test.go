@@ -31,22 +31,10 @@ func TestMain(m *testing.M) {
 	os.Exit(gatewaytest.Main(m, []string{"--net", "--mount", "--propagation", "private"}, setUpNamespace))
 }
 
-// namespaceAddr is the address of the namespace's own (portless bridge) interface: the API
-// server wants a default route and an address to advertise. Nothing is
-// sent to it; every test server binds 127.0.0.1.
-const namespaceAddr = "192.0.2.1"
-
 func setUpNamespace() error {
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "infergate0", "type", "bridge"}, // a bridge with no ports: this kernel has no dummy driver
-		{"addr", "add", namespaceAddr + "/24", "dev", "infergate0"},
-		{"link", "set", "infergate0", "up"},
-		{"route", "add", "default", "dev", "infergate0"},
-	} {
-		if err := gatewaytest.IP(args...); err != nil {
-			return err
-		}
+	// Every test server binds 127.0.0.1; the bridge is for the API server.
+	if err := gatewaytest.SetUpBridge(); err != nil {
+		return err
 	}
 	if err := syscall.Mount("tmpfs", "/certs", "tmpfs", 0, "size=1m"); err != nil {
 		return fmt.Errorf("mount a private /certs: %w", err)

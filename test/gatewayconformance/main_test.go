@@ -29,16 +29,8 @@ func TestMain(m *testing.M) {
 }
 
 func setUpNamespace() error {
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "infergate0", "type", "bridge"}, // a bridge with no ports: this kernel has no dummy driver
-		{"addr", "add", "192.0.2.1/24", "dev", "infergate0"},
-		{"link", "set", "infergate0", "up"},
-		{"route", "add", "default", "dev", "infergate0"},
-	} {
-		if err := gatewaytest.IP(args...); err != nil {
-			return err
-		}
+	if err := gatewaytest.SetUpBridge(); err != nil {
+		return err
 	}
 	// Envoy Gateway reads its certificates from /certs and, in
 	// gateway-namespace mode, its service-account credentials from the

@@ -70,6 +70,33 @@ func Main(m *testing.M, unshareArgs []string, setUp func() error) int {
 	return m.Run()
 }
 
+// BridgeAddr is the address of a test namespace's own interface, a bridge
+// with no ports (this kernel has no dummy driver) that also carries the
+// default route: the API server wants an address that is not loopback to
+// advertise. Nothing is sent through it.
+const BridgeAddr = "192.0.2.1"
+
+// SetUpBridge brings up loopback and the bridge (BridgeAddr/24), with more
+// addresses (each /32) on it for servers that listen on addresses the API
+// server accepts in EndpointSlices, which loopback ones are not.
+func SetUpBridge(more ...string) error {
+	cmds := [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "infergate0", "type", "bridge"},
+		{"addr", "add", BridgeAddr + "/24", "dev", "infergate0"},
+	}
+	for _, a := range more {
+		cmds = append(cmds, []string{"addr", "add", a + "/32", "dev", "infergate0"})
+	}
+	cmds = append(cmds, []string{"link", "set", "infergate0", "up"}, []string{"route", "add", "default", "dev", "infergate0"})
+	for _, args := range cmds {
+		if err := IP(args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // IP runs `ip args...`, for namespace set-up.
 func IP(args ...string) error {
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

@@ -24,7 +24,7 @@ import (
 
 // namespaceAddr is the bridge's own address; podAddrs are more addresses
 // on it for the model servers' pods.
-const namespaceAddr = "192.0.2.1"
+const namespaceAddr = gatewaytest.BridgeAddr
 
 func podAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
 
@@ -33,19 +33,9 @@ func TestMain(m *testing.M) {
 }
 
 func setUpNamespace() error {
-	cmds := [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "infergate0", "type", "bridge"}, // a bridge with no ports: this kernel has no dummy driver
-		{"addr", "add", namespaceAddr + "/24", "dev", "infergate0"},
+	pods := make([]string, 8)
+	for i := range pods {
+		pods[i] = podAddr(i)
 	}
-	for i := range 8 {
-		cmds = append(cmds, []string{"addr", "add", podAddr(i) + "/32", "dev", "infergate0"})
-	}
-	cmds = append(cmds, []string{"link", "set", "infergate0", "up"}, []string{"route", "add", "default", "dev", "infergate0"})
-	for _, args := range cmds {
-		if err := gatewaytest.IP(args...); err != nil {
-			return err
-		}
-	}
-	return nil
+	return gatewaytest.SetUpBridge(pods...)
 }

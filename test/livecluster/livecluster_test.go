@@ -24,16 +24,8 @@ func TestMain(m *testing.M) {
 }
 
 func setUp() error {
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "infergate0", "type", "bridge"},
-		{"addr", "add", "192.0.2.1/24", "dev", "infergate0"},
-		{"link", "set", "infergate0", "up"},
-		{"route", "add", "default", "dev", "infergate0"},
-	} {
-		if err := gatewaytest.IP(args...); err != nil {
-			return err
-		}
+	if err := gatewaytest.SetUpBridge(); err != nil {
+		return err
 	}
 	return livecluster.SetUpAddresses()
 }
