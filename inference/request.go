@@ -36,10 +36,7 @@ func ParseRequest(raw []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sb strings.Builder
-	sb.Grow(b.textFieldBytes())
-	b.walkTexts(textWalker{sb: &sb}, textFields[:])
-	return &Request{Model: model, Prompt: sb.String(), Stream: b.Stream()}, nil
+	return &Request{Model: model, Prompt: b.Prompt(), Stream: b.Stream()}, nil
 }
 
 // Body is a validated JSON request body with the positions of the
@@ -60,6 +57,16 @@ func Parse(raw []byte) (*Body, error) {
 
 // Raw returns the body as parsed.
 func (b *Body) Raw() []byte { return b.s.b }
+
+// Prompt is the request's prompt text, as ParseRequest gives it, read from
+// the positions the validating pass remembered (the body is not scanned
+// again).
+func (b *Body) Prompt() string {
+	var sb strings.Builder
+	sb.Grow(b.textFieldBytes())
+	b.walkTexts(textWalker{sb: &sb}, textFields[:])
+	return sb.String()
+}
 
 // Model returns the non-empty "model" string or ErrMissingModel.
 func (b *Body) Model() (string, error) { return b.s.model() }

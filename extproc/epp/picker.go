@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,38 @@ type Picker struct {
 	picks      []scheduling.PickObserver
 	served     []scheduling.ServedObserver
 	seq        atomic.Uint64
+	// lbCache holds the envoy.lb metadata of recent destination values
+	// (value → *structpb.Struct), lbCached how many were stored since
+	// it was last cleared.
+	lbCache  sync.Map
+	lbCached atomic.Int64
+}
+
+// maxCachedMetadata bounds lbCache: a pool's single picks and the fallback
+// lists it answers most come to far fewer.
+const maxCachedMetadata = 4096
+
+// lbMetadata is the dynamic metadata naming value as the destination in
+// the envoy.lb namespace. It depends on value alone, so it is built once per
+// value and shared by the answers that carry it: they only read it (marshal
+// writes its cached size atomically). Building it was two maps and four
+// messages per request.
+func (p *Picker) lbMetadata(value string) *structpb.Struct {
+	if md, ok := p.lbCache.Load(value); ok {
+		return md.(*structpb.Struct)
+	}
+	md := lbStruct(map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)})
+	if p.lbCached.Add(1) > maxCachedMetadata {
+		p.lbCache.Clear()
+		p.lbCached.Store(1)
+	}
+	p.lbCache.Store(value, md)
+	return md
+}
+
+// lbStruct puts fields in the envoy.lb namespace.
+func lbStruct(fields map[string]*structpb.Value) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields})}}
 }
 
 // SetRewrites replaces the model rewrite rules (InferenceModelRewrite).
@@ -140,17 +173,23 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	}
 	var rewritten []byte // the body with the model rewritten, if it was
 	if r.Body != nil {
-		model, err := inference.ModelOf(r.Body)
+		// One validating pass: the model now, the prompt from it later if
+		// the profile reads it.
+		parsed, err := inference.Parse(r.Body)
 		if err != nil {
 			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
 		}
-		req.Model = model
+		model, err := parsed.Model()
+		if err != nil {
+			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
+		}
+		req.Model, req.Parsed = model, parsed
 		if rw := p.rewrites.Load(); rw != nil && len(*rw) > 0 {
 			if to, ok := rw.pick(model, rand.IntN); ok {
 				if rewritten, err = rewriteModel(r.Body, to); err != nil {
 					return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
 				}
-				req.Model, req.Body = to, rewritten
+				req.Model, req.Body, req.Parsed = to, rewritten, nil
 			}
 		}
 	}
@@ -220,7 +259,7 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	// tokenizer ratio, learned by the prefix producer.
 	targets[0].AddPending(int(float64(len(req.Prompt())) / targets[0].BytesPerToken()))
 	value := strings.Join(x.picked, ",")
-	lb := map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}
+	var md *structpb.Struct
 	if p.opts.EmitScores {
 		// Every candidate's score, not only the targets', so a reader can
 		// see what the pick won against.
@@ -228,7 +267,12 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		for _, c := range res.Profiles[res.Primary].Candidates {
 			scores[c.Address] = structpb.NewNumberValue(c.Score)
 		}
-		lb[ScoresKey] = structpb.NewStructValue(&structpb.Struct{Fields: scores})
+		md = lbStruct(map[string]*structpb.Value{
+			DestinationHeader: structpb.NewStringValue(value),
+			ScoresKey:         structpb.NewStructValue(&structpb.Struct{Fields: scores}),
+		})
+	} else {
+		md = p.lbMetadata(value)
 	}
 	if log := p.opts.Logger.V(1); log.Enabled() {
 		log.Info("picked", "request", req.ID, "model", req.Model, "targets", value, "profile", res.Primary, "score", targets[0].Score)
@@ -241,7 +285,7 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	return &server.Decision{
 		SetHeaders:      set,
 		Body:            rewritten,
-		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: lb})}},
+		DynamicMetadata: md,
 		ClearRouteCache: true,
 	}, outcomePicked
 }

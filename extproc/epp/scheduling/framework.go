@@ -27,7 +27,10 @@ type Request struct {
 	Headers map[string]string
 	// Body is the raw request body (nil for body-less requests); plugins
 	// that need the prompt call Prompt, which parses it once.
-	Body   []byte
+	Body []byte
+	// Parsed is Body already validated, when the caller has it: Prompt
+	// reads it instead of scanning Body again.
+	Parsed *inference.Body
 	prompt *string
 	attrs  map[string]any
 	// Priority comes from the request's objective; < 0 may be shed.
@@ -40,7 +43,9 @@ type Request struct {
 func (r *Request) Prompt() string {
 	if r.prompt == nil {
 		p := ""
-		if parsed, err := inference.ParseRequest(r.Body); err == nil {
+		if r.Parsed != nil {
+			p = r.Parsed.Prompt()
+		} else if parsed, err := inference.ParseRequest(r.Body); err == nil {
 			p = parsed.Prompt
 		}
 		r.prompt = &p
