@@ -32,7 +32,9 @@ type Request struct {
 	// reads it instead of scanning Body again.
 	Parsed *inference.Body
 	prompt *string
-	attrs  map[string]any
+	// attrs are few (a producer or two each store one), so a slice
+	// searched in order costs less than a map made for every request.
+	attrs []attr
 	// Priority comes from the request's objective; < 0 may be shed.
 	Priority   int
 	FairnessID string
@@ -55,14 +57,30 @@ func (r *Request) Prompt() string {
 
 // Attr returns what a plugin stored for this request under key (producers
 // leave their results here for filters and scorers), or nil.
-func (r *Request) Attr(key string) any { return r.attrs[key] }
+func (r *Request) Attr(key string) any {
+	for _, a := range r.attrs {
+		if a.key == key {
+			return a.value
+		}
+	}
+	return nil
+}
 
 // SetAttr stores a per-request value for other plugins.
 func (r *Request) SetAttr(key string, v any) {
-	if r.attrs == nil {
-		r.attrs = map[string]any{}
+	for i := range r.attrs {
+		if r.attrs[i].key == key {
+			r.attrs[i].value = v
+			return
+		}
 	}
-	r.attrs[key] = v
+	r.attrs = append(r.attrs, attr{key, v})
+}
+
+// attr is one value a plugin stored for a request.
+type attr struct {
+	key   string
+	value any
 }
 
 // Endpoint is a candidate as one scheduling cycle sees it.

@@ -336,3 +336,23 @@ func TestPromptIsParsedOnDemand(t *testing.T) {
 		t.Fatal("body-less request has a prompt")
 	}
 }
+
+// TestRequestAttrs: a plugin reads what another stored under its key, the
+// last value stored wins, and a key nobody stored reads nil.
+func TestRequestAttrs(t *testing.T) {
+	var r Request
+	r.SetAttr("a", 1)
+	r.SetAttr("b", "two")
+	r.SetAttr("a", 3)
+	for _, tc := range []struct {
+		key  string
+		want any
+	}{{"a", 3}, {"b", "two"}, {"c", nil}} {
+		if got := r.Attr(tc.key); got != tc.want {
+			t.Errorf("Attr(%q) = %v, want %v", tc.key, got, tc.want)
+		}
+	}
+	if len(r.attrs) != 2 {
+		t.Errorf("%d values held, want 2", len(r.attrs))
+	}
+}
