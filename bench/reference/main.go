@@ -7,8 +7,8 @@
 //
 // The pickers run as they do in a cluster: each follows the same
 // InferencePool and the ready Pods it selects on a real API server (the
-// test control plane), TLS on, over simulated model servers (infergate sim
-// processes) whose metrics they scrape. The payload processors read the same chat bodies, model
+// test control plane), TLS on, over simulated model servers whose metrics
+// they scrape. The payload processors read the same chat bodies, model
 // headers only (no guardrails). The reference binaries bind every
 // interface and read a kubeconfig, so the command re-runs itself in a
 // network namespace of its own (unshare, as root): nothing it starts is
@@ -139,7 +139,7 @@ func run(ctx context.Context, o options) error {
 type comparison struct {
 	name, key string
 	// start starts the reference (which false) or infergate's processor.
-	start func(r *rig, infergate bool) (*process, error)
+	start func(ctx context.Context, r *rig, infergate bool) (*process, error)
 	// request is the request both are driven with.
 	request func(o options) (extprocload.Request, error)
 	// goals states the targets against the measured ratios.
@@ -166,7 +166,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	}
 	procs := [2]*process{}
 	for i, infergate := range []bool{false, true} {
-		p, err := c.start(r, infergate)
+		p, err := c.start(ctx, r, infergate)
 		if err != nil {
 			return err
 		}

@@ -6,12 +6,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
+	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
@@ -24,15 +24,14 @@ const (
 )
 
 // rig is what both sides of every comparison share: the API server with
-// the pool and its Pods, the model servers behind them (infergate sim
-// processes, so that the driver's CPU is the driver's alone), a
-// kubeconfig for the processors, and a folder for their files and logs.
+// the pool and its Pods, the model servers behind them, a kubeconfig for
+// the processors, and a folder for their files and logs.
 type rig struct {
 	env        *controlplane.Env
 	kubeconfig string
 	dir        string
 	o          options
-	sims       []*process
+	stopSims   context.CancelFunc
 }
 
 func startRig(ctx context.Context, o options) (_ *rig, err error) {
@@ -47,7 +46,7 @@ func startRig(ctx context.Context, o options) (_ *rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &rig{env: env, o: o}
+	r := &rig{env: env, o: o, stopSims: func() {}}
 	defer func() {
 		if err != nil {
 			r.stop()
@@ -72,20 +71,22 @@ func startRig(ctx context.Context, o options) (_ *rig, err error) {
 	if err != nil {
 		return nil, err
 	}
+	simCtx, stopSims := context.WithCancel(context.Background())
+	r.stopSims = stopSims
 	labels := map[string]string{"app": poolName}
 	for i := range o.endpoints {
 		// Every address of 127.0.0.0/8 is the namespace's own loopback;
 		// the API server takes loopback Pod IPs.
 		ip := fmt.Sprintf("127.0.0.%d", 10+i)
-		name := fmt.Sprintf("sim-%d", i)
-		sim, err := r.startProcess(name, o.binary, false, "sim", "--name", name, "--address", ip, "--port", fmt.Sprint(simPort))
+		s, err := sim.New(sim.Config{Name: fmt.Sprintf("sim-%d", i)})
 		if err != nil {
 			return nil, err
 		}
-		r.sims = append(r.sims, sim)
-		if err := waitListening(ctx, net.JoinHostPort(ip, fmt.Sprint(simPort))); err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, fmt.Sprint(simPort)))
+		if err != nil {
+			return nil, err
 		}
+		go func() { _ = s.Serve(simCtx, ln) }()
 		if _, err := controlplane.CreatePod(ctx, c, namespace, fmt.Sprintf("sim-%d", i), labels, ip, true); err != nil {
 			return nil, err
 		}
@@ -104,21 +105,8 @@ func startRig(ctx context.Context, o options) (_ *rig, err error) {
 	return r, nil
 }
 
-// waitListening waits until something accepts connections at addr.
-func waitListening(ctx context.Context, addr string) error {
-	var d net.Dialer
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if c, err := d.DialContext(ctx, "tcp", addr); err == nil {
-			return c.Close()
-		}
-	}
-	return fmt.Errorf("nothing listens at %s after 10 s", addr)
-}
-
 func (r *rig) stop() {
-	for _, p := range r.sims {
-		p.stop()
-	}
+	r.stopSims()
 	_ = r.env.Stop()
 	if r.dir != "" {
 		_ = os.RemoveAll(r.dir)
