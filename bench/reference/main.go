@@ -143,7 +143,7 @@ type comparison struct {
 	// request is the request both are driven with.
 	request func(o options) (extprocload.Request, error)
 	// goals states the targets against the measured ratios.
-	goals func(ref, ours summary) []string
+	goals func(ref, ours sample) []string
 }
 
 // sample is one processor's figures in one round.
@@ -155,9 +155,6 @@ type sample struct {
 	rssMiB         float64
 	errors         int64
 }
-
-// summary is the medians of a processor's rounds.
-type summary struct{ sample }
 
 func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	req, err := c.request(o)
@@ -177,7 +174,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 		procs[i] = p
 	}
 	fmt.Printf("\n## %s: %d streams, closed loop, %d B bodies in %d chunk(s), %s per processor per round\n\n", c.name, o.streams, req.Size(), len(req.Chunks), o.duration)
-	fmt.Printf("| round | processor | requests/s | p50 | p99 | p999 | errors | CPU-s / 1,000 | driver CPU-s / 1,000 | RSS |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| round | processor | requests/s | p50 | p99 | p999 | errors | CPU-s / 1,000 | driver CPU-s / 1,000 (serving the simulators' metrics included) | RSS |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var samples [2][]sample
 	for round := range o.rounds {
 		order := []int{0, 1}
@@ -213,7 +210,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	}
 	ref, ours := median(samples[0]), median(samples[1])
 	fmt.Printf("\nMedians of %d rounds:\n\n| processor | requests/s | p50 | p99 | p999 | CPU-s / 1,000 | RSS |\n|---|---:|---:|---:|---:|---:|---:|\n", o.rounds)
-	for i, m := range []summary{ref, ours} {
+	for i, m := range []sample{ref, ours} {
 		fmt.Printf("| %s | %.0f | %s | %s | %s | %.2f | %.0f MiB |\n", procs[i].name, m.rate, ms(m.p50), ms(m.p99), ms(m.p999), m.cpuPer1k, m.rssMiB)
 	}
 	fmt.Printf("\ninfergate / reference: requests/s %.2f×, p99 %.2f×, CPU per request %.2f×, RSS %.2f×\n",
@@ -299,7 +296,7 @@ func profileSelf(path string) (stop func(), err error) {
 }
 
 // median takes each figure's median over the rounds on its own.
-func median(ss []sample) summary {
+func median(ss []sample) sample {
 	pick := func(f func(sample) float64) float64 {
 		v := make([]float64, len(ss))
 		for i, s := range ss {
@@ -311,7 +308,7 @@ func median(ss []sample) summary {
 	dur := func(f func(sample) time.Duration) time.Duration {
 		return time.Duration(pick(func(s sample) float64 { return float64(f(s)) }))
 	}
-	return summary{sample{
+	return sample{
 		rate: pick(func(s sample) float64 { return s.rate }),
 		p50:  dur(func(s sample) time.Duration { return s.p50 }), p99: dur(func(s sample) time.Duration { return s.p99 }),
 		p999:        dur(func(s sample) time.Duration { return s.p999 }),
@@ -319,7 +316,7 @@ func median(ss []sample) summary {
 		driverPer1k: pick(func(s sample) float64 { return s.driverPer1k }),
 		rssMiB:      pick(func(s sample) float64 { return s.rssMiB }),
 		errors:      int64(pick(func(s sample) float64 { return float64(s.errors) })),
-	}}
+	}
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 1, 64) + " ms" }

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// TestMedian: each figure's median is taken on its own, so a summary may
+// TestMedian: each figure's median is taken on its own, so the medians may
 // mix rounds (the fastest round need not have the lowest p99).
 func TestMedian(t *testing.T) {
 	ss := []sample{
@@ -15,7 +15,7 @@ func TestMedian(t *testing.T) {
 	}
 	m := median(ss)
 	if m.rate != 200 || m.p99 != 30*time.Millisecond || m.cpuPer1k != 0.4 || m.rssMiB != 80 {
-		t.Errorf("median %+v, want rate 200, p99 30ms, CPU 0.4, RSS 80", m.sample)
+		t.Errorf("median %+v, want rate 200, p99 30ms, CPU 0.4, RSS 80", m)
 	}
 	if one := median(ss[:1]); one.rate != 100 {
 		t.Errorf("one round: rate %v, want 100", one.rate)

@@ -38,7 +38,7 @@ var pickers = comparison{
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.eppBodyBytes, 0)
 	},
-	goals: func(ref, ours summary) []string {
+	goals: func(ref, ours sample) []string {
 		return []string{
 			fmt.Sprintf("goal requests/s ≥ 3× the reference's: %.2f×, %s", ours.rate/ref.rate, met(ours.rate >= 3*ref.rate)),
 			fmt.Sprintf("goal p99 ≤ 0.33× the reference's: %.2f×, %s", ours.p99.Seconds()/ref.p99.Seconds(), met(ours.p99.Seconds() <= 0.33*ref.p99.Seconds())),
@@ -65,7 +65,7 @@ var payloadProcessors = comparison{
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.payloadBodyBytes, o.payloadChunkBytes)
 	},
-	goals: func(ref, ours summary) []string {
+	goals: func(ref, ours sample) []string {
 		return []string{
 			fmt.Sprintf("goal RSS ≤ the reference's: %.0f against %.0f MiB, %s", ours.rssMiB, ref.rssMiB, met(ours.rssMiB <= ref.rssMiB)),
 			fmt.Sprintf("goal requests/s ≥ 1.4× the reference's: %.2f×, %s", ours.rate/ref.rate, met(ours.rate >= 1.4*ref.rate)),
