@@ -22,7 +22,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -34,9 +33,6 @@ import (
 	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
-
-// netnsEnv marks the re-run inside the network namespace.
-const netnsEnv = "INFERGATE_REFERENCE_NETNS"
 
 func main() {
 	var o options
@@ -55,8 +51,12 @@ func main() {
 	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
-	if os.Getenv(netnsEnv) == "" {
-		os.Exit(reexec(o.pin))
+	if !gatewaytest.InNamespace() {
+		var wrapper []string
+		if o.pin {
+			wrapper = []string{"taskset", "-c", "0"}
+		}
+		os.Exit(gatewaytest.Reexec([]string{"--net"}, wrapper...))
 	}
 	// The driver shares the two cores with the processors; collect less
 	// often so that its own garbage collection disturbs them less.
@@ -79,27 +79,6 @@ type options struct {
 	payloadBodyBytes, payloadChunkBytes int
 	pin                                 bool
 	profile, driverProfile              string
-}
-
-// reexec runs this command again in a network namespace of its own and
-// returns its exit code.
-func reexec(pin bool) int {
-	args := []string{"--net", "--"}
-	if pin {
-		args = append(args, "taskset", "-c", "0")
-	}
-	cmd := exec.Command("unshare", append(append(args, os.Args[0]), os.Args[1:]...)...)
-	cmd.Env = append(os.Environ(), netnsEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "reference: unshare --net (needs root):", err)
-		return 1
-	}
-	return 0
 }
 
 func run(ctx context.Context, o options) error {
@@ -139,7 +118,7 @@ func run(ctx context.Context, o options) error {
 type comparison struct {
 	name, key string
 	// start starts the reference (which false) or infergate's processor.
-	start func(ctx context.Context, r *rig, infergate bool) (*process, error)
+	start func(r *rig, infergate bool) (*process, error)
 	// request is the request both are driven with.
 	request func(o options) (extprocload.Request, error)
 	// goals states the targets against the measured ratios.
@@ -163,7 +142,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	}
 	procs := [2]*process{}
 	for i, infergate := range []bool{false, true} {
-		p, err := c.start(ctx, r, infergate)
+		p, err := c.start(r, infergate)
 		if err != nil {
 			return err
 		}

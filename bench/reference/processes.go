@@ -18,25 +18,28 @@ import (
 	"github.com/infergate/infergate/test/childproc"
 )
 
+// model is the model every request names (the simulators' default).
+const model = "meta-llama/Llama-3.1-8B-Instruct"
+
 // pickers: GAIE's endpoint picker against infergate's, both in Kubernetes
 // mode on the same pool with their default scheduling profiles, TLS on.
 var pickers = comparison{
 	name: "endpoint pickers", key: "epp",
-	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
+	start: func(r *rig, infergate bool) (*process, error) {
 		if !infergate {
-			return r.start(ctx, "GAIE epp v1.5.0", filepath.Join(r.o.reference, "epp"), "127.0.0.1:9002",
+			return r.start("GAIE epp v1.5.0", filepath.Join(r.o.reference, "epp"), "127.0.0.1:9002",
 				"--pool-name", poolName, "--pool-namespace", namespace,
 				"--grpc-port", "9002", "--grpc-health-port", "9003", "--metrics-port", "9090",
 				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
 		}
-		return r.startInfergate(ctx, "infergate epp", "127.0.0.1:9012", "127.0.0.1:9091", "epp",
+		return r.startInfergate("infergate epp", "127.0.0.1:9012", "127.0.0.1:9091", "epp",
 			"--pool-name", poolName, "--pool-namespace", namespace, "--kubeconfig", r.kubeconfig,
 			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9012",
 			"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9013",
 			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091", "--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
 	},
 	request: func(o options) (extprocload.Request, error) {
-		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.eppBodyBytes, 0)
+		return extprocload.Chat(model, o.eppBodyBytes, 0)
 	},
 	goals: func(ref, ours sample) []string {
 		return []string{
@@ -51,19 +54,19 @@ var pickers = comparison{
 // headers only, TLS on.
 var payloadProcessors = comparison{
 	name: "payload processors", key: "payload",
-	start: func(ctx context.Context, r *rig, infergate bool) (*process, error) {
+	start: func(r *rig, infergate bool) (*process, error) {
 		if !infergate {
-			return r.start(ctx, "GAIE bbr v1.5.0", filepath.Join(r.o.reference, "bbr"), "127.0.0.1:9004",
+			return r.start("GAIE bbr v1.5.0", filepath.Join(r.o.reference, "bbr"), "127.0.0.1:9004",
 				"--streaming", "--grpc-port", "9004", "--grpc-health-port", "9005", "--metrics-port", "9092",
 				"--secure-serving=true", "--tracing=false", "--metrics-endpoint-auth=false")
 		}
-		return r.startInfergate(ctx, "infergate payload", "127.0.0.1:9014", "127.0.0.1:9093", "payload",
+		return r.startInfergate("infergate payload", "127.0.0.1:9014", "127.0.0.1:9093", "payload",
 			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9014", "--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9015",
 			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9093",
 			"--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
 	},
 	request: func(o options) (extprocload.Request, error) {
-		return extprocload.Chat("meta-llama/Llama-3.1-8B-Instruct", o.payloadBodyBytes, o.payloadChunkBytes)
+		return extprocload.Chat(model, o.payloadBodyBytes, o.payloadChunkBytes)
 	},
 	goals: func(ref, ours sample) []string {
 		return []string{
@@ -85,7 +88,7 @@ type process struct {
 
 // start runs bin with args (KUBECONFIG set to the rig's), logging to a
 // file, and dials its ext_proc address over TLS.
-func (r *rig) start(ctx context.Context, name, bin, addr string, args ...string) (*process, error) {
+func (r *rig) start(name, bin, addr string, args ...string) (*process, error) {
 	logPath := filepath.Join(r.dir, strings.ReplaceAll(name, " ", "-")+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -116,8 +119,8 @@ func (r *rig) start(ctx context.Context, name, bin, addr string, args ...string)
 
 // startInfergate starts infergate's binary; metricsAddr is where it serves
 // pprof when a profile is asked for.
-func (r *rig) startInfergate(ctx context.Context, name, addr, metricsAddr string, args ...string) (*process, error) {
-	p, err := r.start(ctx, name, r.o.binary, addr, args...)
+func (r *rig) startInfergate(name, addr, metricsAddr string, args ...string) (*process, error) {
+	p, err := r.start(name, r.o.binary, addr, args...)
 	if err == nil && r.o.profile != "" {
 		p.pprofAddr = metricsAddr
 	}

@@ -49,19 +49,8 @@ const NetnsEnv = "INFERGATE_TEST_NETNS"
 // Control planes that bind every interface or read fixed paths run there
 // without touching the machine.
 func Main(m *testing.M, unshareArgs []string, setUp func() error) int {
-	if os.Getenv(NetnsEnv) == "" {
-		args := append(append(slices.Clone(unshareArgs), "--", os.Args[0]), os.Args[1:]...)
-		cmd := exec.Command("unshare", args...)
-		cmd.Env = append(os.Environ(), NetnsEnv+"=1")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
-				return ee.ExitCode()
-			}
-			fmt.Fprintln(os.Stderr, "unshare (needs root):", err)
-			return 1
-		}
-		return 0
+	if !InNamespace() {
+		return Reexec(unshareArgs)
 	}
 	if err := setUp(); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the namespace:", err)
@@ -95,6 +84,27 @@ func SetUpBridge(more ...string) error {
 		}
 	}
 	return nil
+}
+
+// InNamespace reports whether this process is Reexec's re-run.
+func InNamespace() bool { return os.Getenv(NetnsEnv) != "" }
+
+// Reexec runs this program again, with its arguments, under unshare with
+// unshareArgs, behind wrapper if given (e.g. taskset -c 0), and returns
+// the re-run's exit code.
+func Reexec(unshareArgs []string, wrapper ...string) int {
+	args := append(append(slices.Clone(unshareArgs), "--"), wrapper...)
+	cmd := exec.Command("unshare", append(append(args, os.Args[0]), os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), NetnsEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "unshare (needs root):", err)
+		return 1
+	}
+	return 0
 }
 
 // IP runs `ip args...`, for namespace set-up.
