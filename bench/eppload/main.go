@@ -161,7 +161,7 @@ func run(ctx context.Context, o options) error {
 			rssCol = fmt.Sprintf("%.0f MiB", float64(rss)/(1<<20))
 		}
 		fmt.Printf("| %d | %d | %.0f | %s | %s | %s | %s | %d | %s | %s |\n", n, len(r.Latencies), r.Rate(),
-			pct(r.Latencies, 0.50), pct(r.Latencies, 0.99), pct(r.Latencies, 0.999), pct(r.Latencies, 1), r.Errors, cpuCol, rssCol)
+			extprocload.Pct(r.Latencies, 0.50), extprocload.Pct(r.Latencies, 0.99), extprocload.Pct(r.Latencies, 0.999), extprocload.Pct(r.Latencies, 1), r.Errors, cpuCol, rssCol)
 		if r.First != nil {
 			notes = append(notes, fmt.Sprintf("%d streams: the first error was %v", n, r.First))
 		}
@@ -297,7 +297,7 @@ func openLoop(ctx context.Context, sub *subject, body extprocload.Request, o opt
 	}
 	printRow(fmt.Sprintf("%d @ %d/s", o.rateStreams, o.rate), r)
 	fmt.Printf("\nMeasured from the actual send of the body instead (driver wake-up delays excluded): p50 %s, p99 %s, max %s.\n",
-		pct(r.Service, 0.5), pct(r.Service, 0.99), pct(r.Service, 1))
+		extprocload.Pct(r.Service, 0.5), extprocload.Pct(r.Service, 0.99), extprocload.Pct(r.Service, 1))
 	if sub.pid != 0 {
 		cpuAfter, err := sub.cpu()
 		if err != nil {
@@ -337,7 +337,7 @@ func startSims(ctx context.Context, n int) (string, error) {
 
 func printRow(label string, r *extprocload.Result) {
 	fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %d |\n", label, len(r.Latencies), r.Rate(),
-		pct(r.Latencies, 0.50), pct(r.Latencies, 0.99), pct(r.Latencies, 1), r.Errors)
+		extprocload.Pct(r.Latencies, 0.50), extprocload.Pct(r.Latencies, 0.99), extprocload.Pct(r.Latencies, 1), r.Errors)
 }
 
 // memoryPerStream opens n streams that stay open past their headers (as
@@ -420,5 +420,3 @@ func (h *histogram) quantileSince(before *histogram, q float64) string {
 	}
 	return "+Inf"
 }
-
-func pct(sorted []time.Duration, p float64) string { return extprocload.Pct(sorted, p) }

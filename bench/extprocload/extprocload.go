@@ -122,8 +122,9 @@ type Result struct {
 	Errors    int64
 	First     error // the first error, if any
 	Elapsed   time.Duration
-	// Service is, for paced runs, the latency from the actual send of the
-	// body instead of its scheduled time (excludes the driver's own delays).
+	// Service is the latency from the actual send of the body; for paced
+	// runs it leaves out the wait for the scheduled time (the driver's own
+	// delays), for closed ones it is Latencies.
 	Service []time.Duration
 }
 
@@ -152,43 +153,12 @@ func Pct(sorted []time.Duration, q float64) string {
 // back to back, until dur passes. A run where every request failed is an
 // error carrying the first failure.
 func Closed(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, dur time.Duration) (*Result, error) {
-	var (
-		mu    sync.Mutex
-		all   []time.Duration
-		first error
-		errs  atomic.Int64
-		wg    sync.WaitGroup
-	)
-	start := time.Now()
-	stop := start.Add(dur)
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
-			var local []time.Duration
-			var localErr error
-			for time.Now().Before(stop) {
-				d, err := One(ctx, client, req)
-				if err != nil {
-					errs.Add(1)
-					localErr = cmp.Or(localErr, err)
-					continue
-				}
-				local = append(local, d)
-			}
-			mu.Lock()
-			all = append(all, local...)
-			first = cmp.Or(first, localErr)
-			mu.Unlock()
-		}()
+	stop := time.Now().Add(dur)
+	r := work(ctx, conns, req, n, func() (time.Time, bool) { return time.Time{}, time.Now().Before(stop) })
+	if len(r.Latencies) == 0 && r.First != nil {
+		return nil, fmt.Errorf("all %d requests failed, the first with: %w", r.Errors, r.First)
 	}
-	wg.Wait()
-	slices.Sort(all)
-	if len(all) == 0 && first != nil {
-		return nil, fmt.Errorf("all %d requests failed, the first with: %w", errs.Load(), first)
-	}
-	return &Result{Latencies: all, Errors: errs.Load(), First: first, Elapsed: time.Since(start)}, nil
+	return r, nil
 }
 
 // Paced offers rate requests/s for dur using at most n concurrent streams.
@@ -203,42 +173,61 @@ func Paced(ctx context.Context, conns []*grpc.ClientConn, req Request, n, rate i
 		jobs <- start.Add(time.Duration(i) * interval)
 	}
 	close(jobs)
+	return work(ctx, conns, req, n, func() (time.Time, bool) {
+		at, ok := <-jobs
+		return at, ok
+	})
+}
+
+// work runs n workers over conns until next says to stop. next gives the
+// time a request is due (zero: now); a request due later waits for its time,
+// and its latency counts from then, its service time from its send.
+func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, next func() (time.Time, bool)) *Result {
 	var (
-		mu           sync.Mutex
-		all, service []time.Duration
-		first        error
-		errs         atomic.Int64
-		wg           sync.WaitGroup
+		mu   sync.Mutex
+		r    Result
+		errs atomic.Int64
+		wg   sync.WaitGroup
 	)
+	start := time.Now()
 	for w := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
-			var local, localService []time.Duration
-			var localErr error
-			for at := range jobs {
+			var lat, service []time.Duration
+			var first error
+			for {
+				at, ok := next()
+				if !ok {
+					break
+				}
 				time.Sleep(time.Until(at))
 				d, err := One(ctx, client, req)
 				if err != nil {
 					errs.Add(1)
-					localErr = cmp.Or(localErr, err)
+					first = cmp.Or(first, err)
 					continue
 				}
-				local = append(local, time.Since(at))
-				localService = append(localService, d)
+				service = append(service, d)
+				if at.IsZero() {
+					lat = append(lat, d)
+				} else {
+					lat = append(lat, time.Since(at))
+				}
 			}
 			mu.Lock()
-			all = append(all, local...)
-			service = append(service, localService...)
-			first = cmp.Or(first, localErr)
+			r.Latencies = append(r.Latencies, lat...)
+			r.Service = append(r.Service, service...)
+			r.First = cmp.Or(r.First, first)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	slices.Sort(all)
-	slices.Sort(service)
-	return &Result{Latencies: all, Service: service, Errors: errs.Load(), First: first, Elapsed: time.Since(start)}
+	slices.Sort(r.Latencies)
+	slices.Sort(r.Service)
+	r.Errors, r.Elapsed = errs.Load(), time.Since(start)
+	return &r
 }
 
 // One is one request's request path: latency is from the first body chunk
