@@ -111,14 +111,15 @@ func mappingFor(engine string) (mapping, bool) {
 	return m, ok
 }
 
-// wants reports whether the mapping reads the family name.
-func (m mapping) wants(name string) bool {
-	if name == m.lora {
+// wants reports whether the mapping reads the family name (compared as
+// bytes, so that no string is made for it).
+func (m mapping) wants(name []byte) bool {
+	if m.lora != "" && string(name) == m.lora {
 		return true
 	}
 	for _, sig := range []signal{m.waiting, m.running, m.kvUsage, m.blockSize.signal, m.numGPUBlocks.signal, m.promptTokens, m.prefixQueries, m.prefixHits} {
 		for _, sel := range sig {
-			if sel.name == name {
+			if string(name) == sel.name {
 				return true
 			}
 		}

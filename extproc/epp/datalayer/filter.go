@@ -15,7 +15,7 @@ import (
 // still fails to parse.
 type familyFilter struct {
 	r    *bufio.Reader
-	want func(name string) bool
+	want func(name []byte) bool
 	line []byte // the rest of a kept line not yet read
 	// keeping and skipping: the line being read is longer than r's buffer
 	// and so far kept, or skipped.
@@ -23,7 +23,7 @@ type familyFilter struct {
 	err               error
 }
 
-func newFamilyFilter(r io.Reader, want func(string) bool) *familyFilter {
+func newFamilyFilter(r io.Reader, want func([]byte) bool) *familyFilter {
 	return &familyFilter{r: bufio.NewReaderSize(r, 16<<10), want: want}
 }
 
@@ -76,14 +76,15 @@ func (f *familyFilter) keep(line []byte) bool {
 }
 
 // metricName is the metric name that starts b, if b starts with one
-// followed by a label set, a space or the line's end.
-func metricName(b []byte) (string, bool) {
+// followed by a label set, a space or the line's end. It is b's own bytes:
+// a scrape reads every line, and a string for each would be garbage.
+func metricName(b []byte) ([]byte, bool) {
 	i := 0
 	for i < len(b) && (b[i] == '_' || b[i] == ':' || b[i] >= 'a' && b[i] <= 'z' || b[i] >= 'A' && b[i] <= 'Z' || i > 0 && b[i] >= '0' && b[i] <= '9') {
 		i++
 	}
 	if i == 0 || i < len(b) && b[i] != '{' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
-		return "", false
+		return nil, false
 	}
-	return string(b[:i]), true
+	return b[:i], true
 }
