@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -235,18 +236,27 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// failureOutput is what to show for a run whose failed tests are not the
+// expected ones: the run's own output of each unexpected failure (its
+// story, which the run's tail may no longer hold), or else the tail's last
+// n lines.
+func failureOutput(out string, failed, expected []string, n int) string {
+	unexpected := slices.DeleteFunc(slices.Clone(failed), func(name string) bool { return slices.Contains(expected, name) })
+	return cmp.Or(testsOutput(out, unexpected), tail(out, n))
+}
+
 // testsOutput is what the run printed for each of the named tests, from
-// its "=== RUN" line to the next test's: a failing test's own story, which
-// the run's tail may no longer hold.
+// its "=== RUN" line to the next test's.
 func testsOutput(out string, names []string) string {
+	const run = "=== RUN   " + gatewayProfileRun + "/"
+	lines := strings.Split(out, "\n")
 	var b strings.Builder
 	for _, name := range names {
-		start := "=== RUN   " + gatewayProfileRun + "/" + name
 		in := false
-		for _, line := range strings.Split(out, "\n") {
+		for _, line := range lines {
 			trimmed := strings.TrimSpace(line)
-			if rest, ok := strings.CutPrefix(trimmed, "=== RUN   "+gatewayProfileRun+"/"); ok {
-				in = trimmed == start || strings.HasPrefix(rest, name+"/")
+			if rest, ok := strings.CutPrefix(trimmed, run); ok {
+				in = rest == name || strings.HasPrefix(rest, name+"/")
 			}
 			if in {
 				b.WriteString(line)
@@ -259,3 +269,20 @@ func testsOutput(out string, names []string) string {
 
 // gatewayProfileRun is the name the command runs the profile under.
 const gatewayProfileRun = "GatewayProfile"
+
+// TestFailureOutput: a run that failed tests it should not have shows
+// those tests' own output (their subtests too), not others'; with none to
+// show, the run's tail.
+func TestFailureOutput(t *testing.T) {
+	out := strings.Join([]string{
+		"    === RUN   GatewayProfile/A", "first", "    === RUN   GatewayProfile/A/sub", "second",
+		"    === RUN   GatewayProfile/AB", "third", "    === RUN   GatewayProfile/B", "fourth", "end",
+	}, "\n")
+	got := failureOutput(out, []string{"A", "B"}, []string{"B"}, 1)
+	if !strings.Contains(got, "first") || !strings.Contains(got, "second") || strings.Contains(got, "third") || strings.Contains(got, "fourth") {
+		t.Errorf("unexpected failure A: got\n%s", got)
+	}
+	if got := failureOutput(out, []string{"B"}, []string{"B"}, 1); got != "end" {
+		t.Errorf("no unexpected failure: got %q, want the tail", got)
+	}
+}

@@ -1,7 +1,6 @@
 package gatewayconformance
 
 import (
-	"cmp"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -61,8 +60,7 @@ func TestIstio(t *testing.T) {
 			want = append(want, gateway.TestPoolStatus)
 		}
 		if !slices.Equal(pr.Core.FailedTests, want) {
-			unexpected := slices.DeleteFunc(slices.Clone(pr.Core.FailedTests), func(n string) bool { return slices.Contains(want, n) })
-			t.Errorf("Istio, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, cmp.Or(testsOutput(out, unexpected), tail(out, 150)))
+			t.Errorf("Istio, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, failureOutput(out, pr.Core.FailedTests, want, 150))
 		}
 		t.Logf("Istio %s, profile %s: %s, %d passed, %d skipped, failed %v", r.version, pr.Name, pr.Core.Result, pr.Core.Passed, pr.Core.Skipped, pr.Core.FailedTests)
 	}
