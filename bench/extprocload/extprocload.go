@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // Dial opens n connections to an ext_proc processor at target, over TLS
@@ -56,13 +57,33 @@ func Close(conns []*grpc.ClientConn) {
 }
 
 // Request is a request as the driver sends it: its headers message, its
-// body's chunks, and those as the body messages, built once so that the
-// driver does not build them again for every request it sends (they are
-// only read, so every stream may send the same ones).
+// body's chunks, and those as the body messages, built and encoded once
+// (by Chat) so that the driver does not build them again for every
+// request it sends (they are only read, so every stream may send the same
+// ones).
 type Request struct {
 	Headers *extprocv3.ProcessingRequest
 	Chunks  [][]byte
 	Bodies  []*extprocv3.ProcessingRequest
+	// wire is Headers, then Bodies, encoded.
+	wire []encoded
+}
+
+// messages is the request's messages in their wire form, in the order
+// they are sent.
+func (r Request) messages() ([]encoded, error) {
+	if r.wire != nil {
+		return r.wire, nil
+	}
+	var out []encoded
+	for _, m := range append([]*extprocv3.ProcessingRequest{r.Headers}, r.Bodies...) {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
 }
 
 // Size is the body's length.
@@ -96,6 +117,11 @@ func Chat(model string, size, chunk int) (Request, error) {
 		out.Bodies = append(out.Bodies, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 			RequestBody: &extprocv3.HttpBody{Body: out.Chunks[len(out.Chunks)-1], EndOfStream: len(whole) == 0}}})
 	}
+	wire, err := out.messages()
+	if err != nil {
+		return Request{}, err
+	}
+	out.wire = wire
 	return out, nil
 }
 
@@ -237,34 +263,38 @@ func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, nex
 // headers) and the body has come back; an immediate response or no headers
 // set is an error.
 func One(ctx context.Context, client extprocv3.ExternalProcessorClient, req Request) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	st, err := client.Process(ctx)
+	msgs, err := req.messages()
 	if err != nil {
 		return 0, err
 	}
-	if err := st.Send(req.Headers); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := client.Process(ctx, grpc.ForceCodecV2(wireCodec{}))
+	if err != nil {
+		return 0, err
+	}
+	if err := st.SendMsg(msgs[0]); err != nil {
 		return 0, err
 	}
 	t0 := time.Now()
-	for _, m := range req.Bodies {
-		if err := st.Send(m); err != nil {
+	for _, m := range msgs[1:] {
+		if err := st.SendMsg(m); err != nil {
 			return 0, err
 		}
 	}
 	picked := false
+	var a answer
 	for {
-		r, err := st.Recv()
-		if err != nil {
+		if err := st.RecvMsg(&a); err != nil {
 			return 0, err
 		}
-		if h := r.GetRequestHeaders(); h != nil {
-			picked = len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) > 0
+		if a.headers {
+			picked = a.setHeaders > 0
 		}
-		if r.GetImmediateResponse() != nil {
-			return 0, fmt.Errorf("immediate response %d", r.GetImmediateResponse().GetStatus().GetCode())
+		if a.immediate {
+			return 0, fmt.Errorf("immediate response %d", a.status)
 		}
-		if sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil && sr.GetEndOfStream() {
+		if a.streamedEnd {
 			break
 		}
 	}
