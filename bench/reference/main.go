@@ -131,8 +131,12 @@ type sample struct {
 	p50, p99, p999 time.Duration
 	cpuPer1k       float64 // CPU-seconds per 1,000 answered requests
 	driverPer1k    float64 // the driver's, likewise
-	rssMiB         float64
-	errors         int64
+	// The processor's read and write system calls per answered request:
+	// on loopback a write carries the receiver's TCP work too, so fewer,
+	// larger writes are much of what a processor can save per request.
+	readsPerReq, writesPerReq float64
+	rssMiB                    float64
+	errors                    int64
 }
 
 func compare(ctx context.Context, r *rig, c comparison, o options) error {
@@ -153,7 +157,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 		procs[i] = p
 	}
 	fmt.Printf("\n## %s: %d streams, closed loop, %d B bodies in %d chunk(s), %s per processor per round\n\n", c.name, o.streams, req.Size(), len(req.Chunks), o.duration)
-	fmt.Printf("| round | processor | requests/s | p50 | p99 | p999 | errors | CPU-s / 1,000 | driver CPU-s / 1,000 (serving the simulators' metrics included) | RSS |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| round | processor | requests/s | p50 | p99 | p999 | errors | CPU-s / 1,000 | driver CPU-s / 1,000 (serving the simulators' metrics included) | reads, writes / request | RSS |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var samples [2][]sample
 	for round := range o.rounds {
 		order := []int{0, 1}
@@ -183,14 +187,14 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 				return fmt.Errorf("%s: %w", procs[i].name, err)
 			}
 			samples[i] = append(samples[i], s)
-			fmt.Printf("| %d | %s | %.0f | %s | %s | %s | %d | %.2f | %.2f | %.0f MiB |\n", round+1, procs[i].name, s.rate,
-				ms(s.p50), ms(s.p99), ms(s.p999), s.errors, s.cpuPer1k, s.driverPer1k, s.rssMiB)
+			fmt.Printf("| %d | %s | %.0f | %s | %s | %s | %d | %.2f | %.2f | %.2f, %.2f | %.0f MiB |\n", round+1, procs[i].name, s.rate,
+				ms(s.p50), ms(s.p99), ms(s.p999), s.errors, s.cpuPer1k, s.driverPer1k, s.readsPerReq, s.writesPerReq, s.rssMiB)
 		}
 	}
 	ref, ours := median(samples[0]), median(samples[1])
-	fmt.Printf("\nMedians of %d rounds:\n\n| processor | requests/s | p50 | p99 | p999 | CPU-s / 1,000 | RSS |\n|---|---:|---:|---:|---:|---:|---:|\n", o.rounds)
+	fmt.Printf("\nMedians of %d rounds:\n\n| processor | requests/s | p50 | p99 | p999 | CPU-s / 1,000 | reads, writes / request | RSS |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", o.rounds)
 	for i, m := range []sample{ref, ours} {
-		fmt.Printf("| %s | %.0f | %s | %s | %s | %.2f | %.0f MiB |\n", procs[i].name, m.rate, ms(m.p50), ms(m.p99), ms(m.p999), m.cpuPer1k, m.rssMiB)
+		fmt.Printf("| %s | %.0f | %s | %s | %s | %.2f | %.2f, %.2f | %.0f MiB |\n", procs[i].name, m.rate, ms(m.p50), ms(m.p99), ms(m.p999), m.cpuPer1k, m.readsPerReq, m.writesPerReq, m.rssMiB)
 	}
 	fmt.Printf("\ninfergate / reference: requests/s %.2f×, p99 %.2f×, CPU per request %.2f×, RSS %.2f×\n",
 		ours.rate/ref.rate, ours.p99.Seconds()/ref.p99.Seconds(), ours.cpuPer1k/ref.cpuPer1k, ours.rssMiB/ref.rssMiB)
@@ -212,6 +216,10 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 		return sample{}, err
 	}
 	self0, err := childproc.CPUTime(os.Getpid())
+	if err != nil {
+		return sample{}, err
+	}
+	reads0, writes0, err := childproc.Syscalls(p.cmd.Process.Pid)
 	if err != nil {
 		return sample{}, err
 	}
@@ -245,6 +253,10 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	if err != nil {
 		return sample{}, err
 	}
+	reads1, writes1, err := childproc.Syscalls(p.cmd.Process.Pid)
+	if err != nil {
+		return sample{}, err
+	}
 	answered := float64(max(len(res.Latencies), 1))
 	rss, err := p.rss()
 	if err != nil {
@@ -253,6 +265,7 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	return sample{
 		rate: res.Rate(), p50: res.Quantile(0.5), p99: res.Quantile(0.99), p999: res.Quantile(0.999),
 		cpuPer1k: (cpu1 - cpu0).Seconds() * 1000 / answered, driverPer1k: (self1 - self0).Seconds() * 1000 / answered,
+		readsPerReq: float64(reads1-reads0) / answered, writesPerReq: float64(writes1-writes0) / answered,
 		rssMiB: float64(rss) / (1 << 20), errors: res.Errors,
 	}, nil
 }
@@ -290,11 +303,13 @@ func median(ss []sample) sample {
 	return sample{
 		rate: pick(func(s sample) float64 { return s.rate }),
 		p50:  dur(func(s sample) time.Duration { return s.p50 }), p99: dur(func(s sample) time.Duration { return s.p99 }),
-		p999:        dur(func(s sample) time.Duration { return s.p999 }),
-		cpuPer1k:    pick(func(s sample) float64 { return s.cpuPer1k }),
-		driverPer1k: pick(func(s sample) float64 { return s.driverPer1k }),
-		rssMiB:      pick(func(s sample) float64 { return s.rssMiB }),
-		errors:      int64(pick(func(s sample) float64 { return float64(s.errors) })),
+		p999:         dur(func(s sample) time.Duration { return s.p999 }),
+		cpuPer1k:     pick(func(s sample) float64 { return s.cpuPer1k }),
+		driverPer1k:  pick(func(s sample) float64 { return s.driverPer1k }),
+		readsPerReq:  pick(func(s sample) float64 { return s.readsPerReq }),
+		writesPerReq: pick(func(s sample) float64 { return s.writesPerReq }),
+		rssMiB:       pick(func(s sample) float64 { return s.rssMiB }),
+		errors:       int64(pick(func(s sample) float64 { return float64(s.errors) })),
 	}
 }
 

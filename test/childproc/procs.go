@@ -1,6 +1,7 @@
 // Package childproc has the small process helpers the demo and the benchmark
 // drivers share: free loopback addresses for the children they start, the
-// tail of a child's log, and a child's CPU time and memory from /proc.
+// tail of a child's log, and a child's CPU time, memory and system calls
+// from /proc.
 package childproc
 
 import (
@@ -52,6 +53,40 @@ func CPUTime(pid int) (time.Duration, error) {
 		return 0, errors.New("unexpected /proc stat values")
 	}
 	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// Syscalls is how many read and write system calls (of any kind: files,
+// sockets, pipes) a process has made, from /proc (Linux).
+func Syscalls(pid int) (reads, writes int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	found := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), ": ")
+		var dst *int64
+		switch {
+		case !ok:
+			continue
+		case name == "syscr":
+			dst = &reads
+		case name == "syscw":
+			dst = &writes
+		default:
+			continue
+		}
+		if *dst, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/%d/io %s: %w", pid, name, err)
+		}
+		found++
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("/proc/%d/io: syscr or syscw not found", pid)
+	}
+	return reads, writes, sc.Err()
 }
 
 // RSS is a process's resident memory in bytes, from /proc (Linux).

@@ -15,6 +15,16 @@ func TestSelfFigures(t *testing.T) {
 	if err != nil || rss < 1<<20 {
 		t.Fatalf("rss %d, %v: a Go test binary holds more than 1 MiB", rss, err)
 	}
+	r0, w0, err := Syscalls(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(t.TempDir(), "f"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r1, w1, err := Syscalls(os.Getpid()); err != nil || w1 <= w0 || r1 < r0 {
+		t.Fatalf("writes %d → %d, reads %d → %d after writing a file, %v", w0, w1, r0, r1, err)
+	}
 	if _, err := CPUTime(-1); err == nil {
 		t.Fatal("no error for a process that does not exist")
 	}
