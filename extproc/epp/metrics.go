@@ -19,11 +19,51 @@ const (
 	outcomeCancelled   = "cancelled"
 )
 
+// Matches of the served endpoint to the pick, the label of the served
+// counter.
+const (
+	servedPrimary    = "primary"
+	servedFallback   = "fallback"
+	servedOther      = "other"
+	servedUnreported = "unreported"
+)
+
 // metrics are the picker's Prometheus series.
 type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   prometheus.Histogram
 	served    *prometheus.CounterVec
+	// The counters of every label value, resolved once: looking a label
+	// up hashes it and takes a lock, for every request.
+	decisionsBy, servedBy map[string]prometheus.Counter
+}
+
+// decided is the decisions counter of outcome.
+func (m *metrics) decided(outcome string) prometheus.Counter {
+	return resolved(m.decisionsBy, m.decisions, outcome)
+}
+
+// servedAs is the served counter of match.
+func (m *metrics) servedAs(match string) prometheus.Counter {
+	return resolved(m.servedBy, m.served, match)
+}
+
+// resolved is the counter of label value l, from those resolved once or,
+// for a value not listed there, from v.
+func resolved(by map[string]prometheus.Counter, v *prometheus.CounterVec, l string) prometheus.Counter {
+	if c, ok := by[l]; ok {
+		return c
+	}
+	return v.WithLabelValues(l)
+}
+
+// counters resolves v's counter of each label value.
+func counters(v *prometheus.CounterVec, values ...string) map[string]prometheus.Counter {
+	out := make(map[string]prometheus.Counter, len(values))
+	for _, l := range values {
+		out[l] = v.WithLabelValues(l)
+	}
+	return out
 }
 
 func newMetrics(reg prometheus.Registerer, store *datastore.Store, staleness time.Duration, saturation func() float64) *metrics {
@@ -42,6 +82,8 @@ func newMetrics(reg prometheus.Registerer, store *datastore.Store, staleness tim
 			Help: "Responses by how the endpoint that served (reported by the proxy) relates to the pick: primary, fallback (later in the list), other (not picked), unreported.",
 		}, []string{"match"}),
 	}
+	m.decisionsBy = counters(m.decisions, outcomePicked, outcomeNoEndpoints, outcomeSubsetEmpty, outcomeShed, outcomeBadRequest, outcomeError, outcomeCancelled)
+	m.servedBy = counters(m.served, servedPrimary, servedFallback, servedOther, servedUnreported)
 	reg.MustRegister(m.decisions, m.latency, m.served,
 		&endpointCollector{store: store, staleness: staleness},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

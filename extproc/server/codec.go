@@ -36,26 +36,32 @@ func newCodec() (*codec, error) {
 func (c *codec) Name() string { return "proto" }
 
 func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
+	var tail []byte // encoded fields appended to m's
 	m, ok := v.(proto.Message)
+	if w, isW := v.(withMetadata); isW {
+		m, tail, ok = w.resp, w.md.wire, true
+	}
 	if !ok {
 		return nil, fmt.Errorf("proto: cannot marshal %T, not a proto.Message", v)
 	}
-	size := proto.Size(m)
+	size := proto.Size(m) + len(tail)
 	// UseCachedSize reuses the size just computed; nothing else writes m
 	// while it is being sent.
 	opts := proto.MarshalOptions{UseCachedSize: true}
 	if mem.IsBelowBufferPoolingThreshold(size) {
-		b, err := opts.Marshal(m)
+		b, err := opts.MarshalAppend(make([]byte, 0, size), m)
 		if err != nil {
 			return nil, err
 		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		return mem.BufferSlice{mem.SliceBuffer(append(b, tail...))}, nil
 	}
 	buf := c.pool.Get(size)
-	if _, err := opts.MarshalAppend((*buf)[:0], m); err != nil {
+	b, err := opts.MarshalAppend((*buf)[:0], m)
+	if err != nil {
 		c.pool.Put(buf)
 		return nil, err
 	}
+	*buf = append(b, tail...)
 	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
 }
 

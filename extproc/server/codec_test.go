@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // TestCodecPoolsChunksInTheirOwnTier: a streamed body chunk of the largest
@@ -40,5 +42,44 @@ func TestCodecPoolsChunksInTheirOwnTier(t *testing.T) {
 	}
 	if c.Name() != "proto" {
 		t.Errorf("codec name %q, want proto (the content-subtype gateways send)", c.Name())
+	}
+}
+
+// TestCodecAppendsEncodedMetadata: an answer sent with encoded metadata
+// reads back as the same answer carrying that metadata, for a small answer
+// and for a body chunk marshalled into a pooled buffer.
+func TestCodecAppendsEncodedMetadata(t *testing.T) {
+	c, err := newCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := structpb.NewStruct(map[string]any{"envoy.lb": map[string]any{"x-gateway-destination-endpoint": "10.0.0.1:8000,10.0.0.2:8000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, err := EncodeMetadata(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if enc.Struct() != md {
+		t.Error("Struct is not the metadata encoded")
+	}
+	for _, size := range []int{0, 100, MaxChunkBytes} {
+		resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{ClearRouteCache: true, BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: bytes.Repeat([]byte{'x'}, size)}}}}}}
+		data, err := c.Marshal(withMetadata{resp: resp, md: enc})
+		if err != nil {
+			t.Fatalf("%d B: %v", size, err)
+		}
+		var back extprocv3.ProcessingResponse
+		if err := c.Unmarshal(data, &back); err != nil {
+			t.Fatalf("%d B: %v", size, err)
+		}
+		data.Free()
+		want := proto.Clone(resp).(*extprocv3.ProcessingResponse)
+		want.DynamicMetadata = md
+		if !proto.Equal(&back, want) {
+			t.Errorf("%d B body: read back %v, want %v", size, &back, want)
+		}
 	}
 }

@@ -111,6 +111,10 @@ type Decision struct {
 	// DynamicMetadata is emitted as ProcessingResponse.dynamic_metadata
 	// (namespace → fields).
 	DynamicMetadata *structpb.Struct
+	// EncodedMetadata, when set, is sent instead of DynamicMetadata: the
+	// same kind of metadata, encoded once (EncodeMetadata) and shared by
+	// the decisions that carry it.
+	EncodedMetadata *EncodedMetadata
 	// Body, when non-nil, replaces the request body.
 	Body []byte
 	// ClearRouteCache asks the proxy to re-run route selection because a

@@ -316,7 +316,7 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	}
 	switch phase {
 	case requestPhaseHeaders:
-		return s.send(headersResponse(d, true))
+		return s.sendDecision(headersResponse(d, true), d)
 	case requestPhaseBufferedBody:
 		resp := &extprocv3.ProcessingResponse{
 			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
@@ -329,11 +329,11 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 				Mutation: &extprocv3.BodyMutation_Body{Body: d.Body},
 			}
 		}
-		return s.send(resp)
+		return s.sendDecision(resp, d)
 	}
 	// FULL_DUPLEX_STREAMED: headers response, then the body re-emitted in
 	// bounded chunks, then the trailers response if the request had trailers.
-	if err := s.send(headersResponse(d, true)); err != nil {
+	if err := s.sendDecision(headersResponse(d, true), d); err != nil {
 		return err
 	}
 	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true, nil); err != nil {
@@ -357,7 +357,7 @@ func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders
 	if d.Reject != nil {
 		return s.reject(d.Reject)
 	}
-	return s.send(headersResponse(d, false))
+	return s.sendDecision(headersResponse(d, false), d)
 }
 
 func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
@@ -419,6 +419,19 @@ func (s *stream) reject(r *Rejection) error {
 
 func (s *stream) send(resp *extprocv3.ProcessingResponse) error {
 	if err := s.grpc.Send(resp); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
+
+// sendDecision sends resp, an answer carrying d, with d's encoded metadata
+// appended when it has some.
+func (s *stream) sendDecision(resp *extprocv3.ProcessingResponse, d *Decision) error {
+	if d.EncodedMetadata == nil {
+		return s.send(resp)
+	}
+	resp.DynamicMetadata = nil
+	if err := s.grpc.SendMsg(withMetadata{resp: resp, md: d.EncodedMetadata}); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	return nil
