@@ -29,8 +29,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/infergate/infergate/bench/extprocload"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/childproc"
@@ -88,7 +86,7 @@ type options struct {
 // subject is the processor under load: the connections to it, its process
 // (0: unknown) and, for infergate's picker, its metrics address.
 type subject struct {
-	conns       []*grpc.ClientConn
+	conns       []*extprocload.Conn
 	pid         int
 	metricsAddr string
 	desc        string
@@ -343,7 +341,7 @@ func printRow(label string, r *extprocload.Result) {
 // memoryPerStream opens n streams that stay open past their headers (as
 // during a long request body upload) and reports the picker's RSS growth
 // per stream.
-func memoryPerStream(ctx context.Context, conns []*grpc.ClientConn, pid, n int) (float64, error) {
+func memoryPerStream(ctx context.Context, conns []*extprocload.Conn, pid, n int) (float64, error) {
 	before, err := childproc.RSS(pid)
 	if err != nil {
 		return 0, err

@@ -8,7 +8,6 @@ package extprocload
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,37 +23,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
 )
-
-// Dial opens n connections to an ext_proc processor at target, over TLS
-// accepting any certificate (as gateways reach pickers) or in plain text.
-func Dial(target string, useTLS bool, n int) ([]*grpc.ClientConn, error) {
-	creds := insecure.NewCredentials()
-	if useTLS {
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // pickers serve self-signed certificates, as gateways accept
-	}
-	var conns []*grpc.ClientConn
-	for range n {
-		c, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			Close(conns)
-			return nil, err
-		}
-		conns = append(conns, c)
-	}
-	return conns, nil
-}
-
-// Close closes connections Dial opened.
-func Close(conns []*grpc.ClientConn) {
-	for _, c := range conns {
-		_ = c.Close()
-	}
-}
 
 // Request is a request as the driver sends it: its headers message, its
 // body's chunks, and those as the body messages, built and encoded once
@@ -65,19 +34,19 @@ type Request struct {
 	Headers *extprocv3.ProcessingRequest
 	Chunks  [][]byte
 	Bodies  []*extprocv3.ProcessingRequest
-	// wire is Headers, then Bodies, encoded.
-	wire []encoded
+	// wire is Headers, then Bodies, as gRPC messages.
+	wire []framed
 }
 
 // messages is the request's messages in their wire form, in the order
 // they are sent.
-func (r Request) messages() ([]encoded, error) {
+func (r Request) messages() ([]framed, error) {
 	if r.wire != nil {
 		return r.wire, nil
 	}
-	var out []encoded
+	var out []framed
 	for _, m := range append([]*extprocv3.ProcessingRequest{r.Headers}, r.Bodies...) {
-		b, err := proto.Marshal(m)
+		b, err := frame(m)
 		if err != nil {
 			return nil, err
 		}
@@ -178,7 +147,7 @@ func Pct(sorted []time.Duration, q float64) string {
 // Closed runs n workers over conns, each sending one request per stream
 // back to back, until dur passes. A run where every request failed is an
 // error carrying the first failure.
-func Closed(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, dur time.Duration) (*Result, error) {
+func Closed(ctx context.Context, conns []*Conn, req Request, n int, dur time.Duration) (*Result, error) {
 	stop := time.Now().Add(dur)
 	r := work(ctx, conns, req, n, func() (time.Time, bool) { return time.Time{}, time.Now().Before(stop) })
 	if len(r.Latencies) == 0 && r.First != nil {
@@ -190,7 +159,7 @@ func Closed(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, d
 // Paced offers rate requests/s for dur using at most n concurrent streams.
 // Latency runs from each request's scheduled time, so a stall in the
 // processor shows up instead of silently lowering the offered load.
-func Paced(ctx context.Context, conns []*grpc.ClientConn, req Request, n, rate int, dur time.Duration) *Result {
+func Paced(ctx context.Context, conns []*Conn, req Request, n, rate int, dur time.Duration) *Result {
 	total := int(float64(rate) * dur.Seconds())
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
@@ -208,7 +177,7 @@ func Paced(ctx context.Context, conns []*grpc.ClientConn, req Request, n, rate i
 // work runs n workers over conns until next says to stop. next gives the
 // time a request is due (zero: now); a request due later waits for its time,
 // and its latency counts from then, its service time from its send.
-func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, next func() (time.Time, bool)) *Result {
+func work(ctx context.Context, conns []*Conn, req Request, n int, next func() (time.Time, bool)) *Result {
 	var (
 		mu   sync.Mutex
 		r    Result
@@ -220,7 +189,7 @@ func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, nex
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			client := extprocv3.NewExternalProcessorClient(conns[w%len(conns)])
+			c := conns[w%len(conns)]
 			var lat, service []time.Duration
 			var first error
 			for {
@@ -229,7 +198,7 @@ func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, nex
 					break
 				}
 				time.Sleep(time.Until(at))
-				d, err := One(ctx, client, req)
+				d, err := One(ctx, c, req)
 				if err != nil {
 					errs.Add(1)
 					first = cmp.Or(first, err)
@@ -256,67 +225,69 @@ func work(ctx context.Context, conns []*grpc.ClientConn, req Request, n int, nex
 	return &r
 }
 
-// One is one request's request path: latency is from the first body chunk
-// sent to the last body chunk answered (the pick is in between; with the
-// body in one chunk, from its send). An answer counts once the headers
+// One is one request's request path on a stream of its own over c:
+// latency is from the first body chunk sent to the last body chunk
+// answered (the pick is in between; with the body in one chunk, from its
+// send), as the connection reads it. An answer counts once the headers
 // response sets headers (a picker's pick, a payload processor's model
-// headers) and the body has come back; an immediate response or no headers
-// set is an error.
-func One(ctx context.Context, client extprocv3.ExternalProcessorClient, req Request) (time.Duration, error) {
+// headers) and the body has come back; an immediate response, no headers
+// set, a failed stream or no answer within 10 s is an error. The stream is
+// then half-closed, as a proxy does once its request is done.
+func One(ctx context.Context, c *Conn, req Request) (time.Duration, error) {
 	msgs, err := req.messages()
 	if err != nil {
 		return 0, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	st, err := client.Process(ctx, grpc.ForceCodecV2(wireCodec{}))
+	h, err := c.conn(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if err := st.SendMsg(msgs[0]); err != nil {
+	var sent time.Time
+	st, err := h.open(msgs, &sent)
+	if err != nil {
 		return 0, err
 	}
-	t0 := time.Now()
-	for _, m := range msgs[1:] {
-		if err := st.SendMsg(m); err != nil {
-			return 0, err
-		}
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	select {
+	case <-st.done:
+	case <-ctx.Done():
+		h.end(st, true)
+		return 0, ctx.Err()
+	case <-timeout.C:
+		h.end(st, true)
+		return 0, errors.New("no answer within 10 s")
 	}
-	picked := false
-	var a answer
-	for {
-		if err := st.RecvMsg(&a); err != nil {
-			return 0, err
-		}
-		if a.headers {
-			picked = a.setHeaders > 0
-		}
-		if a.immediate {
-			return 0, fmt.Errorf("immediate response %d", a.status)
-		}
-		if a.streamedEnd {
-			break
-		}
+	// The reader wrote st before closing done.
+	if st.err != nil {
+		h.end(st, true)
+		return 0, st.err
 	}
-	d := time.Since(t0)
-	_ = st.CloseSend()
-	if !picked {
+	h.end(st, false)
+	if !st.picked {
 		return 0, errors.New("no headers set in the headers response")
 	}
-	return d, nil
+	return st.at.Sub(sent), nil
 }
 
 // OpenIdle opens n streams over conns that stay open past their request
 // headers (as during a long body upload) until ctx ends.
-func OpenIdle(ctx context.Context, conns []*grpc.ClientConn, n int) error {
+func OpenIdle(ctx context.Context, conns []*Conn, n int) error {
+	headers, err := frame(HeadersMessage(0))
+	if err != nil {
+		return err
+	}
 	for i := range n {
-		st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(ctx)
+		h, err := conns[i%len(conns)].conn(ctx)
 		if err != nil {
 			return err
 		}
-		if err := st.Send(HeadersMessage(0)); err != nil {
+		var sent time.Time
+		st, err := h.open([]framed{headers}, &sent)
+		if err != nil {
 			return err
 		}
+		context.AfterFunc(ctx, func() { h.end(st, true) })
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,18 +63,25 @@ func TestChat(t *testing.T) {
 	}
 }
 
-// TestClosedAgainstPayloadProcessor drives infergate's payload processor:
-// every request of an allowed model is answered with its model headers
-// and its body, in 64 KiB bodies cut into 16 KiB chunks; a model the
-// policy refuses is an immediate response, so a run of only those fails
-// with that answer.
+// TestClosedAgainstPayloadProcessor drives infergate's payload processor,
+// in plain text and over TLS: every request of an allowed model is
+// answered with its model headers and its body, in 64 KiB bodies cut into
+// 16 KiB chunks (more than a stream's first window: the driver waits for
+// the server's window updates); a model the policy refuses is an
+// immediate response, so a run of only those fails with that answer.
 func TestClosedAgainstPayloadProcessor(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) { closedAgainstPayloadProcessor(t, useTLS) })
+	}
+}
+
+func closedAgainstPayloadProcessor(t *testing.T, useTLS bool) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "payload.yaml")
 	if err := os.WriteFile(cfg, []byte("models:\n  allow: [m]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := payload.New(payload.Config{Server: server.Options{GRPCAddr: "127.0.0.1:0"}, ConfigFile: cfg, Logger: logr.Discard()})
+	svc, err := payload.New(payload.Config{Server: server.Options{GRPCAddr: "127.0.0.1:0", TLS: server.TLSOptions{Enabled: useTLS}}, ConfigFile: cfg, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +94,7 @@ func TestClosedAgainstPayloadProcessor(t *testing.T) {
 			t.Errorf("processor stopped with %v", err)
 		}
 	})
-	conns, err := Dial(svc.GRPCAddr(), false, 2)
+	conns, err := Dial(svc.GRPCAddr(), useTLS, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

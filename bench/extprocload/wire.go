@@ -1,52 +1,33 @@
 package extprocload
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
-// wireCodec is the driver's gRPC codec: it sends messages encoded once
-// when the request was built, and reads of each answer only the few fields
-// the driver checks, straight from gRPC's buffers. Marshalling every
-// request and decoding every answer in full took a fifth of the driver's
-// CPU, which on two shared cores is taken from the processor measured, and
-// more from one whose answers are larger.
-type wireCodec struct{}
+// framed is a gRPC message on the wire: its 5-byte prefix (not
+// compressed, length), then the message.
+type framed []byte
 
-// encoded is a message already in its wire form.
-type encoded []byte
-
-// Name is gRPC's content subtype: the bytes are protobuf, as the server
-// expects ("application/grpc+proto").
-func (wireCodec) Name() string { return "proto" }
-
-func (wireCodec) Marshal(v any) (mem.BufferSlice, error) {
-	b, ok := v.(encoded)
-	if !ok {
-		return nil, fmt.Errorf("extprocload: cannot send %T, only encoded messages", v)
+// frame encodes m as a gRPC message.
+func frame(m proto.Message) (framed, error) {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return nil, err
 	}
-	// Read only, never freed: every stream may send the same bytes.
-	return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	out := make([]byte, 5, 5+len(b))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
+	return append(out, b...), nil
 }
 
-func (wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	a, ok := v.(*answer)
-	if !ok {
-		return fmt.Errorf("extprocload: cannot read into %T", v)
-	}
-	var b []byte
-	if len(data) == 1 {
-		b = data[0].ReadOnlyData()
-	} else {
-		b = data.Materialize()
-	}
-	return a.read(b)
-}
-
-// answer is what the driver needs of one ProcessingResponse.
+// answer is what the driver needs of one ProcessingResponse; it reads
+// only those fields, straight from the connection's buffer (decoding every
+// answer in full took a seventh of the driver's CPU, more for a processor
+// whose answers are larger).
 type answer struct {
 	// headers: the message answers the request headers; setHeaders is how
 	// many headers it sets.

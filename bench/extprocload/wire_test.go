@@ -1,12 +1,13 @@
 package extprocload
 
 import (
+	"bytes"
+	"encoding/binary"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -101,15 +102,12 @@ func TestAnswerRead(t *testing.T) {
 			immediate:   tc.msg.GetImmediateResponse() != nil,
 			status:      uint64(tc.msg.GetImmediateResponse().GetStatus().GetCode()),
 		}
-		// In one buffer, and split over two as gRPC may hand it over.
-		for _, data := range []mem.BufferSlice{{mem.SliceBuffer(b)}, {mem.SliceBuffer(b[:len(b)/2]), mem.SliceBuffer(b[len(b)/2:])}} {
-			a := answer{setHeaders: 99, streamedEnd: true} // left from an earlier message
-			if err := (wireCodec{}).Unmarshal(data, &a); err != nil {
-				t.Fatalf("%s: %v", tc.name, err)
-			}
-			if a != want {
-				t.Errorf("%s in %d buffer(s): read %+v, want %+v", tc.name, len(data), a, want)
-			}
+		a := answer{setHeaders: 99, streamedEnd: true} // left from an earlier message
+		if err := a.read(b); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if a != want {
+			t.Errorf("%s: read %+v, want %+v", tc.name, a, want)
 		}
 	}
 }
@@ -129,14 +127,19 @@ func TestAnswerReadMalformed(t *testing.T) {
 	}
 }
 
-// TestWireCodecSendsEncodedOnly: the codec sends the bytes it is given and
-// refuses anything else rather than guess an encoding.
-func TestWireCodecSendsEncodedOnly(t *testing.T) {
-	out, err := (wireCodec{}).Marshal(encoded("abc"))
-	if err != nil || string(out.Materialize()) != "abc" {
-		t.Errorf("encoded: %q, %v", out.Materialize(), err)
+// TestFrame: a gRPC message is its uncompressed flag, its length, then
+// the message.
+func TestFrame(t *testing.T) {
+	m := HeadersMessage(10)
+	want, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := (wireCodec{}).Marshal(&extprocv3.ProcessingRequest{}); err == nil {
-		t.Error("a message not encoded: want an error")
+	f, err := frame(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f[0] != 0 || int(binary.BigEndian.Uint32(f[1:5])) != len(want) || !bytes.Equal(f[5:], want) {
+		t.Errorf("framed % x, want 00, length %d, then the message", f[:5], len(want))
 	}
 }

@@ -49,6 +49,7 @@ func main() {
 	flag.IntVar(&o.payloadChunkBytes, "payload-chunk-bytes", 16384, "chunk size of the payload processors' bodies")
 	flag.StringVar(&o.profile, "cpu-profile", "", "write infergate's CPU profile during its first round of each comparison to this path, suffixed -epp.pprof or -payload.pprof")
 	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
+	flag.StringVar(&o.env, "processor-env", "", "environment both processors run with, as KEY=VALUE pairs separated by spaces (e.g. GOGC=800), to see how a runtime setting changes both")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
 	if !gatewaytest.InNamespace() {
@@ -79,6 +80,7 @@ type options struct {
 	payloadBodyBytes, payloadChunkBytes int
 	pin                                 bool
 	profile, driverProfile              string
+	env                                 string
 }
 
 func run(ctx context.Context, o options) error {

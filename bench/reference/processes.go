@@ -11,9 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-
 	"github.com/infergate/infergate/bench/extprocload"
 	"github.com/infergate/infergate/test/childproc"
 )
@@ -82,7 +79,7 @@ type process struct {
 	pprofAddr string // infergate's metrics listener, serving pprof with --cpu-profile
 	cmd       *exec.Cmd
 	log       string
-	conns     []*grpc.ClientConn
+	conns     []*extprocload.Conn
 	done      chan error
 }
 
@@ -100,7 +97,7 @@ func (r *rig) start(name, bin, addr string, args ...string) (*process, error) {
 		bin = "taskset"
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+r.kubeconfig)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+r.kubeconfig), strings.Fields(r.o.env)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Should this command die (or be killed) with a processor stopped,
 	// the processor goes too rather than linger.
@@ -137,7 +134,7 @@ func (p *process) waitAnswering(ctx context.Context, req extprocload.Request) er
 			return fmt.Errorf("%s exited (%v); its log ends:\n%s", p.name, err, childproc.Tail(p.log, 20))
 		default:
 		}
-		if _, last = extprocload.One(ctx, extprocv3.NewExternalProcessorClient(p.conns[0]), req); last == nil {
+		if _, last = extprocload.One(ctx, p.conns[0], req); last == nil {
 			return nil
 		}
 	}
