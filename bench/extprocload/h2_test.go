@@ -53,15 +53,31 @@ func (f *fakeProcessor) Process(st extprocv3.ExternalProcessor_ProcessServer) er
 	return err
 }
 
-// serveFake serves a fake processor on ln until the test ends.
-func serveFake(t *testing.T, ln net.Listener, answer func(extprocv3.ExternalProcessor_ProcessServer, []byte) error) *fakeProcessor {
+// serveFake serves a fake processor on ln until the test ends or stop.
+func serveFake(t *testing.T, ln net.Listener, answer func(extprocv3.ExternalProcessor_ProcessServer, []byte) error) (f *fakeProcessor, stop func()) {
 	t.Helper()
-	f := &fakeProcessor{answer: answer, ended: make(chan error, 100)}
+	f = &fakeProcessor{answer: answer, ended: make(chan error, 100)}
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, f)
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
-	return f
+	return f, gs.Stop
+}
+
+// dialSmall makes one connection to addr, closed when the test ends, and
+// a 1 KiB chat request to send over it.
+func dialSmall(t *testing.T, addr string) (*Conn, Request) {
+	t.Helper()
+	conns, err := Dial(addr, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Close(conns) })
+	req, err := Chat("m", 1024, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conns[0], req
 }
 
 func listen(t *testing.T) net.Listener {
@@ -125,14 +141,10 @@ func TestOneAgainstFakeProcessors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ln := listen(t)
-			f := serveFake(t, ln, tc.answer)
-			conns, err := Dial(ln.Addr().String(), false, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer Close(conns)
+			f, _ := serveFake(t, ln, tc.answer)
+			c, _ := dialSmall(t, ln.Addr().String())
 			for range 3 {
-				d, err := One(context.Background(), conns[0], tc.req)
+				d, err := One(context.Background(), c, tc.req)
 				switch {
 				case tc.wantErr == "" && (err != nil || d <= 0):
 					t.Fatalf("latency %v, error %v; want an answer", d, err)
@@ -153,22 +165,14 @@ func TestOneAgainstFakeProcessors(t *testing.T) {
 // its context, and the driver resets its stream.
 func TestOneSilentProcessor(t *testing.T) {
 	ln := listen(t)
-	f := serveFake(t, ln, func(st extprocv3.ExternalProcessor_ProcessServer, _ []byte) error {
+	f, _ := serveFake(t, ln, func(st extprocv3.ExternalProcessor_ProcessServer, _ []byte) error {
 		<-st.Context().Done()
 		return st.Context().Err()
 	})
-	conns, err := Dial(ln.Addr().String(), false, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer Close(conns)
-	req, err := Chat("m", 1024, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, req := dialSmall(t, ln.Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := One(ctx, conns[0], req); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := One(ctx, c, req); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error %v, want the context's deadline", err)
 	}
 	select {
@@ -188,32 +192,21 @@ func TestConnReconnects(t *testing.T) {
 	ln := listen(t)
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	conns, err := Dial(addr, false, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer Close(conns)
-	req, err := Chat("m", 1024, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := One(context.Background(), conns[0], req); err == nil {
+	c, req := dialSmall(t, addr)
+	if _, err := One(context.Background(), c, req); err == nil {
 		t.Fatal("nothing listens: want an error")
 	}
-	ln, err = net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listen again on %s: %v", addr, err)
 	}
-	f := &fakeProcessor{answer: pick, ended: make(chan error, 100)}
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, f)
-	go func() { _ = gs.Serve(ln) }()
-	if _, err := One(context.Background(), conns[0], req); err != nil {
+	_, stop := serveFake(t, ln, pick)
+	if _, err := One(context.Background(), c, req); err != nil {
 		t.Fatalf("after the server started: %v", err)
 	}
-	gs.Stop()
+	stop()
 	start := time.Now()
-	if _, err := One(context.Background(), conns[0], req); err == nil {
+	if _, err := One(context.Background(), c, req); err == nil {
 		t.Fatal("after the server stopped: want an error")
 	}
 	if time.Since(start) > 5*time.Second {
