@@ -1,11 +1,12 @@
 // Command extprocfloor serves the least an endpoint picker can do over
-// ext_proc on grpc-go with its defaults: read a request's headers and
-// body, answer one fixed destination header, send the body back. Driven
-// like a picker (bench/eppload --target), it shows what the gRPC transport
-// alone costs on a machine and how long its latency tail is, the floor
-// under any picker built on grpc-go.
+// ext_proc: read a request's headers and body, answer one fixed
+// destination header, send the body back. Driven like a picker
+// (bench/eppload --target), it shows what the transport alone costs on a
+// machine and how long its latency tail is: with --transport grpc-go the
+// floor under any picker built on grpc-go with its defaults, with
+// --transport h2 under one on HTTP/2 of its own (serveH2).
 //
-//	go run ./bench/extprocfloor --addr 127.0.0.1:19999 &
+//	go run ./bench/extprocfloor --transport grpc-go --addr 127.0.0.1:19999 &
 //	go run ./bench/eppload --target 127.0.0.1:19999 --pid $! --streams 32 --rate 0
 package main
 
@@ -26,7 +27,13 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:19999", "address to serve ext_proc on, in plain text")
+	transport := flag.String("transport", "grpc-go", "grpc-go, or h2 (HTTP/2 of its own)")
 	flag.Parse()
+	serve := transportNamed(*transport)
+	if serve == nil {
+		fmt.Fprintf(os.Stderr, "extprocfloor: --transport %q is neither grpc-go nor h2\n", *transport)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ln, err := net.Listen("tcp", *addr)
@@ -34,15 +41,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "extprocfloor:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("extprocfloor: serving ext_proc on %s\n", ln.Addr())
+	fmt.Printf("extprocfloor: serving ext_proc on %s over %s\n", ln.Addr(), *transport)
 	if err := serve(ctx, ln); err != nil {
 		fmt.Fprintln(os.Stderr, "extprocfloor:", err)
 		os.Exit(1)
 	}
 }
 
-// serve serves the floor processor on ln until ctx ends.
-func serve(ctx context.Context, ln net.Listener) error {
+// transportNamed is the transport of that name, serving the floor
+// processor on a listener until the context ends; nil for none.
+func transportNamed(name string) func(context.Context, net.Listener) error {
+	switch name {
+	case "grpc-go":
+		return serveGRPC
+	case "h2":
+		return serveH2
+	}
+	return nil
+}
+
+// serveGRPC serves the floor processor on grpc-go.
+func serveGRPC(ctx context.Context, ln net.Listener) error {
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, floor{answer: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{

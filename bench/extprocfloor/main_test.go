@@ -10,9 +10,15 @@ import (
 )
 
 // TestFloorAnswersAsAPicker: driven like a picker, the floor processor
-// answers every request with a destination and the body, and stops with
-// its context.
+// answers every request with a destination and the body (one of 100 kB
+// too, in many frames), on either transport, and stops with its context.
 func TestFloorAnswersAsAPicker(t *testing.T) {
+	for _, name := range []string{"grpc-go", "h2"} {
+		t.Run(name, func(t *testing.T) { answersAsAPicker(t, transportNamed(name)) })
+	}
+}
+
+func answersAsAPicker(t *testing.T, serve func(context.Context, net.Listener) error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +34,13 @@ func TestFloorAnswersAsAPicker(t *testing.T) {
 	req, err := extprocload.Chat("m", 1024, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	big, err := extprocload.Chat("m", 100_000, 16384)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := extprocload.One(ctx, conns[0], big); err != nil {
+		t.Fatalf("a 100 kB body: %v", err)
 	}
 	r, err := extprocload.Closed(ctx, conns, req, 4, 200*time.Millisecond)
 	if err != nil {

@@ -46,7 +46,7 @@ func (r Request) messages() ([]framed, error) {
 	}
 	var out []framed
 	for _, m := range append([]*extprocv3.ProcessingRequest{r.Headers}, r.Bodies...) {
-		b, err := frame(m)
+		b, err := Frame(m)
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +273,7 @@ func One(ctx context.Context, c *Conn, req Request) (time.Duration, error) {
 // OpenIdle opens n streams over conns that stay open past their request
 // headers (as during a long body upload) until ctx ends.
 func OpenIdle(ctx context.Context, conns []*Conn, n int) error {
-	headers, err := frame(HeadersMessage(0))
+	headers, err := Frame(HeadersMessage(0))
 	if err != nil {
 		return err
 	}

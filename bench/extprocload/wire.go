@@ -13,8 +13,8 @@ import (
 // compressed, length), then the message.
 type framed []byte
 
-// frame encodes m as a gRPC message.
-func frame(m proto.Message) (framed, error) {
+// Frame encodes m as a gRPC message.
+func Frame(m proto.Message) ([]byte, error) {
 	b, err := proto.Marshal(m)
 	if err != nil {
 		return nil, err

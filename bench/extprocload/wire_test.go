@@ -135,7 +135,7 @@ func TestFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := frame(m)
+	f, err := Frame(m)
 	if err != nil {
 		t.Fatal(err)
 	}

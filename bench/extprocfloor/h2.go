@@ -1,13 +1,3 @@
-// Command h2floor is bench/extprocfloor's processor, doing as little, on
-// an HTTP/2 transport of its own instead of grpc-go's: one goroutine per
-// connection reads its frames, answers each request as its body ends and
-// writes what it answered in one system call once it has read all that
-// was there, as an event loop does. It measures how far below grpc-go's
-// floor a picker on such a transport could go; it is not a server to run
-// (plain text only, no health service, no limits).
-//
-//	go run ./bench/h2floor --addr 127.0.0.1:19998 &
-//	go run ./bench/eppload --target 127.0.0.1:19998 --pid $! --streams 32 --rate 0
 package main
 
 import (
@@ -16,12 +6,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/signal"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -29,24 +15,18 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/infergate/infergate/bench/extprocload"
 )
 
-func main() {
-	addr := flag.String("addr", "127.0.0.1:19998", "address to serve ext_proc on, in plain text (h2c with prior knowledge)")
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "h2floor:", err)
-		os.Exit(1)
-	}
-	fmt.Printf("h2floor: serving ext_proc on %s\n", ln.Addr())
-	serve(ctx, ln)
-}
-
-// serve accepts connections on ln until ctx ends, then closes them.
-func serve(ctx context.Context, ln net.Listener) {
+// serveH2 serves the floor processor on HTTP/2 of its own: one goroutine
+// per connection reads its frames, answers each request as its body ends
+// and writes what it answered in one system call once it has read all
+// that was there, as an event loop does. Plain text only, no health
+// service, no limits: it measures how far below grpc-go's floor a picker
+// on such a transport could go, and is not a server to run. It accepts
+// connections on ln until ctx ends, then closes them.
+func serveH2(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	open := map[net.Conn]bool{}
@@ -76,9 +56,11 @@ func serve(ctx context.Context, ln net.Listener) {
 		})
 	}
 	wg.Wait()
+	return nil
 }
 
-// Fixed header blocks, encoded without a dynamic table.
+// headerBlock encodes fields without a dynamic table, so that the block
+// is the same on every stream.
 func headerBlock(fields ...[2]string) []byte {
 	var b bytes.Buffer
 	enc := hpack.NewEncoder(&b)
@@ -120,7 +102,7 @@ func serveConn(nc net.Conn) error {
 	}
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	pick, err := framed(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+	pick, err := extprocload.Frame(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 			{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.0.0.1:8000")}}}}}}}})
 	if err != nil {
@@ -216,7 +198,7 @@ func (c *conn) messages(id uint32, st *stream) error {
 			continue
 		}
 		st.answered = true
-		body, err := framed(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		body, err := extprocload.Frame(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: st.body, EndOfStream: true}}}}}}})
 		if err != nil {
@@ -239,14 +221,4 @@ func (c *conn) messages(id uint32, st *stream) error {
 		}
 	}
 	return nil
-}
-
-func framed(m proto.Message) ([]byte, error) {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]byte, 5, 5+len(b))
-	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
-	return append(out, b...), nil
 }
