@@ -200,6 +200,10 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	}
 	fmt.Printf("\ninfergate / reference: requests/s %.2f×, p99 %.2f×, CPU per request %.2f×, RSS %.2f×\n",
 		ours.rate/ref.rate, ours.p99.Seconds()/ref.p99.Seconds(), ours.cpuPer1k/ref.cpuPer1k, ours.rssMiB/ref.rssMiB)
+	// The two processors of a round ran back to back, so their ratio
+	// shows how much of the spread between rounds is the machine's.
+	rates, p99s := roundRatios(samples[0], samples[1])
+	fmt.Printf("round by round: requests/s %s; p99 %s\n", rates, p99s)
 	for _, g := range c.goals(ref, ours) {
 		fmt.Println(g)
 	}
@@ -287,6 +291,17 @@ func profileSelf(path string) (stop func(), err error) {
 		_ = f.Close()
 		fmt.Fprintf(os.Stderr, "reference: the driver's CPU profile written to %s\n", path)
 	}, nil
+}
+
+// roundRatios formats infergate's requests/s and p99 over the reference's
+// in each round.
+func roundRatios(ref, ours []sample) (rates, p99s string) {
+	var r, p []string
+	for i := range min(len(ref), len(ours)) {
+		r = append(r, fmt.Sprintf("%.2f×", ours[i].rate/ref[i].rate))
+		p = append(p, fmt.Sprintf("%.2f×", ours[i].p99.Seconds()/ref[i].p99.Seconds()))
+	}
+	return strings.Join(r, ", "), strings.Join(p, ", ")
 }
 
 // median takes each figure's median over the rounds on its own.

@@ -21,3 +21,14 @@ func TestMedian(t *testing.T) {
 		t.Errorf("one round: rate %v, want 100", one.rate)
 	}
 }
+
+// TestRoundRatios: each round's ratio pairs the two processors of that
+// round, not their medians.
+func TestRoundRatios(t *testing.T) {
+	ref := []sample{{rate: 100, p99: 40 * time.Millisecond}, {rate: 200, p99: 20 * time.Millisecond}}
+	ours := []sample{{rate: 400, p99: 10 * time.Millisecond}, {rate: 500, p99: 10 * time.Millisecond}}
+	rates, p99s := roundRatios(ref, ours)
+	if rates != "4.00×, 2.50×" || p99s != "0.25×, 0.50×" {
+		t.Errorf("rates %q, p99s %q", rates, p99s)
+	}
+}
