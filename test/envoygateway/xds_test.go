@@ -95,19 +95,25 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	if x.Clusters[envoygateway.EDSClusterName] == nil {
 		t.Error("no cluster for the extension's EDS")
 	}
-	var perRoute *anypb.Any
-	for _, vh := range x.Routes[listener].GetVirtualHosts() {
-		for _, r := range vh.GetRoutes() {
-			if r.GetRoute().GetCluster() == routeCluster {
-				perRoute = r.GetTypedPerFilterConfig()[envoygateway.FilterName(pool)]
+	x.Mu.Unlock()
+
+	// The route comes over RDS after the listener that names it, so it
+	// may not have arrived yet.
+	gatewaytest.WaitFor(t, "the pool's route turning its filter on (FULL_DUPLEX_STREAMED bodies)", 60*time.Second, func() bool {
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		var perRoute *anypb.Any
+		for _, vh := range x.Routes[listener].GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				if r.GetRoute().GetCluster() == routeCluster {
+					perRoute = r.GetTypedPerFilterConfig()[envoygateway.FilterName(pool)]
+				}
 			}
 		}
-	}
-	pr := &extprocv3.ExtProcPerRoute{}
-	if err := perRoute.UnmarshalTo(pr); err != nil || pr.GetOverrides().GetProcessingMode().GetRequestBodyMode() != extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		t.Errorf("the pool's route does not turn its filter on: %v %v", pr, err)
-	}
-	x.Mu.Unlock()
+		pr := &extprocv3.ExtProcPerRoute{}
+		return perRoute != nil && perRoute.UnmarshalTo(pr) == nil &&
+			pr.GetOverrides().GetProcessingMode().GetRequestBodyMode() == extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	})
 
 	setFailureMode(t, c, ns, "llama", inferencev1.EndpointPickerFailClose)
 	gatewaytest.WaitFor(t, "failure_mode_allow false after the pool turned FailClose", 60*time.Second, func() bool {
