@@ -322,7 +322,6 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 				Response: commonResponse(d),
 			}},
-			DynamicMetadata: d.DynamicMetadata,
 		}
 		if d.Body != nil {
 			resp.GetRequestBody().Response.BodyMutation = &extprocv3.BodyMutation{
@@ -424,13 +423,13 @@ func (s *stream) send(resp *extprocv3.ProcessingResponse) error {
 	return nil
 }
 
-// sendDecision sends resp, an answer carrying d, with d's encoded metadata
-// appended when it has some.
+// sendDecision sends resp, the answer that carries d, with d's dynamic
+// metadata: encoded once and appended as it is, or set on resp.
 func (s *stream) sendDecision(resp *extprocv3.ProcessingResponse, d *Decision) error {
 	if d.EncodedMetadata == nil {
+		resp.DynamicMetadata = d.DynamicMetadata
 		return s.send(resp)
 	}
-	resp.DynamicMetadata = nil
 	if err := s.grpc.SendMsg(withMetadata{resp: resp, md: d.EncodedMetadata}); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
@@ -442,13 +441,14 @@ func (s *stream) summary(err error) Summary {
 }
 
 // headersResponse answers the request headers (request true) or the
-// response headers with d (nil = continue unchanged).
+// response headers with d's header changes (nil = continue unchanged);
+// d's dynamic metadata is sendDecision's to add.
 func headersResponse(d *Decision, request bool) *extprocv3.ProcessingResponse {
 	if d == nil {
 		d = &Decision{}
 	}
 	hr := &extprocv3.HeadersResponse{Response: commonResponse(d)}
-	resp := &extprocv3.ProcessingResponse{DynamicMetadata: d.DynamicMetadata}
+	resp := &extprocv3.ProcessingResponse{}
 	if request {
 		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}
 	} else {
