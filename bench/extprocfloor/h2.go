@@ -2,9 +2,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -59,18 +57,6 @@ func serveH2(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// headerBlock encodes fields without a dynamic table, so that the block
-// is the same on every stream.
-func headerBlock(fields ...[2]string) []byte {
-	var b bytes.Buffer
-	enc := hpack.NewEncoder(&b)
-	enc.SetMaxDynamicTableSizeLimit(0)
-	for _, f := range fields {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	return b.Bytes()
-}
-
 // stream is a request in progress.
 type stream struct {
 	buf      []byte // gRPC bytes not yet read
@@ -97,8 +83,8 @@ func serveConn(nc net.Conn) error {
 	c := &conn{
 		bw:          bufio.NewWriterSize(nc, 64<<10),
 		streams:     map[uint32]*stream{},
-		respHeaders: headerBlock([2]string{":status", "200"}, [2]string{"content-type", "application/grpc"}),
-		trail:       headerBlock([2]string{"grpc-status", "0"}),
+		respHeaders: extprocload.HeaderBlock([2]string{":status", "200"}, [2]string{"content-type", "application/grpc"}),
+		trail:       extprocload.HeaderBlock([2]string{"grpc-status", "0"}),
 	}
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -179,16 +165,16 @@ func (c *conn) handle(f http2.Frame) error {
 // messages reads the whole gRPC messages st holds and answers the request
 // once its body has ended: response headers, the pick, the body back.
 func (c *conn) messages(id uint32, st *stream) error {
-	for len(st.buf) >= 5 {
-		n := int(binary.BigEndian.Uint32(st.buf[1:5]))
-		if len(st.buf) < 5+n {
-			return nil
-		}
-		var m extprocv3.ProcessingRequest
-		if err := proto.Unmarshal(st.buf[5:5+n], &m); err != nil {
+	for {
+		msg, rest, ok, err := extprocload.NextMessage(st.buf)
+		if err != nil || !ok {
 			return err
 		}
-		st.buf = st.buf[5+n:]
+		var m extprocv3.ProcessingRequest
+		if err := proto.Unmarshal(msg, &m); err != nil {
+			return err
+		}
+		st.buf = rest
 		b := m.GetRequestBody()
 		if b == nil || st.answered {
 			continue
@@ -220,5 +206,4 @@ func (c *conn) messages(id uint32, st *stream) error {
 			body = body[k:]
 		}
 	}
-	return nil
 }

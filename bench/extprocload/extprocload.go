@@ -25,34 +25,14 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
 
-// Request is a request as the driver sends it: its headers message, its
-// body's chunks, and those as the body messages, built and encoded once
-// (by Chat) so that the driver does not build them again for every
-// request it sends (they are only read, so every stream may send the same
-// ones).
+// Request is a request as the driver sends it: its body's chunks, and
+// its messages (the headers, then a body message per chunk) encoded once
+// by Chat, so that the driver does not build them again for every request
+// it sends (they are only read, so every stream may send the same bytes).
 type Request struct {
-	Headers *extprocv3.ProcessingRequest
-	Chunks  [][]byte
-	Bodies  []*extprocv3.ProcessingRequest
-	// wire is Headers, then Bodies, as gRPC messages.
-	wire []framed
-}
-
-// messages is the request's messages in their wire form, in the order
-// they are sent.
-func (r Request) messages() ([]framed, error) {
-	if r.wire != nil {
-		return r.wire, nil
-	}
-	var out []framed
-	for _, m := range append([]*extprocv3.ProcessingRequest{r.Headers}, r.Bodies...) {
-		b, err := Frame(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, nil
+	Chunks [][]byte
+	// wire is the messages as gRPC messages (Frame), in the order sent.
+	wire [][]byte
 }
 
 // Size is the body's length.
@@ -78,19 +58,23 @@ func Chat(model string, size, chunk int) (Request, error) {
 	if chunk <= 0 {
 		chunk = len(whole)
 	}
-	out := Request{Headers: HeadersMessage(len(whole))}
-	for len(whole) > 0 {
-		n := min(chunk, len(whole))
-		out.Chunks = append(out.Chunks, whole[:n])
-		whole = whole[n:]
-		out.Bodies = append(out.Bodies, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: out.Chunks[len(out.Chunks)-1], EndOfStream: len(whole) == 0}}})
-	}
-	wire, err := out.messages()
+	var out Request
+	headers, err := Frame(HeadersMessage(len(whole)))
 	if err != nil {
 		return Request{}, err
 	}
-	out.wire = wire
+	out.wire = append(out.wire, headers)
+	for len(whole) > 0 {
+		n := min(chunk, len(whole))
+		c := whole[:n]
+		whole = whole[n:]
+		body, err := Frame(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: len(whole) == 0}}})
+		if err != nil {
+			return Request{}, err
+		}
+		out.Chunks, out.wire = append(out.Chunks, c), append(out.wire, body)
+	}
 	return out, nil
 }
 
@@ -234,16 +218,15 @@ func work(ctx context.Context, conns []*Conn, req Request, n int, next func() (t
 // set, a failed stream or no answer within 10 s is an error. The stream is
 // then half-closed, as a proxy does once its request is done.
 func One(ctx context.Context, c *Conn, req Request) (time.Duration, error) {
-	msgs, err := req.messages()
-	if err != nil {
-		return 0, err
+	if len(req.wire) == 0 {
+		return 0, errors.New("a request with no messages (make requests with Chat)")
 	}
 	h, err := c.conn(ctx)
 	if err != nil {
 		return 0, err
 	}
 	var sent time.Time
-	st, err := h.open(msgs, &sent)
+	st, err := h.open(req.wire, &sent)
 	if err != nil {
 		return 0, err
 	}
@@ -283,7 +266,7 @@ func OpenIdle(ctx context.Context, conns []*Conn, n int) error {
 			return err
 		}
 		var sent time.Time
-		st, err := h.open([]framed{headers}, &sent)
+		st, err := h.open([][]byte{headers}, &sent)
 		if err != nil {
 			return err
 		}

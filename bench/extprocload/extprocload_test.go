@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
@@ -34,16 +36,29 @@ func TestChat(t *testing.T) {
 			t.Fatalf("size %d: %v", tc.size, err)
 		}
 		whole := bytes.Join(b.Chunks, nil)
-		if len(whole) != tc.size || len(b.Chunks) != tc.chunks || len(b.Bodies) != tc.chunks || b.Size() != tc.size {
+		if len(whole) != tc.size || len(b.Chunks) != tc.chunks || b.Size() != tc.size {
 			t.Errorf("size %d chunk %d: %d bytes in %d chunks, want %d in %d", tc.size, tc.chunk, len(whole), len(b.Chunks), tc.size, tc.chunks)
 		}
-		for i, m := range b.Bodies {
-			if rb := m.GetRequestBody(); !bytes.Equal(rb.GetBody(), b.Chunks[i]) || rb.GetEndOfStream() != (i == len(b.Bodies)-1) {
+		// What is sent: the headers with the content-length, then a body
+		// message per chunk, end of stream on the last only.
+		sent := make([]*extprocv3.ProcessingRequest, len(b.wire))
+		for i, w := range b.wire {
+			msg, rest, ok, err := NextMessage(w)
+			sent[i] = &extprocv3.ProcessingRequest{}
+			if err != nil || !ok || len(rest) != 0 || proto.Unmarshal(msg, sent[i]) != nil {
+				t.Fatalf("size %d: message %d is not one whole gRPC message (%v)", tc.size, i, err)
+			}
+		}
+		if len(sent) != tc.chunks+1 {
+			t.Fatalf("size %d: %d messages, want %d", tc.size, len(sent), tc.chunks+1)
+		}
+		for i, m := range sent[1:] {
+			if rb := m.GetRequestBody(); !bytes.Equal(rb.GetBody(), b.Chunks[i]) || rb.GetEndOfStream() != (i == len(sent)-2) {
 				t.Errorf("size %d: body message %d does not carry chunk %d, end of stream only on the last", tc.size, i, i)
 			}
 		}
 		var cl string
-		for _, h := range b.Headers.GetRequestHeaders().GetHeaders().GetHeaders() {
+		for _, h := range sent[0].GetRequestHeaders().GetHeaders().GetHeaders() {
 			if h.GetKey() == "content-length" {
 				cl = string(h.GetRawValue())
 			}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -159,21 +158,10 @@ func dialH2(ctx context.Context, target string, cfg *tls.Config) (*h2conn, error
 	h.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	h.fr.MaxHeaderListSize = maxHeaderList
 
-	// The request's headers are the same for every stream; without a
-	// dynamic table their encoding is too, so it is made once.
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	enc.SetMaxDynamicTableSizeLimit(0)
-	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", scheme}, {":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
-		{":authority", target}, {"content-type", "application/grpc"}, {"te", "trailers"},
-	} {
-		if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
-			_ = nc.Close()
-			return nil, err
-		}
-	}
-	h.headers = hb.Bytes()
+	// The request's headers are the same for every stream.
+	h.headers = HeaderBlock([2]string{":method", "POST"}, [2]string{":scheme", scheme},
+		[2]string{":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
+		[2]string{":authority", target}, [2]string{"content-type", "application/grpc"}, [2]string{"te", "trailers"})
 
 	h.out.buf.WriteString(http2.ClientPreface)
 	if err := h.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: recvWindow},
@@ -266,7 +254,7 @@ func (w *swapWriter) Write(p []byte) (int, error) { return w.buf.Write(p) }
 // first right away and the rest once sent reports the time (the request's
 // latency starts when the body is sent). The stream stays open for its
 // answers.
-func (h *h2conn) open(msgs []framed, sent *time.Time) (*h2stream, error) {
+func (h *h2conn) open(msgs [][]byte, sent *time.Time) (*h2stream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.err != nil {
@@ -299,8 +287,8 @@ func (h *h2conn) open(msgs []framed, sent *time.Time) (*h2stream, error) {
 
 // writeMessage writes m as DATA frames no larger than the peer takes,
 // waiting for window when it runs out; called with mu held.
-func (h *h2conn) writeMessage(st *h2stream, m framed) error {
-	for rest := []byte(m); len(rest) > 0; {
+func (h *h2conn) writeMessage(st *h2stream, m []byte) error {
+	for rest := m; len(rest) > 0; {
 		for min(st.send, h.sendConn) <= 0 {
 			// What is written must reach the server for it to grant
 			// more window.
@@ -523,18 +511,15 @@ func (st *h2stream) data(b []byte) error {
 // messages reads the whole gRPC messages at the start of b, returning
 // what is left of an incomplete one.
 func (st *h2stream) messages(b []byte) ([]byte, error) {
-	for len(b) >= 5 {
-		n := int(binary.BigEndian.Uint32(b[1:5]))
-		if len(b) < 5+n {
-			break
+	for {
+		m, rest, ok, err := NextMessage(b)
+		if err != nil || !ok {
+			return rest, err
 		}
-		if b[0] != 0 {
-			return nil, errors.New("a compressed message, which the driver did not ask for")
-		}
-		if err := st.a.read(b[5 : 5+n]); err != nil {
+		if err := st.a.read(m); err != nil {
 			return nil, err
 		}
-		b = b[5+n:]
+		b = rest
 		if st.answered {
 			continue // after the answer, nothing more is read
 		}
@@ -548,5 +533,4 @@ func (st *h2stream) messages(b []byte) ([]byte, error) {
 			st.finish(nil)
 		}
 	}
-	return b, nil
 }

@@ -1,19 +1,18 @@
 package extprocload
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
-// framed is a gRPC message on the wire: its 5-byte prefix (not
+// Frame encodes m as a gRPC message on the wire: its 5-byte prefix (not
 // compressed, length), then the message.
-type framed []byte
-
-// Frame encodes m as a gRPC message.
 func Frame(m proto.Message) ([]byte, error) {
 	b, err := proto.Marshal(m)
 	if err != nil {
@@ -22,6 +21,36 @@ func Frame(m proto.Message) ([]byte, error) {
 	out := make([]byte, 5, 5+len(b))
 	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
 	return append(out, b...), nil
+}
+
+// NextMessage splits the first gRPC message off b: the message and what
+// follows it; ok is false while b holds less than a whole one. A
+// compressed message is an error: neither side here asks for compression.
+func NextMessage(b []byte) (msg, rest []byte, ok bool, err error) {
+	if len(b) < 5 {
+		return nil, b, false, nil
+	}
+	n := int(binary.BigEndian.Uint32(b[1:5]))
+	if len(b) < 5+n {
+		return nil, b, false, nil
+	}
+	if b[0] != 0 {
+		return nil, b, false, errors.New("a compressed gRPC message, which was not asked for")
+	}
+	return b[5 : 5+n], b[5+n:], true, nil
+}
+
+// HeaderBlock encodes fields (name, value) with HPACK and no dynamic
+// table, so that the block reads the same on every stream of a connection
+// and is encoded once.
+func HeaderBlock(fields ...[2]string) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	enc.SetMaxDynamicTableSizeLimit(0)
+	for _, f := range fields {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}) // a bytes.Buffer takes every write
+	}
+	return b.Bytes()
 }
 
 // answer is what the driver needs of one ProcessingResponse; it reads
@@ -64,51 +93,48 @@ var errMalformedAnswer = errors.New("malformed ext_proc answer")
 func (a *answer) read(b []byte) error {
 	*a = answer{}
 	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
-		switch {
-		case num == fieldResponseRequestHeaders && typ == protowire.BytesType:
+		if typ != protowire.BytesType {
+			return nil
+		}
+		switch num {
+		case fieldResponseRequestHeaders:
 			a.headers = true
-			return field(v, fieldHeadersOrBodyResponse, func(common []byte) error {
-				return field(common, fieldCommonHeaderMutation, func(hm []byte) error {
-					return field(hm, fieldHeaderMutationSetHeaders, func([]byte) error {
-						a.setHeaders++
-						return nil
-					})
+			return within(v, []protowire.Number{fieldHeadersOrBodyResponse, fieldCommonHeaderMutation, fieldHeaderMutationSetHeaders},
+				func([]byte) error { a.setHeaders++; return nil })
+		case fieldResponseRequestBody:
+			return within(v, []protowire.Number{fieldHeadersOrBodyResponse, fieldCommonBodyMutation, fieldBodyMutationStreamed},
+				func(sr []byte) error {
+					return varint(sr, fieldStreamedBodyEndOfStream, func(n uint64) { a.streamedEnd = n != 0 })
 				})
-			})
-		case num == fieldResponseRequestBody && typ == protowire.BytesType:
-			return field(v, fieldHeadersOrBodyResponse, func(common []byte) error {
-				return field(common, fieldCommonBodyMutation, func(bm []byte) error {
-					return field(bm, fieldBodyMutationStreamed, func(sr []byte) error {
-						return fields(sr, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
-							if num == fieldStreamedBodyEndOfStream && typ == protowire.VarintType {
-								a.streamedEnd = n != 0
-							}
-							return nil
-						})
-					})
-				})
-			})
-		case num == fieldResponseImmediate && typ == protowire.BytesType:
+		case fieldResponseImmediate:
 			a.immediate = true
-			return field(v, fieldImmediateStatus, func(st []byte) error {
-				return fields(st, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
-					if num == fieldHTTPStatusCode && typ == protowire.VarintType {
-						a.status = n
-					}
-					return nil
-				})
-			})
+			return within(v, []protowire.Number{fieldImmediateStatus},
+				func(st []byte) error { return varint(st, fieldHTTPStatusCode, func(n uint64) { a.status = n }) })
 		}
 		return nil
 	})
 }
 
-// field calls f with the bytes of every occurrence of message field num
-// in b.
-func field(b []byte, num protowire.Number, f func([]byte) error) error {
+// within calls f with the bytes of every message at path in b: path[0]
+// of b, path[1] of that, and so on.
+func within(b []byte, path []protowire.Number, f func([]byte) error) error {
+	if len(path) == 0 {
+		return f(b)
+	}
 	return fields(b, func(n protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
-		if n == num && typ == protowire.BytesType {
-			return f(v)
+		if n == path[0] && typ == protowire.BytesType {
+			return within(v, path[1:], f)
+		}
+		return nil
+	})
+}
+
+// varint calls f with the value of every occurrence of varint field num
+// in b.
+func varint(b []byte, num protowire.Number, f func(uint64)) error {
+	return fields(b, func(n protowire.Number, typ protowire.Type, _ []byte, v uint64) error {
+		if n == num && typ == protowire.VarintType {
+			f(v)
 		}
 		return nil
 	})
