@@ -143,6 +143,10 @@ func New(opts Options) (*Picker, error) {
 	return p, nil
 }
 
+// MayBlock implements server.Blocker: with flow control a request waits
+// in the queue until the pool has room.
+func (p *Picker) MayBlock() bool { return p.opts.Queue != nil }
+
 // NewExchange implements server.Handler.
 func (p *Picker) NewExchange(context.Context) server.Exchange {
 	return &exchange{p: p}

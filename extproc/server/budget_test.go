@@ -73,10 +73,12 @@ func wantOverloaded(t *testing.T, r *extprocv3.ProcessingResponse) {
 // TestBufferBudgetRefusesAndFrees: stalled uploads cannot hold more than
 // the process budget between them; a request that would pass it is
 // refused with a clear 503, and bytes come back once a request is decided.
-func TestBufferBudgetRefusesAndFrees(t *testing.T) {
+func TestBufferBudgetRefusesAndFrees(t *testing.T) { eachTransport(t, testBufferBudgetRefusesAndFrees) }
+
+func testBufferBudgetRefusesAndFrees(t *testing.T, transport string) {
 	reg := prometheus.NewRegistry()
 	rec := &recorder{}
-	srv, _, _ := start(t, rec, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: 1000}})
+	srv, _, _ := start(t, transport, rec, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: 1000}})
 	conn := dial(t, srv.GRPCAddr(), nil)
 
 	stalled := openStream(t, conn)
@@ -112,9 +114,11 @@ func TestBufferBudgetRefusesAndFrees(t *testing.T) {
 
 // TestStreamCap: one stream over MaxStreams is refused at its headers,
 // and a slot comes back when a stream ends.
-func TestStreamCap(t *testing.T) {
+func TestStreamCap(t *testing.T) { eachTransport(t, testStreamCap) }
+
+func testStreamCap(t *testing.T, transport string) {
 	reg := prometheus.NewRegistry()
-	srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{MaxStreams: 2}})
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{MaxStreams: 2}})
 	conn := dial(t, srv.GRPCAddr(), nil)
 
 	held := []extprocv3.ExternalProcessor_ProcessClient{openStream(t, conn), openStream(t, conn)}
@@ -153,10 +157,12 @@ func respHeaders() *extprocv3.ProcessingRequest {
 // TestRequestIdleTimeout: a request that stops sending before its end is
 // answered 408 and its body freed; a slow but moving request is not, and
 // neither is the wait for the response once the request is decided.
-func TestRequestIdleTimeout(t *testing.T) {
+func TestRequestIdleTimeout(t *testing.T) { eachTransport(t, testRequestIdleTimeout) }
+
+func testRequestIdleTimeout(t *testing.T, transport string) {
 	const idle = 150 * time.Millisecond
 	reg := prometheus.NewRegistry()
-	srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{RequestIdleTimeout: idle}})
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{RequestIdleTimeout: idle}})
 	conn := dial(t, srv.GRPCAddr(), nil)
 
 	t.Run("stalled upload", func(t *testing.T) {
@@ -208,7 +214,9 @@ func TestRequestIdleTimeout(t *testing.T) {
 // body is not copied as it grows), bounded so a false announcement takes at
 // most 1 MiB of the budget, and only what the chunk needs when the budget
 // cannot spare the rest.
-func TestAnnouncedBodySizesTheBuffer(t *testing.T) {
+func TestAnnouncedBodySizesTheBuffer(t *testing.T) { eachTransport(t, testAnnouncedBodySizesTheBuffer) }
+
+func testAnnouncedBodySizesTheBuffer(t *testing.T, transport string) {
 	for _, tc := range []struct {
 		name          string
 		budget        int64
@@ -225,7 +233,7 @@ func TestAnnouncedBodySizesTheBuffer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			srv, _, _ := start(t, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: tc.budget}})
+			srv, _, _ := start(t, transport, &recorder{}, server.Options{Registerer: reg, Limits: server.Limits{BufferBudgetBytes: tc.budget}})
 			st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 			hdrs := []string{":method", "POST"}
 			if tc.contentLength != "" {

@@ -36,33 +36,65 @@ func newCodec() (*codec, error) {
 func (c *codec) Name() string { return "proto" }
 
 func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
-	var tail []byte // encoded fields appended to m's
+	m, tail, size, err := sized(v)
+	if err != nil {
+		return nil, err
+	}
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		b, err := marshalAppend(make([]byte, 0, size), m, tail)
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	buf := c.pool.Get(size)
+	b, err := marshalAppend((*buf)[:0], m, tail)
+	if err != nil {
+		c.pool.Put(buf)
+		return nil, err
+	}
+	*buf = b
+	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
+}
+
+// marshalPooled marshals v into a buffer of the pool, which the caller
+// puts back once it has sent it.
+func (c *codec) marshalPooled(v any) (*[]byte, error) {
+	m, tail, size, err := sized(v)
+	if err != nil {
+		return nil, err
+	}
+	buf := c.pool.Get(size)
+	b, err := marshalAppend((*buf)[:0], m, tail)
+	if err != nil {
+		c.pool.Put(buf)
+		return nil, err
+	}
+	*buf = b
+	return buf, nil
+}
+
+// sized is the message v holds, the encoded fields to append to it (a
+// withMetadata's), and their size together.
+func sized(v any) (m proto.Message, tail []byte, size int, err error) {
 	m, ok := v.(proto.Message)
 	if w, isW := v.(withMetadata); isW {
 		m, tail, ok = w.resp, w.md.wire, true
 	}
 	if !ok {
-		return nil, fmt.Errorf("proto: cannot marshal %T, not a proto.Message", v)
+		return nil, nil, 0, fmt.Errorf("proto: cannot marshal %T, not a proto.Message", v)
 	}
-	size := proto.Size(m) + len(tail)
-	// UseCachedSize reuses the size just computed; nothing else writes m
-	// while it is being sent.
-	opts := proto.MarshalOptions{UseCachedSize: true}
-	if mem.IsBelowBufferPoolingThreshold(size) {
-		b, err := opts.MarshalAppend(make([]byte, 0, size), m)
-		if err != nil {
-			return nil, err
-		}
-		return mem.BufferSlice{mem.SliceBuffer(append(b, tail...))}, nil
-	}
-	buf := c.pool.Get(size)
-	b, err := opts.MarshalAppend((*buf)[:0], m)
+	return m, tail, proto.Size(m) + len(tail), nil
+}
+
+// marshalAppend appends m, then tail, to b. It reuses the size sized just
+// computed; nothing else writes m while it is being sent.
+func marshalAppend(b []byte, m proto.Message, tail []byte) ([]byte, error) {
+	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
 	if err != nil {
-		c.pool.Put(buf)
 		return nil, err
 	}
-	*buf = append(b, tail...)
-	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
+	return append(b, tail...), nil
 }
 
 func (c *codec) Unmarshal(data mem.BufferSlice, v any) error { return c.base.Unmarshal(data, v) }

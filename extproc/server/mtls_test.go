@@ -18,13 +18,15 @@ import (
 
 // TestMutualTLS: with a client CA, only clients holding a certificate that
 // CA signed are served; others fail at the handshake, before any request.
-func TestMutualTLS(t *testing.T) {
+func TestMutualTLS(t *testing.T) { eachTransport(t, testMutualTLS) }
+
+func testMutualTLS(t *testing.T, transport string) {
 	gatewayCA, strangerCA := testcert.NewCA(t, "gateway CA"), testcert.NewCA(t, "someone else")
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(caFile, gatewayCA.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv, _, _ := start(t, &recorder{}, server.Options{TLS: server.TLSOptions{Enabled: true, ClientCAFile: caFile}})
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{TLS: server.TLSOptions{Enabled: true, ClientCAFile: caFile}})
 
 	for _, c := range []struct {
 		name   string

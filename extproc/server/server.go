@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/infergate/infergate/extproc/h2server"
 )
 
 // Health service names, as the endpoint picker protocol requires.
@@ -60,6 +62,9 @@ type Options struct {
 	Limits      Limits
 	// DrainTimeout bounds how long a stop waits for open streams.
 	DrainTimeout time.Duration
+	// Transport serves the ext_proc listener with grpc-go (TransportGRPC,
+	// the default when empty) or extproc/h2server (TransportH2).
+	Transport string
 	// Gatherer is served on the metrics listener.
 	Gatherer prometheus.Gatherer
 	// Registerer takes the server's own metrics (open streams, buffered
@@ -108,6 +113,17 @@ func New(handler Handler, opts Options) (*Server, error) {
 	}
 	if opts.Gatherer == nil {
 		opts.Gatherer = prometheus.NewRegistry()
+	}
+	switch opts.Transport {
+	case "":
+		opts.Transport = TransportGRPC
+	case TransportGRPC:
+	case TransportH2:
+		if b, ok := handler.(Blocker); ok && b.MayBlock() {
+			return nil, fmt.Errorf("transport %q serves a connection's streams on one goroutine, and this handler may hold requests (flow control); use %q", TransportH2, TransportGRPC)
+		}
+	default:
+		return nil, fmt.Errorf("transport %q: want %q or %q", opts.Transport, TransportGRPC, TransportH2)
 	}
 	// Certificates and CAs are read here, so a bad file stops start-up
 	// with its name before any listener opens.
@@ -204,6 +220,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
+	cdc, err := newCodec()
+	if err != nil {
+		return err
+	}
 	var gopts []grpc.ServerOption
 	if s.tls != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.tls)))
@@ -216,14 +236,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	// workers); workers that are reused keep theirs. Streams beyond the
 	// workers still get goroutines of their own.
 	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
-	cdc, err := newCodec()
-	if err != nil {
-		return err
-	}
 	gopts = append(gopts, grpc.ForceServerCodecV2(cdc), experimental.BufferPool(cdc.pool))
-	gs := grpc.NewServer(gopts...)
-	extprocv3.RegisterExternalProcessorServer(gs, s)
-	healthpb.RegisterHealthServer(gs, s.health) // also on the main port, as gateways probe it there
+	main := s.mainServer(cdc, gopts)
 
 	hs := grpc.NewServer()
 	healthpb.RegisterHealthServer(hs, s.health)
@@ -246,19 +260,19 @@ func (s *Server) Serve(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := f(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
+			if err := f(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, h2server.ErrServerClosed) {
 				errc <- fmt.Errorf("%s server: %w", name, err)
 			}
 		}()
 	}
-	run("ext_proc", func() error { return gs.Serve(s.grpcLn) })
+	run("ext_proc", func() error { return main.serve(s.grpcLn) })
 	if s.healthLn != nil {
 		run("health", func() error { return hs.Serve(s.healthLn) })
 	}
 	if ms != nil {
 		run("metrics", func() error { return ms.Serve(s.metricsLn) })
 	}
-	s.opts.Logger.Info("ext_proc server started", "grpc", s.GRPCAddr(), "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "tls", s.tls != nil, "mtls", s.tls != nil && s.tls.ClientCAs != nil)
+	s.opts.Logger.Info("ext_proc server started", "grpc", s.GRPCAddr(), "transport", s.opts.Transport, "health", s.HealthAddr(), "metrics", s.MetricsAddr(), "tls", s.tls != nil, "mtls", s.tls != nil && s.tls.ClientCAs != nil)
 
 	var serveErr error
 	select {
@@ -267,13 +281,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.SetReady(false)
 	s.health.Shutdown()
-	drained := make(chan struct{})
-	go func() { gs.GracefulStop(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(s.opts.DrainTimeout):
+	if !main.drain(s.opts.DrainTimeout) {
 		s.opts.Logger.Info("drain timeout reached, closing open streams", "timeout", s.opts.DrainTimeout)
-		gs.Stop()
 	}
 	hs.Stop()
 	if ms != nil {
@@ -281,6 +290,40 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	wg.Wait()
 	return serveErr
+}
+
+// mainServer is what serves the ext_proc listener: ext_proc, and the
+// health service, as gateways probe it there.
+type mainServer struct {
+	serve func(net.Listener) error
+	// drain stops gracefully within timeout, then cuts what is left;
+	// false when it had to cut.
+	drain func(timeout time.Duration) bool
+}
+
+func (s *Server) mainServer(cdc *codec, gopts []grpc.ServerOption) mainServer {
+	if s.opts.Transport == TransportH2 {
+		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Logger: s.opts.Logger})
+		return mainServer{serve: hs.Serve, drain: func(timeout time.Duration) bool {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return hs.Shutdown(ctx) == nil
+		}}
+	}
+	gs := grpc.NewServer(gopts...)
+	extprocv3.RegisterExternalProcessorServer(gs, s)
+	healthpb.RegisterHealthServer(gs, s.health)
+	return mainServer{serve: gs.Serve, drain: func(timeout time.Duration) bool {
+		drained := make(chan struct{})
+		go func() { gs.GracefulStop(); close(drained) }()
+		select {
+		case <-drained:
+			return true
+		case <-time.After(timeout):
+			gs.Stop()
+			return false
+		}
+	}}
 }
 
 // Process implements the ext_proc service: one stream per HTTP request.
@@ -296,7 +339,7 @@ func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
 	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
 		st.watchIdle(d)
 	}
-	err := st.run(ctx)
+	err := st.run(ctx, gs)
 	ex.Close(ctx, st.summary(err))
 	return err
 }

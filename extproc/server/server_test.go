@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,9 +16,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/extproc/server"
@@ -70,8 +73,17 @@ func (e *recExchange) Close(_ context.Context, s server.Summary) {
 	e.r.mu.Unlock()
 }
 
-func start(t *testing.T, h server.Handler, opts server.Options) (*server.Server, context.CancelFunc, <-chan error) {
+// eachTransport runs test over each transport the ext_proc listener has.
+func eachTransport(t *testing.T, test func(t *testing.T, transport string)) {
+	for _, tr := range []string{server.TransportGRPC, server.TransportH2} {
+		t.Run(tr, func(t *testing.T) { test(t, tr) })
+	}
+}
+
+// start serves h with opts over transport until the test ends.
+func start(t *testing.T, transport string, h server.Handler, opts server.Options) (*server.Server, context.CancelFunc, <-chan error) {
 	t.Helper()
+	opts.Transport = transport
 	if opts.GRPCAddr == "" {
 		opts.GRPCAddr = "127.0.0.1:0"
 	}
@@ -161,8 +173,12 @@ func mustRecv(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) *extpr
 }
 
 func TestBodylessRequestIsDecidedAtOnce(t *testing.T) {
+	eachTransport(t, testBodylessRequestIsDecidedAtOnce)
+}
+
+func testBodylessRequestIsDecidedAtOnce(t *testing.T, transport string) {
 	rec := &recorder{}
-	srv, _, _ := start(t, rec, server.Options{})
+	srv, _, _ := start(t, transport, rec, server.Options{})
 	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 	mustSend(t, st, reqHeaders(true, ":method", "GET", ":path", "/v1/models"))
 	resp := mustRecv(t, st)
@@ -182,6 +198,10 @@ func TestBodylessRequestIsDecidedAtOnce(t *testing.T) {
 }
 
 func TestDuplexBodyIsReassembledAndRechunked(t *testing.T) {
+	eachTransport(t, testDuplexBodyIsReassembledAndRechunked)
+}
+
+func testDuplexBodyIsReassembledAndRechunked(t *testing.T, transport string) {
 	cases := []struct {
 		name      string
 		size      int
@@ -198,7 +218,7 @@ func TestDuplexBodyIsReassembledAndRechunked(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &recorder{}
-			srv, _, _ := start(t, rec, server.Options{})
+			srv, _, _ := start(t, transport, rec, server.Options{})
 			st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 			body := bytes.Repeat([]byte("abcdefghij"), tc.size/10)
 			mustSend(t, st, reqHeaders(false, ":method", "POST"))
@@ -255,9 +275,11 @@ func TestDuplexBodyIsReassembledAndRechunked(t *testing.T) {
 	}
 }
 
-func TestOversizedBodyIs413(t *testing.T) {
+func TestOversizedBodyIs413(t *testing.T) { eachTransport(t, testOversizedBodyIs413) }
+
+func testOversizedBodyIs413(t *testing.T, transport string) {
 	rec := &recorder{}
-	srv, _, _ := start(t, rec, server.Options{Limits: server.Limits{MaxRequestBodyBytes: 1000}})
+	srv, _, _ := start(t, transport, rec, server.Options{Limits: server.Limits{MaxRequestBodyBytes: 1000}})
 	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 	mustSend(t, st, reqHeaders(false, ":method", "POST"))
 	mustSend(t, st, reqBody(make([]byte, 600), false))
@@ -281,10 +303,14 @@ func TestOversizedBodyIs413(t *testing.T) {
 }
 
 func TestBufferedModeAnswersHeadersFirst(t *testing.T) {
+	eachTransport(t, testBufferedModeAnswersHeadersFirst)
+}
+
+func testBufferedModeAnswersHeadersFirst(t *testing.T, transport string) {
 	rec := &recorder{decide: func(*server.Request) *server.Decision {
 		return &server.Decision{Body: []byte(`{"x":1}`), SetHeaders: []server.Header{{Name: "x-a", Value: "b"}}}
 	}}
-	srv, _, _ := start(t, rec, server.Options{})
+	srv, _, _ := start(t, transport, rec, server.Options{})
 	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 	h := reqHeaders(false, ":method", "POST", "content-length", "2")
 	h.ProtocolConfig.RequestBodyMode = filterv3.ProcessingMode_BUFFERED
@@ -326,6 +352,10 @@ func (gatedExchange) RejectEarly(_ context.Context, req *server.Request) *server
 }
 
 func TestHeaderGateRefusesBeforeTheBody(t *testing.T) {
+	eachTransport(t, testHeaderGateRefusesBeforeTheBody)
+}
+
+func testHeaderGateRefusesBeforeTheBody(t *testing.T, transport string) {
 	cases := []struct {
 		name    string
 		mode    filterv3.ProcessingMode_BodySendMode
@@ -341,7 +371,7 @@ func TestHeaderGateRefusesBeforeTheBody(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &gatedRecorder{}
-			srv, _, _ := start(t, rec, server.Options{})
+			srv, _, _ := start(t, transport, rec, server.Options{})
 			st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 			kv := []string{":method", "POST"}
 			if tc.refuse {
@@ -367,8 +397,12 @@ func TestHeaderGateRefusesBeforeTheBody(t *testing.T) {
 }
 
 func TestMetadataMergedAcrossMessagesAndResponsePath(t *testing.T) {
+	eachTransport(t, testMetadataMergedAcrossMessagesAndResponsePath)
+}
+
+func testMetadataMergedAcrossMessagesAndResponsePath(t *testing.T, transport string) {
 	rec := &recorder{}
-	srv, _, _ := start(t, rec, server.Options{})
+	srv, _, _ := start(t, transport, rec, server.Options{})
 	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 	md := func(ns, k, v string) *corev3.Metadata {
 		s, _ := structpb.NewStruct(map[string]any{k: v})
@@ -419,33 +453,70 @@ func TestMetadataMergedAcrossMessagesAndResponsePath(t *testing.T) {
 	}
 }
 
-func TestHealthServices(t *testing.T) {
-	srv, _, _ := start(t, &recorder{}, server.Options{HealthAddr: "127.0.0.1:0"})
-	hc := healthpb.NewHealthClient(dial(t, srv.HealthAddr(), nil))
-	check := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
-		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
-		if err != nil {
-			t.Fatalf("check %q: %v", svc, err)
+func TestHealthServices(t *testing.T) { eachTransport(t, testHealthServices) }
+
+func testHealthServices(t *testing.T, transport string) {
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{HealthAddr: "127.0.0.1:0"})
+	// Gateways probe the ext_proc port; the kubelet, the health port.
+	for _, addr := range []string{srv.HealthAddr(), srv.GRPCAddr()} {
+		hc := healthpb.NewHealthClient(dial(t, addr, nil))
+		check := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
+			r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+			if err != nil {
+				t.Fatalf("%s: check %q: %v", addr, svc, err)
+			}
+			return r.GetStatus()
 		}
-		return r.GetStatus()
-	}
-	serving, not := healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
-	want := map[string]healthpb.HealthCheckResponse_ServingStatus{server.HealthLiveness: serving, server.HealthReadiness: not, server.HealthExtProc: not}
-	for svc, w := range want {
-		if got := check(svc); got != w {
-			t.Errorf("before ready: %s = %v, want %v", svc, got, w)
+		srv.SetReady(false)
+		serving, not := healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
+		want := map[string]healthpb.HealthCheckResponse_ServingStatus{server.HealthLiveness: serving, server.HealthReadiness: not, server.HealthExtProc: not}
+		for svc, w := range want {
+			if got := check(svc); got != w {
+				t.Errorf("%s: before ready: %s = %v, want %v", addr, svc, got, w)
+			}
 		}
-	}
-	srv.SetReady(true)
-	for _, svc := range []string{server.HealthLiveness, server.HealthReadiness, server.HealthExtProc} {
-		if got := check(svc); got != serving {
-			t.Errorf("after ready: %s = %v", svc, got)
+		srv.SetReady(true)
+		for _, svc := range []string{server.HealthLiveness, server.HealthReadiness, server.HealthExtProc} {
+			if got := check(svc); got != serving {
+				t.Errorf("%s: after ready: %s = %v", addr, svc, got)
+			}
+		}
+		if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "no.such.Service"}); status.Code(err) != codes.NotFound {
+			t.Errorf("%s: check of an unknown service: %v, want NotFound", addr, err)
 		}
 	}
 }
 
-func TestSelfSignedTLS(t *testing.T) {
-	srv, _, _ := start(t, &recorder{}, server.Options{TLS: server.TLSOptions{Enabled: true}})
+// blocker is a recorder whose handler says it may block.
+type blocker struct{ recorder }
+
+func (*blocker) MayBlock() bool { return true }
+
+// TestTransportChoice: the h2 transport refuses a handler that may block,
+// and an unknown transport is refused by name.
+func TestTransportChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name, transport string
+		h               server.Handler
+		err             string
+	}{
+		{"blocking handler on h2", server.TransportH2, &blocker{}, "may hold requests"},
+		{"blocking handler on grpc", server.TransportGRPC, &blocker{}, ""},
+		{"unknown transport", "quic", &recorder{}, `transport "quic"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := server.New(tc.h, server.Options{GRPCAddr: "127.0.0.1:0", Transport: tc.transport})
+			if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("New: %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestSelfSignedTLS(t *testing.T) { eachTransport(t, testSelfSignedTLS) }
+
+func testSelfSignedTLS(t *testing.T, transport string) {
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{TLS: server.TLSOptions{Enabled: true}})
 	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})
 	st := openStream(t, dial(t, srv.GRPCAddr(), creds))
 	mustSend(t, st, reqHeaders(true, ":method", "GET"))
@@ -466,8 +537,12 @@ func TestSelfSignedTLS(t *testing.T) {
 }
 
 func TestGracefulStopDrainsOpenStreams(t *testing.T) {
+	eachTransport(t, testGracefulStopDrainsOpenStreams)
+}
+
+func testGracefulStopDrainsOpenStreams(t *testing.T, transport string) {
 	rec := &recorder{release: make(chan struct{})}
-	srv, cancel, done := start(t, rec, server.Options{DrainTimeout: 10 * time.Second})
+	srv, cancel, done := start(t, transport, rec, server.Options{DrainTimeout: 10 * time.Second})
 	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
 	mustSend(t, st, reqHeaders(true, ":method", "GET"))
 	for { // wait until the handler holds the request

@@ -28,7 +28,7 @@ var errRejected = errors.New("request answered with an immediate response")
 
 // stream is the state of one ext_proc stream (one HTTP request).
 type stream struct {
-	grpc   extprocv3.ExternalProcessor_ProcessServer
+	out    sender
 	ex     Exchange
 	limits Limits
 	budget *budget
@@ -96,13 +96,21 @@ func (s *stream) onIdle() {
 	s.timedOut = true
 	s.releaseBody()
 	s.budget.timeouts.Inc()
-	_ = s.grpc.Send(ImmediateResponse(&Rejection{Status: 408, Reason: ReasonRequestTimeout,
+	_ = s.out.Send(ImmediateResponse(&Rejection{Status: 408, Reason: ReasonRequestTimeout,
 		Message: fmt.Sprintf("the request sent nothing for %s before its end", s.idle)}))
 }
 
-func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits Limits, b *budget) *stream {
+// sender is where a stream's answers go: a grpc-go stream, or an
+// h2server one.
+type sender interface {
+	Send(*extprocv3.ProcessingResponse) error
+	// SendMsg also takes a withMetadata.
+	SendMsg(any) error
+}
+
+func newStream(out sender, ex Exchange, limits Limits, b *budget) *stream {
 	return &stream{
-		grpc:         gs,
+		out:          out,
 		ex:           ex,
 		limits:       limits,
 		budget:       b,
@@ -113,35 +121,42 @@ func newStream(gs extprocv3.ExternalProcessor_ProcessServer, ex Exchange, limits
 	}
 }
 
-// run processes messages until the proxy closes the stream. It returns nil
-// on a natural end or after an immediate response.
-func (s *stream) run(ctx context.Context) error {
+// run receives and handles messages until the proxy closes the stream. It
+// returns nil on a natural end or after an immediate response.
+func (s *stream) run(ctx context.Context, in interface {
+	Recv() (*extprocv3.ProcessingRequest, error)
+}) error {
 	for {
-		msg, err := s.grpc.Recv()
+		msg, err := in.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
-		s.mu.Lock()
-		if s.timedOut {
-			s.mu.Unlock()
-			return nil
-		}
-		s.last = time.Now()
-		if pc := msg.GetProtocolConfig(); pc != nil {
-			s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
-		}
-		err = s.handle(ctx, msg)
-		s.mu.Unlock()
-		if err != nil {
-			if errors.Is(err, errRejected) {
-				return nil
-			}
+		if done, err := s.receive(ctx, msg); done {
 			return err
 		}
 	}
+}
+
+// receive handles one message; done says the stream has no more to do:
+// it was answered with an immediate response (err nil) or failed.
+func (s *stream) receive(ctx context.Context, msg *extprocv3.ProcessingRequest) (done bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.timedOut {
+		return true, nil
+	}
+	s.last = time.Now()
+	if pc := msg.GetProtocolConfig(); pc != nil {
+		s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+	}
+	err = s.handle(ctx, msg)
+	if errors.Is(err, errRejected) {
+		return true, nil
+	}
+	return err != nil, err
 }
 
 func (s *stream) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) error {
@@ -417,7 +432,7 @@ func (s *stream) reject(r *Rejection) error {
 }
 
 func (s *stream) send(resp *extprocv3.ProcessingResponse) error {
-	if err := s.grpc.Send(resp); err != nil {
+	if err := s.out.Send(resp); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	return nil
@@ -430,7 +445,7 @@ func (s *stream) sendDecision(resp *extprocv3.ProcessingResponse, d *Decision) e
 		resp.DynamicMetadata = d.DynamicMetadata
 		return s.send(resp)
 	}
-	if err := s.grpc.SendMsg(withMetadata{resp: resp, md: d.EncodedMetadata}); err != nil {
+	if err := s.out.SendMsg(withMetadata{resp: resp, md: d.EncodedMetadata}); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	return nil

@@ -1,0 +1,670 @@
+package h2server
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Keepalive enforcement, as grpc-go's server does with the policy the
+// ext_proc server gave it: a ping sooner than pingMinTime after the
+// previous one, with no HEADERS or DATA sent between them, is a strike;
+// more than maxPingStrikes and the connection is told to go away.
+const (
+	pingMinTime    = 10 * time.Second
+	maxPingStrikes = 2
+	// goAwayLinger is how long an idle connection told to go away waits
+	// for the client to close it.
+	goAwayLinger = time.Second
+)
+
+var errConnClosed = errors.New("h2server: the connection closed")
+
+// conn is one client connection.
+//
+// Flow control: the client may send each stream streamWindow bytes ahead
+// and the connection connWindow; both are granted back as data arrives
+// (a message is handed to its Receiver as soon as it is whole), except
+// that a stream whose own answers wait for the client's window beyond
+// streamWindow gets no more credit until they drain, so an echoing
+// stream cannot pile up answers the client does not read. Our DATA
+// respects the client's windows; what does not fit waits in the stream.
+type conn struct {
+	s      *Server
+	nc     net.Conn // the accepted connection, for closing
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// The read side is the connection goroutine's alone.
+	br          *bufio.Reader
+	fr          *http2.Framer // reads here; writes under wmu
+	recvUnacked uint32        // connection-level bytes not granted back yet
+	lastPing    time.Time
+	pingStrikes int
+
+	// wmu guards the write side and the stream state senders share.
+	wmu         sync.Mutex
+	bw          *bufio.Writer
+	streams     map[uint32]*Stream
+	maxID       uint32 // the highest stream the client opened
+	sendWindow  int64  // connection-level window for our DATA
+	peerWindow  int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
+	peerFrame   int    // the client's SETTINGS_MAX_FRAME_SIZE
+	blocked     []*Stream
+	dispatching bool // the connection goroutine is handling frames and flushes after
+	goingAway   bool
+	wrote       bool // HEADERS or DATA went out since the last ping
+	werr        error
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &conn{
+		s: s, nc: nc, ctx: ctx, cancel: cancel,
+		streams:    map[uint32]*Stream{},
+		sendWindow: 65535,
+		peerWindow: 65535,
+		peerFrame:  16384,
+	}
+}
+
+func (c *conn) log() interface{ Info(string, ...any) } { return c.s.opts.Logger.V(1) }
+
+// serve runs the connection until it ends; it closes it.
+func (c *conn) serve() {
+	defer c.close()
+	var rw io.ReadWriter = c.nc
+	_ = c.nc.SetDeadline(time.Now().Add(handshakeTimeout))
+	if cfg := c.s.opts.TLS; cfg != nil {
+		tc := tls.Server(c.nc, cfg)
+		if err := tc.HandshakeContext(c.ctx); err != nil {
+			c.log().Info("TLS handshake failed", "remote", c.nc.RemoteAddr().String(), "err", err.Error())
+			return
+		}
+		// Without ALPN a client may still speak HTTP/2 with prior
+		// knowledge; one that agreed on another protocol may not.
+		if p := tc.ConnectionState().NegotiatedProtocol; p != "" && p != "h2" {
+			c.log().Info("client negotiated a protocol other than h2", "remote", c.nc.RemoteAddr().String(), "protocol", p)
+			return
+		}
+		rw = tc
+	}
+	c.br = bufio.NewReaderSize(rw, 32<<10)
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(c.br, preface); err != nil || string(preface) != http2.ClientPreface {
+		c.log().Info("no HTTP/2 client preface", "remote", c.nc.RemoteAddr().String())
+		return
+	}
+	_ = c.nc.SetDeadline(time.Time{})
+	c.bw = bufio.NewWriterSize(rw, 32<<10)
+	c.fr = http2.NewFramer(c.bw, c.br)
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = maxHeaderListSize
+	c.wmu.Lock()
+	_ = c.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize})
+	_ = c.fr.WriteWindowUpdate(0, connWindow-65535)
+	c.wmu.Unlock()
+
+	inBatch := false
+	for {
+		if c.br.Buffered() == 0 {
+			// All that had arrived is handled: write what it answered.
+			c.wmu.Lock()
+			c.dispatching, inBatch = false, false
+			err := c.flush()
+			drained := c.goingAway && len(c.streams) == 0
+			c.wmu.Unlock()
+			if err != nil || drained {
+				return
+			}
+		}
+		f, err := c.fr.ReadFrame()
+		if err == nil && !inBatch {
+			c.wmu.Lock()
+			c.dispatching, inBatch = true, true
+			c.wmu.Unlock()
+		}
+		if err == nil {
+			err = c.handle(f)
+		}
+		if err == nil {
+			continue
+		}
+		var se http2.StreamError
+		if errors.As(err, &se) {
+			c.streamError(se.StreamID, se.Code, err)
+			continue
+		}
+		var ce http2.ConnectionError
+		switch {
+		case errors.As(err, &ce):
+			c.fatal(http2.ErrCode(ce), err)
+		case errors.Is(err, http2.ErrFrameTooLarge):
+			c.fatal(http2.ErrCodeFrameSize, err)
+		case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errTooManyPings):
+			c.log().Info("connection ended", "remote", c.nc.RemoteAddr().String(), "err", err.Error())
+		}
+		return
+	}
+}
+
+// flush writes what is buffered; under wmu.
+func (c *conn) flush() error {
+	if c.werr == nil {
+		c.werr = c.bw.Flush()
+	}
+	return c.werr
+}
+
+// flushUnlessDispatching flushes for a sender outside the connection
+// goroutine; that goroutine flushes after the frames it is handling.
+// Under wmu.
+func (c *conn) flushUnlessDispatching() {
+	if !c.dispatching {
+		_ = c.flush()
+	}
+}
+
+// close ends every stream still open and the connection.
+func (c *conn) close() {
+	c.cancel()
+	c.wmu.Lock()
+	open := make([]*Stream, 0, len(c.streams))
+	for _, st := range c.streams {
+		open = append(open, st)
+	}
+	if c.bw != nil {
+		_ = c.flush()
+	}
+	c.wmu.Unlock()
+	for _, st := range open {
+		c.abort(st, errConnClosed)
+	}
+	_ = c.nc.Close()
+}
+
+// fatal tells the client why the connection ends.
+func (c *conn) fatal(code http2.ErrCode, err error) {
+	c.log().Info("connection error", "remote", c.nc.RemoteAddr().String(), "code", code.String(), "err", err.Error())
+	c.wmu.Lock()
+	_ = c.fr.WriteGoAway(c.maxID, code, []byte(err.Error()))
+	_ = c.flush()
+	c.wmu.Unlock()
+}
+
+// goAway starts a graceful close: streams the client opened so far run to
+// their end, later ones are refused, and the connection closes when none
+// is left.
+func (c *conn) goAway() {
+	c.wmu.Lock()
+	if c.goingAway || c.fr == nil {
+		c.wmu.Unlock()
+		if c.fr == nil {
+			// Still in its handshake: nothing to drain.
+			_ = c.nc.Close()
+		}
+		return
+	}
+	c.goingAway = true
+	_ = c.fr.WriteGoAway(c.maxID, http2.ErrCodeNo, nil)
+	_ = c.flush()
+	idle := len(c.streams) == 0
+	c.wmu.Unlock()
+	if idle {
+		// The connection goroutine may be waiting for a frame that will
+		// never come: give the client a moment to close, then stop reading.
+		_ = c.nc.SetReadDeadline(time.Now().Add(goAwayLinger))
+	}
+}
+
+var errTooManyPings = errors.New("h2server: too many pings")
+
+func (c *conn) handle(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		return c.onHeaders(f)
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.RSTStreamFrame:
+		c.wmu.Lock()
+		st := c.streams[f.StreamID]
+		c.wmu.Unlock()
+		if st != nil {
+			st.halfClosed = true
+			c.abort(st, status.Errorf(codes.Canceled, "the client reset the stream (%v)", f.ErrCode))
+		}
+	case *http2.SettingsFrame:
+		return c.onSettings(f)
+	case *http2.WindowUpdateFrame:
+		return c.onWindowUpdate(f)
+	case *http2.PingFrame:
+		return c.onPing(f)
+	case *http2.PushPromiseFrame:
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	// GOAWAY from the client (it will close), PRIORITY and unknown frames
+	// need nothing.
+	return nil
+}
+
+func (c *conn) onSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.peerWindow
+			c.peerWindow = int64(s.Val)
+			for _, st := range c.streams {
+				st.sendWindow += delta
+			}
+		case http2.SettingMaxFrameSize:
+			c.peerFrame = int(s.Val)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.fr.WriteSettingsAck(); err != nil {
+		return err
+	}
+	c.drainBlocked()
+	return nil
+}
+
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	const maxWindow = 1<<31 - 1
+	if f.StreamID == 0 {
+		c.sendWindow += int64(f.Increment)
+		if c.sendWindow > maxWindow {
+			return http2.ConnectionError(http2.ErrCodeFlowControl)
+		}
+	} else if st := c.streams[f.StreamID]; st != nil {
+		st.sendWindow = min(st.sendWindow+int64(f.Increment), maxWindow)
+	}
+	c.drainBlocked()
+	return nil
+}
+
+func (c *conn) onPing(f *http2.PingFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	now := time.Now()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.lastPing.IsZero() && now.Sub(c.lastPing) < pingMinTime && !c.wrote {
+		c.pingStrikes++
+	} else if c.wrote {
+		c.pingStrikes = 0
+	}
+	c.lastPing, c.wrote = now, false
+	if c.pingStrikes > maxPingStrikes {
+		_ = c.fr.WriteGoAway(c.maxID, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings"))
+		_ = c.flush()
+		return errTooManyPings
+	}
+	return c.fr.WritePing(true, f.Data)
+}
+
+func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	c.wmu.Lock()
+	st, known := c.streams[id], id <= c.maxID
+	goingAway := c.goingAway
+	if !known && id%2 == 1 {
+		c.maxID = id
+	}
+	c.wmu.Unlock()
+	if known {
+		// Trailers end the client's side (gRPC clients send none).
+		if st == nil || st.finished {
+			return nil
+		}
+		if !f.StreamEnded() {
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("HEADERS after the request headers without END_STREAM")}
+		}
+		st.halfClosed = true
+		c.endOfStream(st)
+		return nil
+	}
+	if id%2 == 0 {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	if goingAway {
+		c.wmu.Lock()
+		_ = c.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+		c.wmu.Unlock()
+		return nil
+	}
+	st = &Stream{c: c, id: id, path: f.PseudoValue("path"), halfClosed: f.StreamEnded(), recv: refused{}}
+	var timeout time.Duration
+	var reject error
+	switch {
+	case f.Truncated:
+		reject = status.Errorf(codes.ResourceExhausted, "the request's header list is over %d bytes", maxHeaderListSize)
+	case f.PseudoValue("method") != "POST" || st.path == "":
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("a gRPC request is a POST with a :path")}
+	}
+	for _, hf := range f.RegularFields() {
+		switch hf.Name {
+		case "content-type":
+			if !isGRPC(hf.Value) {
+				c.wmu.Lock()
+				_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.s.blocks.unsupportedMedia, EndHeaders: true, EndStream: true})
+				if !st.halfClosed {
+					_ = c.fr.WriteRSTStream(id, http2.ErrCodeNo)
+				}
+				c.wmu.Unlock()
+				return nil
+			}
+		case "grpc-timeout":
+			d, err := parseTimeout(hf.Value)
+			if err != nil && reject == nil {
+				reject = status.Errorf(codes.Internal, "malformed grpc-timeout %q: %v", hf.Value, err)
+			}
+			timeout = d
+		}
+	}
+	if timeout > 0 {
+		st.ctx, st.cancel = context.WithTimeout(c.ctx, timeout)
+	} else {
+		st.ctx, st.cancel = context.WithCancel(c.ctx)
+	}
+	c.wmu.Lock()
+	st.sendWindow = c.peerWindow
+	c.streams[id] = st
+	c.wmu.Unlock()
+	if reject != nil {
+		c.finish(st, reject)
+		return nil
+	}
+	recv, err := c.s.h.Open(st)
+	if err != nil {
+		c.finish(st, err)
+		return nil
+	}
+	st.recv = recv
+	if st.halfClosed {
+		c.endOfStream(st)
+	}
+	return nil
+}
+
+func isGRPC(contentType string) bool {
+	rest, ok := strings.CutPrefix(contentType, "application/grpc")
+	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
+func (c *conn) onData(f *http2.DataFrame) error {
+	n := f.Length // padding counts against the windows too
+	c.recvUnacked += n
+	c.wmu.Lock()
+	if c.recvUnacked >= connWindow/4 {
+		_ = c.fr.WriteWindowUpdate(0, c.recvUnacked)
+		c.recvUnacked = 0
+	}
+	st, known := c.streams[f.StreamID], f.StreamID <= c.maxID
+	c.wmu.Unlock()
+	if !known {
+		return http2.ConnectionError(http2.ErrCodeProtocol) // DATA on a stream never opened
+	}
+	if st == nil || st.finished {
+		return nil // the stream ended on our side; the client has been told
+	}
+	if st.halfClosed {
+		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeStreamClosed, Cause: errors.New("DATA after END_STREAM")}
+	}
+	c.deliver(st, f.Data())
+	if f.StreamEnded() && !st.finished {
+		st.halfClosed = true
+		c.endOfStream(st)
+	}
+	if !st.finished {
+		c.wmu.Lock()
+		st.unacked += int64(n)
+		c.grant(st)
+		c.wmu.Unlock()
+	}
+	return nil
+}
+
+// deliver hands the whole messages in data (and what the stream held of a
+// message before) to the stream's Receiver, keeping the rest.
+func (c *conn) deliver(st *Stream, data []byte) {
+	if len(st.buf) == 0 {
+		// Most frames hold whole messages: read them where they are.
+		data = c.messages(st, data)
+		if st.finished || len(data) == 0 {
+			return
+		}
+	}
+	st.buf = append(st.buf, data...)
+	rest := c.messages(st, st.buf)
+	if st.finished || len(rest) == 0 {
+		st.buf = nil
+		return
+	}
+	st.buf = append(st.buf[:0], rest...)
+}
+
+// messages delivers the whole messages at the start of b and returns what
+// follows them.
+func (c *conn) messages(st *Stream, b []byte) []byte {
+	for len(b) >= 5 {
+		n := binary.BigEndian.Uint32(b[1:5])
+		if b[0] != 0 {
+			c.finish(st, status.Error(codes.Internal, "a compressed message, but no compression was negotiated"))
+			return nil
+		}
+		if int64(n) > int64(c.s.opts.MaxRecvMsgSize) {
+			c.finish(st, status.Errorf(codes.ResourceExhausted, "received message larger than max (%d vs. %d)", n, c.s.opts.MaxRecvMsgSize))
+			return nil
+		}
+		if len(b) < 5+int(n) {
+			break
+		}
+		done, err := st.recv.Message(b[5 : 5+n])
+		b = b[5+n:]
+		if done || err != nil {
+			c.finish(st, err)
+			return nil
+		}
+	}
+	return b
+}
+
+// endOfStream ends a stream the client has half-closed.
+func (c *conn) endOfStream(st *Stream) {
+	if len(st.buf) > 0 {
+		c.finish(st, status.Error(codes.Internal, "the stream ended inside a message"))
+		return
+	}
+	c.finish(st, nil)
+}
+
+// grant gives the client back a stream's receive window once enough of it
+// is used, unless the stream's answers wait for the client; under wmu.
+func (c *conn) grant(st *Stream) {
+	if st.ended || len(st.pending) > streamWindow || st.unacked < streamWindow/4 {
+		return
+	}
+	_ = c.fr.WriteWindowUpdate(st.id, uint32(st.unacked))
+	st.unacked = 0
+}
+
+// finish ends a stream from the connection goroutine: the Receiver is
+// closed, then the status goes out after the stream's last answers.
+func (c *conn) finish(st *Stream, err error) {
+	if st.finished {
+		return
+	}
+	st.finished, st.buf = true, nil
+	st.recv.Close(err)
+	st.cancel()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if st.ended {
+		return
+	}
+	st.ended = true
+	st.trailers = c.s.blocks.status(err, !st.headersSent)
+	st.rstAfter = !st.halfClosed
+	if len(st.pending) == 0 {
+		c.writeTrailers(st)
+	}
+}
+
+// writeTrailers ends the stream on the wire; under wmu.
+func (c *conn) writeTrailers(st *Stream) {
+	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: st.trailers, EndHeaders: true, EndStream: true})
+	c.wrote = true
+	if st.rstAfter {
+		// The client may still be sending; it need not.
+		_ = c.fr.WriteRSTStream(st.id, http2.ErrCodeNo)
+	}
+	st.trailers = nil
+	delete(c.streams, st.id)
+}
+
+// abort ends a stream that is gone on the client's side (reset, lost
+// connection): nothing more is written for it.
+func (c *conn) abort(st *Stream, err error) {
+	if !st.finished {
+		st.finished, st.buf = true, nil
+		st.recv.Close(err)
+		st.cancel()
+	}
+	c.wmu.Lock()
+	st.ended, st.pending, st.trailers = true, nil, nil
+	delete(c.streams, st.id)
+	c.wmu.Unlock()
+}
+
+// streamError resets a stream the client broke the protocol on.
+func (c *conn) streamError(id uint32, code http2.ErrCode, err error) {
+	c.log().Info("stream error", "stream", id, "code", code.String(), "err", err.Error())
+	c.wmu.Lock()
+	st := c.streams[id]
+	_ = c.fr.WriteRSTStream(id, code)
+	c.wmu.Unlock()
+	if st != nil {
+		st.halfClosed = true
+		c.abort(st, status.Errorf(codes.Internal, "stream reset: %v", err))
+	}
+}
+
+// drainBlocked writes what waited for window and the trailers behind it;
+// under wmu.
+func (c *conn) drainBlocked() {
+	kept := c.blocked[:0]
+	for _, st := range c.blocked {
+		if len(st.pending) > 0 {
+			n := c.writeData(st, st.pending, nil)
+			st.pending = st.pending[n:]
+			if len(st.pending) > 0 {
+				kept = append(kept, st)
+				continue
+			}
+			st.pending = nil
+		}
+		if st.trailers != nil {
+			c.writeTrailers(st)
+		}
+		c.grant(st)
+	}
+	clear(c.blocked[len(kept):])
+	c.blocked = kept
+}
+
+// writeData writes as much of a then b as both windows allow, in frames
+// the client accepts, and returns how much; under wmu.
+func (c *conn) writeData(st *Stream, a, b []byte) int {
+	avail := int(min(c.sendWindow, st.sendWindow, int64(len(a)+len(b))))
+	if avail <= 0 {
+		return 0
+	}
+	c.wrote = true
+	for written := 0; written < avail; {
+		n := min(avail-written, c.peerFrame)
+		var hdr [9]byte
+		hdr[0], hdr[1], hdr[2] = byte(n>>16), byte(n>>8), byte(n)
+		// hdr[3] type DATA (0), hdr[4] no flags
+		binary.BigEndian.PutUint32(hdr[5:], st.id)
+		_, _ = c.bw.Write(hdr[:])
+		for left := n; left > 0; {
+			if len(a) == 0 {
+				a, b = b, nil
+			}
+			k := min(left, len(a))
+			_, _ = c.bw.Write(a[:k])
+			a, left = a[k:], left-k
+		}
+		written += n
+	}
+	c.sendWindow -= int64(avail)
+	st.sendWindow -= int64(avail)
+	return avail
+}
+
+// refused is the Receiver of a stream ended before its handler opened it.
+type refused struct{}
+
+func (refused) Message([]byte) (bool, error) { return true, nil }
+func (refused) Close(error)                  {}
+
+// parseTimeout reads a grpc-timeout value: at most 8 digits and a unit.
+func parseTimeout(v string) (time.Duration, error) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, fmt.Errorf("want 1 to 8 digits and a unit")
+	}
+	var n int64
+	for _, ch := range v[:len(v)-1] {
+		if ch < '0' || ch > '9' {
+			return 0, fmt.Errorf("want 1 to 8 digits and a unit")
+		}
+		n = n*10 + int64(ch-'0')
+	}
+	var unit time.Duration
+	switch v[len(v)-1] {
+	case 'H':
+		unit = time.Hour
+	case 'M':
+		unit = time.Minute
+	case 'S':
+		unit = time.Second
+	case 'm':
+		unit = time.Millisecond
+	case 'u':
+		unit = time.Microsecond
+	case 'n':
+		unit = time.Nanosecond
+	default:
+		return 0, fmt.Errorf("unknown unit %q", v[len(v)-1])
+	}
+	return time.Duration(n) * unit, nil
+}

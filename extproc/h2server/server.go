@@ -1,0 +1,205 @@
+// Package h2server serves gRPC streams over an HTTP/2 of its own, for the
+// ext_proc server.
+//
+// grpc-go hands every message from the connection's reader goroutine to
+// the stream's goroutine and every answer to a writer goroutine; at tens
+// of thousands of one-request streams a second on two cores, those
+// hand-offs and the scheduler's queueing between them are most of a
+// picker's CPU and its latency tail. Here one goroutine per connection
+// reads the frames, calls the stream's Receiver as each message completes
+// and writes what was answered in one system call once it has read all
+// that had arrived, as an event loop does. A Receiver must therefore not
+// block: a handler that waits (a flow-control queue) belongs on grpc-go.
+//
+// It implements what a gateway's ext_proc client needs of a gRPC server:
+// TLS with ALPN (and mutual TLS, by the tls.Config), flow control both
+// ways with a bound per stream, a maximum message size, grpc-timeout as
+// the stream context's deadline, RST_STREAM, GOAWAY and a graceful drain,
+// keepalive pings with grpc-go's enforcement, and status trailers. It does
+// not implement compression (it announces none), server push or
+// priorities.
+package h2server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// ErrServerClosed is what Serve returns after Shutdown or Close.
+var ErrServerClosed = errors.New("h2server: server closed")
+
+// Handler opens the streams of a server.
+type Handler interface {
+	// Open is called, on the connection's goroutine, with each new
+	// stream's headers. It returns the stream's Receiver, or an error
+	// whose gRPC status (codes.Unknown for a plain error) ends the stream
+	// at once (codes.Unimplemented for a method it does not serve).
+	Open(st *Stream) (Receiver, error)
+}
+
+// Receiver takes one stream's messages. Its methods are called on the
+// connection's goroutine, one at a time, and must not block: every other
+// stream of the connection waits meanwhile.
+type Receiver interface {
+	// Message handles one whole message; the bytes are valid only during
+	// the call. done ends the stream with status OK; an error ends it
+	// with the error's status. Messages after either are dropped.
+	Message(msg []byte) (done bool, err error)
+	// Close is called once, last: err is nil when the stream ended
+	// normally (the client half-closed, or Message said done) and says
+	// why otherwise (Message's error, a reset, a lost connection).
+	Close(err error)
+}
+
+// Options configure a Server.
+type Options struct {
+	// TLS, when set, serves TLS with it (its NextProtos should offer
+	// "h2"); nil serves plain text (HTTP/2 with prior knowledge).
+	TLS *tls.Config
+	// MaxRecvMsgSize bounds a received message; a larger one ends its
+	// stream with RESOURCE_EXHAUSTED. 0 means 4 MiB, grpc-go's default.
+	MaxRecvMsgSize int
+	Logger         logr.Logger
+}
+
+// Defaults and bounds; see Options and the flow-control notes in conn.go.
+const (
+	defaultMaxRecvMsgSize = 4 << 20
+	// streamWindow is each stream's receive window; the transport holds at
+	// most about this much of a stream's data beyond the message it is
+	// assembling.
+	streamWindow = 1 << 20
+	// connWindow is the connection's receive window.
+	connWindow = 16 << 20
+	// maxHeaderListSize bounds a request's header list.
+	maxHeaderListSize = 64 << 10
+	// handshakeTimeout bounds the TLS handshake and the client preface.
+	handshakeTimeout = 10 * time.Second
+)
+
+// Server serves gRPC streams to a Handler.
+type Server struct {
+	h      Handler
+	opts   Options
+	blocks headerBlocks
+
+	mu       sync.Mutex
+	lns      map[net.Listener]bool
+	conns    map[*conn]bool
+	draining bool
+	wg       sync.WaitGroup
+}
+
+// New makes a server of h.
+func New(h Handler, opts Options) *Server {
+	if opts.MaxRecvMsgSize <= 0 {
+		opts.MaxRecvMsgSize = defaultMaxRecvMsgSize
+	}
+	return &Server{h: h, opts: opts, blocks: newHeaderBlocks(), lns: map[net.Listener]bool{}, conns: map[*conn]bool{}}
+}
+
+// Serve accepts connections on ln and serves them until Shutdown or
+// Close, and then returns ErrServerClosed.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrServerClosed
+	}
+	s.lns[ln] = true
+	s.mu.Unlock()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.draining
+			s.mu.Unlock()
+			if closed {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Out of file descriptors and the like: wait, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		c := newConn(s, nc)
+		s.mu.Lock()
+		if s.draining {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return ErrServerClosed
+		}
+		s.conns[c] = true
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			c.serve()
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Shutdown stops accepting, sends every connection a GOAWAY, and waits
+// until their open streams have ended and they have closed, or until ctx
+// ends; then it closes what is left and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	for ln := range s.lns {
+		_ = ln.Close()
+	}
+	for c := range s.conns {
+		c.goAway()
+	}
+	s.mu.Unlock()
+	// Connections leave the set as they close; polling keeps the set a
+	// plain map for a wait that happens once in a process's life.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			s.wg.Wait()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			s.Close()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// Close stops accepting and closes every connection at once; their open
+// streams are closed with an error.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.draining = true
+	for ln := range s.lns {
+		_ = ln.Close()
+	}
+	for c := range s.conns {
+		_ = c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}

@@ -1,0 +1,438 @@
+package h2server
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/infergate/infergate/internal/testcert"
+)
+
+// The test service: every method takes and answers BytesValue messages.
+const (
+	methodEcho  = "/test.Service/Echo"  // answers each message with itself; a message "end" ends the call OK
+	methodFail  = "/test.Service/Fail"  // ends with the status the message names
+	methodLater = "/test.Service/Later" // answers from another goroutine, after the connection has moved on
+	methodWait  = "/test.Service/Wait"  // answers nothing; reports its context's deadline
+)
+
+// service records how its streams end.
+type service struct {
+	mu       sync.Mutex
+	closed   []error
+	deadline chan time.Time
+}
+
+func (s *service) Open(st *Stream) (Receiver, error) {
+	switch st.Path() {
+	case methodEcho, methodFail, methodLater:
+		return &receiver{s: s, st: st}, nil
+	case methodWait:
+		d, _ := st.Context().Deadline()
+		s.deadline <- d
+		return &receiver{s: s, st: st}, nil
+	}
+	return nil, status.Errorf(codes.Unimplemented, "unknown method %s", st.Path())
+}
+
+func (s *service) closes() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]error(nil), s.closed...)
+}
+
+type receiver struct {
+	s  *service
+	st *Stream
+}
+
+func (r *receiver) Message(msg []byte) (bool, error) {
+	var in wrapperspb.BytesValue
+	if err := proto.Unmarshal(msg, &in); err != nil {
+		return false, err
+	}
+	switch r.st.Path() {
+	case methodFail:
+		return false, status.Error(codes.FailedPrecondition, string(in.Value))
+	case methodLater:
+		go func() {
+			time.Sleep(10 * time.Millisecond)
+			_ = r.st.Send(msg)
+		}()
+		return false, nil
+	case methodWait:
+		return false, nil
+	}
+	if string(in.Value) == "end" {
+		return true, nil
+	}
+	return false, r.st.Send(msg)
+}
+
+func (r *receiver) Close(err error) {
+	r.s.mu.Lock()
+	r.s.closed = append(r.s.closed, err)
+	r.s.mu.Unlock()
+}
+
+// serve starts a server of svc on a loopback port; it stops with the test.
+func serve(t *testing.T, svc *service, opts Options) (*Server, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(svc, opts)
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, ln.Addr().String()
+}
+
+func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+	t.Helper()
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+var bidi = &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+
+func open(t *testing.T, ctx context.Context, cc *grpc.ClientConn, method string) grpc.ClientStream {
+	t.Helper()
+	cs, err := cc.NewStream(ctx, bidi, method)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func bytesOf(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i%251)
+	}
+	return b
+}
+
+// TestEcho runs calls of small and large messages (past every window, both
+// ways) over plain text and TLS, several at once on one connection.
+func TestEcho(t *testing.T) {
+	ca := testcert.NewCA(t, "h2server-test")
+	for _, tc := range []struct {
+		name   string
+		server *tls.Config
+		client credentials.TransportCredentials
+	}{
+		{"plain", nil, nil},
+		{"tls", &tls.Config{Certificates: []tls.Certificate{ca.Server(t)}, NextProtos: []string{"h2"}},
+			credentials.NewTLS(&tls.Config{RootCAs: ca.Pool})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &service{}
+			_, addr := serve(t, svc, Options{TLS: tc.server})
+			cc := dial(t, addr, tc.client)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			sizes := []int{0, 1, 1000, 70_000, 3 << 20}
+			var wg sync.WaitGroup
+			for call := range 4 {
+				wg.Go(func() {
+					cs := open(t, ctx, cc, methodEcho)
+					for i, n := range sizes {
+						want := bytesOf(n, byte(call+i))
+						if err := cs.SendMsg(wrapperspb.Bytes(want)); err != nil {
+							t.Errorf("call %d send %d: %v", call, n, err)
+							return
+						}
+						var got wrapperspb.BytesValue
+						if err := cs.RecvMsg(&got); err != nil {
+							t.Errorf("call %d receive %d: %v", call, n, err)
+							return
+						}
+						if !bytes.Equal(got.Value, want) {
+							t.Errorf("call %d: %d bytes came back as %d different ones", call, n, len(got.Value))
+						}
+					}
+					if err := cs.CloseSend(); err != nil {
+						t.Error(err)
+					}
+					if err := cs.RecvMsg(&wrapperspb.BytesValue{}); err != io.EOF {
+						t.Errorf("call %d ended with %v, want OK", call, err)
+					}
+				})
+			}
+			wg.Wait()
+			closes := svc.closes()
+			if len(closes) != 4 {
+				t.Fatalf("%d streams closed, want 4", len(closes))
+			}
+			for _, err := range closes {
+				if err != nil {
+					t.Errorf("a stream that ended normally closed with %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestStatus checks the ways a call ends with a status: a Receiver's
+// error (its message carried intact), an unknown method, a message over
+// the size limit, Message saying done.
+func TestStatus(t *testing.T) {
+	svc := &service{}
+	_, addr := serve(t, svc, Options{MaxRecvMsgSize: 1 << 20})
+	cc := dial(t, addr, nil)
+	for _, tc := range []struct {
+		name, method string
+		send         []byte
+		code         codes.Code
+		message      string
+	}{
+		{"receiver error", methodFail, []byte("pool 100% busy: é"), codes.FailedPrecondition, "pool 100% busy: é"},
+		{"unknown method", "/test.Service/Nope", []byte("x"), codes.Unimplemented, "unknown method /test.Service/Nope"},
+		{"message too large", methodEcho, make([]byte, 2<<20), codes.ResourceExhausted, "received message larger than max"},
+		{"done", methodEcho, []byte("end"), codes.OK, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cs := open(t, ctx, cc, tc.method)
+			_ = cs.SendMsg(wrapperspb.Bytes(tc.send)) // may fail once the server has ended the call
+			err := cs.RecvMsg(&wrapperspb.BytesValue{})
+			if tc.code == codes.OK {
+				if err != io.EOF {
+					t.Fatalf("ended with %v, want OK", err)
+				}
+				return
+			}
+			s := status.Convert(err)
+			if s.Code() != tc.code || !strings.Contains(s.Message(), tc.message) {
+				t.Fatalf("ended with %v, want %v %q", err, tc.code, tc.message)
+			}
+		})
+	}
+}
+
+// TestSendFromAnotherGoroutine: answers sent after the connection has gone
+// back to reading still reach the client (the sender flushes them).
+func TestSendFromAnotherGoroutine(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	cc := dial(t, addr, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs := open(t, ctx, cc, methodLater)
+	for i := range 3 {
+		want := bytesOf(100, byte(i))
+		if err := cs.SendMsg(wrapperspb.Bytes(want)); err != nil {
+			t.Fatal(err)
+		}
+		var got wrapperspb.BytesValue
+		if err := cs.RecvMsg(&got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Value, want) {
+			t.Fatal("a later answer came back different")
+		}
+	}
+}
+
+// TestClientCancelClosesTheStream: a call the client cancels closes its
+// Receiver with an error, and the stream's context ends.
+func TestClientCancelClosesTheStream(t *testing.T) {
+	svc := &service{}
+	_, addr := serve(t, svc, Options{})
+	cc := dial(t, addr, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cs := open(t, ctx, cc, methodEcho)
+	if err := cs.SendMsg(wrapperspb.Bytes([]byte("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(&wrapperspb.BytesValue{}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(svc.closes()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	closes := svc.closes()
+	if len(closes) != 1 || status.Code(closes[0]) != codes.Canceled {
+		t.Fatalf("closes %v, want one Canceled", closes)
+	}
+}
+
+// TestGRPCTimeoutIsTheContextDeadline: the client's deadline reaches the
+// stream's context.
+func TestGRPCTimeoutIsTheContextDeadline(t *testing.T) {
+	svc := &service{deadline: make(chan time.Time, 1)}
+	_, addr := serve(t, svc, Options{})
+	cc := dial(t, addr, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	want, _ := ctx.Deadline()
+	_ = open(t, ctx, cc, methodWait)
+	select {
+	case got := <-svc.deadline:
+		if d := got.Sub(want); d < -time.Second || d > time.Second {
+			t.Fatalf("stream deadline %v, client's %v", got, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("the stream never opened")
+	}
+}
+
+// TestShutdownDrains: after Shutdown begins, a call in progress runs to
+// its end and new connections are refused; Shutdown returns once it has.
+// A drain that outlasts its context cuts the call.
+func TestShutdownDrains(t *testing.T) {
+	svc := &service{}
+	s, addr := serve(t, svc, Options{})
+	cc := dial(t, addr, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs := open(t, ctx, cc, methodEcho)
+	roundTrip := func() error {
+		if err := cs.SendMsg(wrapperspb.Bytes([]byte("a"))); err != nil {
+			return err
+		}
+		return cs.RecvMsg(&wrapperspb.BytesValue{})
+	}
+	if err := roundTrip(); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	if err := roundTrip(); err != nil {
+		t.Fatalf("the open call failed during the drain: %v", err)
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		_ = c.Close()
+		t.Fatal("a new connection was accepted during the drain")
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a call open", err)
+	default:
+	}
+	_ = cs.CloseSend()
+	if err := cs.RecvMsg(&wrapperspb.BytesValue{}); err != io.EOF {
+		t.Fatalf("the call ended with %v during the drain", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+
+	svc2 := &service{}
+	s2, addr2 := serve(t, svc2, Options{})
+	cs2 := open(t, ctx, dial(t, addr2, nil), methodEcho)
+	if err := cs2.SendMsg(wrapperspb.Bytes([]byte("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs2.RecvMsg(&wrapperspb.BytesValue{}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelShort()
+	if err := s2.Shutdown(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown past its deadline returned %v", err)
+	}
+	if closes := svc2.closes(); len(closes) != 1 || closes[0] == nil {
+		t.Fatalf("the cut call closed with %v, want an error", closes)
+	}
+}
+
+// TestTooManyPings: a client that pings without pause is told to go away,
+// as grpc-go's enforcement does.
+func TestTooManyPings(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	acks := 0
+	for i := range 5 {
+		if err := fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY after %d ping acks: %v", acks, err)
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			acks++
+		case *http2.GoAwayFrame:
+			if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
+				t.Fatalf("GOAWAY %v %q", f.ErrCode, f.DebugData())
+			}
+			if acks != maxPingStrikes+1 {
+				t.Fatalf("%d pings answered before the GOAWAY, want %d", acks, maxPingStrikes+1)
+			}
+			return
+		}
+	}
+}
+
+func TestParseTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"1S", time.Second, true},
+		{"250m", 250 * time.Millisecond, true},
+		{"99999999n", 99999999, true},
+		{"2H", 2 * time.Hour, true},
+		{"S", 0, false},
+		{"123456789S", 0, false},
+		{"10x", 0, false},
+		{"1.5S", 0, false},
+	} {
+		got, err := parseTimeout(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("parseTimeout(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+}
