@@ -45,6 +45,7 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 5000, "offered load (decisions/s) for the fixed-rate latency row; 0 skips it")
 	flag.IntVar(&o.rateStreams, "rate-streams", 32, "concurrent streams available to the fixed-rate row")
 	flag.StringVar(&o.profile, "cpu-profile", "", "write the picker's CPU profile during the fixed-rate row to this file")
+	flag.StringVar(&o.transport, "transport", "grpc", "what serves ext_proc in the picker started (--extproc-transport): grpc or h2")
 	flag.StringVar(&o.target, "target", "", "drive the ext_proc processor listening at host:port instead of starting infergate's picker")
 	flag.BoolVar(&o.tls, "tls", false, "with --target: dial with TLS, accepting any certificate, as gateways reach pickers")
 	flag.IntVar(&o.pid, "pid", 0, "with --target: the processor's process id (local), for CPU per decision and RSS")
@@ -66,8 +67,8 @@ func main() {
 // options are the command's flags.
 type options struct {
 	// infergate's picker, started unless target is set.
-	binary    string
-	endpoints int
+	binary, transport string
+	endpoints         int
 	// What is measured.
 	levels            string
 	duration          time.Duration
@@ -249,7 +250,8 @@ func startInfergate(ctx context.Context, o options) (_ *subject, stop func(), er
 	cmd := exec.CommandContext(ctx, o.binary, "epp", "--pool-file", poolFile, "--secure-serving=false",
 		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
 		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport,
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(o.profile != ""))
+		"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport, "--enable-pprof="+strconv.FormatBool(o.profile != ""),
+		"--extproc-transport", o.transport)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("start %s: %w (run make build first)", o.binary, err)

@@ -50,6 +50,7 @@ func main() {
 	flag.StringVar(&o.profile, "cpu-profile", "", "write infergate's CPU profile during its first round of each comparison to this path, suffixed -epp.pprof or -payload.pprof")
 	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
 	flag.StringVar(&o.env, "processor-env", "", "environment both processors run with, as KEY=VALUE pairs separated by spaces (e.g. GOGC=800), to see how a runtime setting changes both")
+	flag.StringVar(&o.transport, "transport", "grpc", "what serves ext_proc in infergate's processors (--extproc-transport): grpc or h2")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
 	if !gatewaytest.InNamespace() {
@@ -72,7 +73,7 @@ func main() {
 
 // options are the command's flags.
 type options struct {
-	binary, reference, what             string
+	binary, reference, what, transport  string
 	rounds, streams, conns              int
 	duration                            time.Duration
 	endpoints                           int
@@ -158,7 +159,7 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 		}
 		procs[i] = p
 	}
-	fmt.Printf("\n## %s: %d streams, closed loop, %d B bodies in %d chunk(s), %s per processor per round\n\n", c.name, o.streams, req.Size(), len(req.Chunks), o.duration)
+	fmt.Printf("\n## %s: %d streams, closed loop, %d B bodies in %d chunk(s), %s per processor per round; infergate on --extproc-transport %s\n\n", c.name, o.streams, req.Size(), len(req.Chunks), o.duration, o.transport)
 	fmt.Printf("| round | processor | requests/s | p50 | p99 | p999 | errors | CPU-s / 1,000 | driver CPU-s / 1,000 (serving the simulators' metrics included) | reads, writes / request | RSS |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var samples [2][]sample
 	for round := range o.rounds {

@@ -117,7 +117,7 @@ func (r *rig) start(name, bin, addr string, args ...string) (*process, error) {
 // startInfergate starts infergate's binary; metricsAddr is where it serves
 // pprof when a profile is asked for.
 func (r *rig) startInfergate(name, addr, metricsAddr string, args ...string) (*process, error) {
-	p, err := r.start(name, r.o.binary, addr, args...)
+	p, err := r.start(name, r.o.binary, addr, append(args, "--extproc-transport", r.o.transport)...)
 	if err == nil && r.o.profile != "" {
 		p.pprofAddr = metricsAddr
 	}

@@ -27,6 +27,7 @@ type serverFlags struct {
 	maxStreams                        int
 	drain, requestIdle                time.Duration
 	pprof                             bool
+	transport                         string
 }
 
 func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
@@ -45,6 +46,7 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.DurationVar(&l.requestIdle, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed (the response path is not timed); 0 = none")
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
+	fs.StringVar(&l.transport, "extproc-transport", server.TransportAuto, "what serves ext_proc: h2 (infergate's own HTTP/2, each connection's requests on one goroutine: less CPU per request and a shorter tail), grpc (grpc-go, a goroutine per request; the picker's flow control needs it), or auto (h2 unless flow control is on)")
 }
 
 // options validates the flags and returns the server options (an empty
@@ -71,6 +73,12 @@ func (l *serverFlags) options() (server.Options, error) {
 	if l.maxStreams < 0 {
 		return o, fmt.Errorf("--max-streams: %d is negative", l.maxStreams)
 	}
+	switch l.transport {
+	case server.TransportAuto, server.TransportGRPC, server.TransportH2:
+	default:
+		return o, fmt.Errorf("--extproc-transport: %q is not %s, %s or %s", l.transport, server.TransportAuto, server.TransportGRPC, server.TransportH2)
+	}
+	o.Transport = l.transport
 	o.GRPCAddr = net.JoinHostPort(l.grpcBind, strconv.Itoa(l.grpcPort))
 	if l.healthPort > 0 {
 		o.HealthAddr = net.JoinHostPort(l.healthBind, strconv.Itoa(l.healthPort))

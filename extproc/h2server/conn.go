@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
@@ -81,7 +82,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	}
 }
 
-func (c *conn) log() interface{ Info(string, ...any) } { return c.s.opts.Logger.V(1) }
+func (c *conn) log() logr.Logger { return c.s.opts.Logger.V(1) }
 
 // serve runs the connection until it ends; it closes it.
 func (c *conn) serve() {
@@ -102,18 +103,19 @@ func (c *conn) serve() {
 		}
 		rw = tc
 	}
-	c.br = bufio.NewReaderSize(rw, 32<<10)
+	c.br = bufio.NewReaderSize(rw, 2*maxReadFrameSize) // holds any frame whole: see frameBuffered
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c.br, preface); err != nil || string(preface) != http2.ClientPreface {
 		c.log().Info("no HTTP/2 client preface", "remote", c.nc.RemoteAddr().String())
 		return
 	}
 	_ = c.nc.SetDeadline(time.Time{})
+	c.wmu.Lock() // goAway looks at fr to see whether the handshake is over
 	c.bw = bufio.NewWriterSize(rw, 32<<10)
 	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = maxHeaderListSize
-	c.wmu.Lock()
+	c.fr.SetMaxReadFrameSize(maxReadFrameSize)
 	_ = c.fr.WriteSettings(
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize})
@@ -122,8 +124,9 @@ func (c *conn) serve() {
 
 	inBatch := false
 	for {
-		if c.br.Buffered() == 0 {
-			// All that had arrived is handled: write what it answered.
+		if !c.frameBuffered() {
+			// All that had arrived is handled, and the next read may wait:
+			// write what it answered.
 			c.wmu.Lock()
 			c.dispatching, inBatch = false, false
 			err := c.flush()
@@ -161,6 +164,17 @@ func (c *conn) serve() {
 		}
 		return
 	}
+}
+
+// frameBuffered says whether a whole frame is read already, so that
+// reading it will not wait for the network.
+func (c *conn) frameBuffered() bool {
+	n := c.br.Buffered()
+	if n < 9 {
+		return false
+	}
+	h, _ := c.br.Peek(9)
+	return n >= 9+(int(h[0])<<16|int(h[1])<<8|int(h[2]))
 }
 
 // flush writes what is buffered; under wmu.

@@ -77,6 +77,9 @@ const (
 	streamWindow = 1 << 20
 	// connWindow is the connection's receive window.
 	connWindow = 16 << 20
+	// maxReadFrameSize is the largest frame a client may send: HTTP/2's
+	// default, as no other is announced.
+	maxReadFrameSize = 16 << 10
 	// maxHeaderListSize bounds a request's header list.
 	maxHeaderListSize = 64 << 10
 	// handshakeTimeout bounds the TLS handshake and the client preface.

@@ -14,6 +14,9 @@ import (
 
 // Transports the ext_proc listener can serve with (Options.Transport).
 const (
+	// TransportAuto is TransportH2, or TransportGRPC for a handler that
+	// may block.
+	TransportAuto = "auto"
 	// TransportGRPC is grpc-go.
 	TransportGRPC = "grpc"
 	// TransportH2 is extproc/h2server: each connection's streams are

@@ -62,8 +62,9 @@ type Options struct {
 	Limits      Limits
 	// DrainTimeout bounds how long a stop waits for open streams.
 	DrainTimeout time.Duration
-	// Transport serves the ext_proc listener with grpc-go (TransportGRPC,
-	// the default when empty) or extproc/h2server (TransportH2).
+	// Transport serves the ext_proc listener with grpc-go (TransportGRPC)
+	// or extproc/h2server (TransportH2); TransportAuto, the default when
+	// empty, picks h2 unless the handler may block.
 	Transport string
 	// Gatherer is served on the metrics listener.
 	Gatherer prometheus.Gatherer
@@ -114,16 +115,23 @@ func New(handler Handler, opts Options) (*Server, error) {
 	if opts.Gatherer == nil {
 		opts.Gatherer = prometheus.NewRegistry()
 	}
+	blocks := false
+	if b, ok := handler.(Blocker); ok {
+		blocks = b.MayBlock()
+	}
 	switch opts.Transport {
-	case "":
-		opts.Transport = TransportGRPC
+	case "", TransportAuto:
+		opts.Transport = TransportH2
+		if blocks {
+			opts.Transport = TransportGRPC
+		}
 	case TransportGRPC:
 	case TransportH2:
-		if b, ok := handler.(Blocker); ok && b.MayBlock() {
+		if blocks {
 			return nil, fmt.Errorf("transport %q serves a connection's streams on one goroutine, and this handler may hold requests (flow control); use %q", TransportH2, TransportGRPC)
 		}
 	default:
-		return nil, fmt.Errorf("transport %q: want %q or %q", opts.Transport, TransportGRPC, TransportH2)
+		return nil, fmt.Errorf("transport %q: want %q, %q or %q", opts.Transport, TransportAuto, TransportGRPC, TransportH2)
 	}
 	// Certificates and CAs are read here, so a bad file stops start-up
 	// with its name before any listener opens.
@@ -190,6 +198,10 @@ func (s *Server) closeListeners() {
 		}
 	}
 }
+
+// Transport is what serves the ext_proc listener: TransportGRPC or
+// TransportH2.
+func (s *Server) Transport() string { return s.opts.Transport }
 
 // GRPCAddr is the bound ext_proc address (after Listen).
 func (s *Server) GRPCAddr() string { return addrOf(s.grpcLn) }

@@ -492,22 +492,28 @@ type blocker struct{ recorder }
 
 func (*blocker) MayBlock() bool { return true }
 
-// TestTransportChoice: the h2 transport refuses a handler that may block,
-// and an unknown transport is refused by name.
+// TestTransportChoice: auto serves h2 unless the handler may block, h2
+// refuses a handler that may, and an unknown transport is refused by name.
 func TestTransportChoice(t *testing.T) {
 	for _, tc := range []struct {
 		name, transport string
 		h               server.Handler
-		err             string
+		want, err       string
 	}{
-		{"blocking handler on h2", server.TransportH2, &blocker{}, "may hold requests"},
-		{"blocking handler on grpc", server.TransportGRPC, &blocker{}, ""},
-		{"unknown transport", "quic", &recorder{}, `transport "quic"`},
+		{"auto", server.TransportAuto, &recorder{}, server.TransportH2, ""},
+		{"default", "", &recorder{}, server.TransportH2, ""},
+		{"blocking handler on auto", server.TransportAuto, &blocker{}, server.TransportGRPC, ""},
+		{"blocking handler on grpc", server.TransportGRPC, &blocker{}, server.TransportGRPC, ""},
+		{"blocking handler on h2", server.TransportH2, &blocker{}, "", "may hold requests"},
+		{"unknown transport", "quic", &recorder{}, "", `transport "quic"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := server.New(tc.h, server.Options{GRPCAddr: "127.0.0.1:0", Transport: tc.transport})
+			srv, err := server.New(tc.h, server.Options{GRPCAddr: "127.0.0.1:0", Transport: tc.transport})
 			if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 				t.Fatalf("New: %v, want %q", err, tc.err)
+			}
+			if err == nil && srv.Transport() != tc.want {
+				t.Fatalf("serves %s, want %s", srv.Transport(), tc.want)
 			}
 		})
 	}
