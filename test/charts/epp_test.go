@@ -96,6 +96,7 @@ epp:
 	{"limits", `epp: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, requestIdleTimeout: 2m30s}}`,
 		eppWant{replicas: 1, serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
 	{"limits off", `epp: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`, eppWant{replicas: 1, serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
+	{"grpc-go transport", `epp: {extprocTransport: grpc}`, eppWant{replicas: 1, serving: servingWant{transport: "grpc"}}},
 	{"plaintext", `epp: {secureServing: false, tlsSecretName: ignored}`, eppWant{replicas: 1, plaintext: true}},
 	{"podMonitor on", `podMonitor: {enabled: true, interval: 30s, labels: {release: prometheus}}`, eppWant{replicas: 1, podMonitor: true}},
 }
@@ -375,6 +376,7 @@ func TestEPPBadValues(t *testing.T) {
 		{"ports collide", `epp: {ports: {health: 9002}}`, []string{"epp.ports must be three different ports"}},
 		{"client CA without TLS", `epp: {secureServing: false, clientCASecretName: gw-ca}`, []string{"epp.clientCASecretName", "epp.secureServing"}},
 		{"negative maxStreams", `epp: {limits: {maxStreams: -1}}`, []string{"/epp/limits/maxStreams", "minimum"}},
+		{"unknown transport", `epp: {extprocTransport: quic}`, []string{"/epp/extprocTransport"}},
 		{"negative buffer budget", `epp: {limits: {requestBufferBudgetBytes: -1}}`, []string{"/epp/limits/requestBufferBudgetBytes", "minimum"}},
 		{"idle timeout soon", `epp: {limits: {requestIdleTimeout: soon}}`, []string{"/epp/limits/requestIdleTimeout", "does not match pattern"}},
 		{"idle timeout without unit", `epp: {limits: {requestIdleTimeout: 30}}`, []string{"/epp/limits/requestIdleTimeout", "maximum"}},
@@ -487,9 +489,10 @@ type servingWant struct {
 	clientCA string
 	// budget is --request-buffer-budget; 0: the flag left out.
 	budget int64
-	// maxStreams and idleTimeout are --max-streams and
-	// --request-idle-timeout; empty: the defaults, 10000 and 30s.
-	maxStreams, idleTimeout string
+	// maxStreams, idleTimeout and transport are --max-streams,
+	// --request-idle-timeout and --extproc-transport; empty: the
+	// defaults, 10000, 30s and auto.
+	maxStreams, idleTimeout, transport string
 }
 
 // checkServing checks the mutual-TLS and limit flags, and that the client
@@ -502,12 +505,16 @@ func checkServing(t *testing.T, dep *appsv1.Deployment, c *corev1.Container, wan
 	if want.idleTimeout == "" {
 		want.idleTimeout = "30s"
 	}
+	if want.transport == "" {
+		want.transport = "auto"
+	}
 	for _, f := range []struct {
 		flag string
 		want []string // every value passed, in order
 	}{
 		{"--max-streams", []string{want.maxStreams}},
 		{"--request-idle-timeout", []string{want.idleTimeout}},
+		{"--extproc-transport", []string{want.transport}},
 		{"--request-buffer-budget", nonEmpty(want.budget != 0, fmt.Sprint(want.budget))},
 		{"--client-ca-file", nonEmpty(want.clientCA != "", "/client-ca/ca.crt")},
 	} {

@@ -78,6 +78,7 @@ var payloadValueSets = []struct {
 		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
 	{"limits off", `payload: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`,
 		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
+	{"h2 transport", `payload: {extprocTransport: h2}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{transport: "h2"}}},
 }
 
 func TestPayloadChart(t *testing.T) {
