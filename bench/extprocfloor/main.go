@@ -4,7 +4,7 @@
 // (bench/eppload --target), it shows what the transport alone costs on a
 // machine and how long its latency tail is: with --transport grpc-go the
 // floor under any picker built on grpc-go with its defaults, with
-// --transport h2 under one on HTTP/2 of its own (serveH2).
+// --transport h2 under one on extproc/h2server (serveH2).
 //
 //	go run ./bench/extprocfloor --transport grpc-go --addr 127.0.0.1:19999 &
 //	go run ./bench/eppload --target 127.0.0.1:19999 --pid $! --streams 32 --rate 0
@@ -27,7 +27,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:19999", "address to serve ext_proc on, in plain text")
-	transport := flag.String("transport", "grpc-go", "grpc-go, or h2 (HTTP/2 of its own)")
+	transport := flag.String("transport", "grpc-go", "grpc-go, or h2 (extproc/h2server)")
 	flag.Parse()
 	serve := transportNamed(*transport)
 	if serve == nil {
@@ -63,9 +63,7 @@ func transportNamed(name string) func(context.Context, net.Listener) error {
 // serveGRPC serves the floor processor on grpc-go.
 func serveGRPC(ctx context.Context, ln net.Listener) error {
 	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, floor{answer: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
-		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-			{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.0.0.1:8000")}}}}}}}}})
+	extprocv3.RegisterExternalProcessorServer(gs, floor{answer: pickAnswer()})
 	stop := context.AfterFunc(ctx, gs.Stop)
 	defer stop()
 	err := gs.Serve(ln)
@@ -73,6 +71,20 @@ func serveGRPC(ctx context.Context, ln net.Listener) error {
 		return nil
 	}
 	return err
+}
+
+// pickAnswer is the headers response, one destination as a picker's.
+func pickAnswer() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.0.0.1:8000")}}}}}}}}
+}
+
+// bodyAnswer sends a request's body back, whole, as its last chunk.
+func bodyAnswer(body []byte) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}}}}}
 }
 
 // floor answers every request the same way.
@@ -101,9 +113,7 @@ func (f floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	if err := st.Send(f.answer); err != nil {
 		return err
 	}
-	if err := st.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}}}}}); err != nil {
+	if err := st.Send(bodyAnswer(body)); err != nil {
 		return err
 	}
 	// The proxy ends the stream once its request is done.

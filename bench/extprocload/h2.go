@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/infergate/infergate/extproc/h2server"
 )
 
 // Conn is one HTTP/2 connection to an ext_proc processor, over which the
@@ -159,7 +161,7 @@ func dialH2(ctx context.Context, target string, cfg *tls.Config) (*h2conn, error
 	h.fr.MaxHeaderListSize = maxHeaderList
 
 	// The request's headers are the same for every stream.
-	h.headers = HeaderBlock([2]string{":method", "POST"}, [2]string{":scheme", scheme},
+	h.headers = h2server.HeaderBlock([2]string{":method", "POST"}, [2]string{":scheme", scheme},
 		[2]string{":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
 		[2]string{":authority", target}, [2]string{"content-type", "application/grpc"}, [2]string{"te", "trailers"})
 

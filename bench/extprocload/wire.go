@@ -1,12 +1,10 @@
 package extprocload
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -38,19 +36,6 @@ func NextMessage(b []byte) (msg, rest []byte, ok bool, err error) {
 		return nil, b, false, errors.New("a compressed gRPC message, which was not asked for")
 	}
 	return b[5 : 5+n], b[5+n:], true, nil
-}
-
-// HeaderBlock encodes fields (name, value) with HPACK and no dynamic
-// table, so that the block reads the same on every stream of a connection
-// and is encoded once.
-func HeaderBlock(fields ...[2]string) []byte {
-	var b bytes.Buffer
-	enc := hpack.NewEncoder(&b)
-	enc.SetMaxDynamicTableSizeLimit(0)
-	for _, f := range fields {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}) // a bytes.Buffer takes every write
-	}
-	return b.Bytes()
 }
 
 // answer is what the driver needs of one ProcessingResponse; it reads
