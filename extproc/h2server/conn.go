@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,9 @@ import (
 const (
 	pingMinTime    = 10 * time.Second
 	maxPingStrikes = 2
+	// maxBatch bounds the frames read before what they answered is
+	// written and the other goroutines get a turn.
+	maxBatch = 64
 	// goAwayLinger is how long an idle connection told to go away waits
 	// for the client to close it.
 	goAwayLinger = time.Second
@@ -120,28 +124,38 @@ func (c *conn) serve() {
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize})
 	_ = c.fr.WriteWindowUpdate(0, connWindow-65535)
+	err := c.flush()
 	c.wmu.Unlock()
+	if err != nil {
+		return
+	}
 
-	inBatch := false
+	batch := 0 // frames handled since the last flush
 	for {
-		if !c.frameBuffered() {
-			// All that had arrived is handled, and the next read may wait:
-			// write what it answered.
+		if batch >= maxBatch || (batch > 0 && !c.frameBuffered()) {
+			// All that had arrived is handled and the next read may wait,
+			// or the batch is long enough: write what it answered.
 			c.wmu.Lock()
-			c.dispatching, inBatch = false, false
+			c.dispatching, batch = false, 0
 			err := c.flush()
 			drained := c.goingAway && len(c.streams) == 0
 			c.wmu.Unlock()
 			if err != nil || drained {
 				return
 			}
+			// A connection that always has frames waiting never blocks in
+			// a read, and would keep its processor for the scheduler's
+			// whole time slice (10 ms) while the other connections, and
+			// the processor's own goroutines, wait: take turns instead.
+			runtime.Gosched()
 		}
 		f, err := c.fr.ReadFrame()
-		if err == nil && !inBatch {
+		if err == nil && batch == 0 {
 			c.wmu.Lock()
-			c.dispatching, inBatch = true, true
+			c.dispatching = true
 			c.wmu.Unlock()
 		}
+		batch++
 		if err == nil {
 			err = c.handle(f)
 		}
