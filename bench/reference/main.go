@@ -190,14 +190,14 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 				return fmt.Errorf("%s: %w", procs[i].name, err)
 			}
 			samples[i] = append(samples[i], s)
-			fmt.Printf("| %d | %s | %.0f | %s | %s | %s | %d | %.2f | %.2f | %.2f, %.2f | %.0f MiB |\n", round+1, procs[i].name, s.rate,
+			fmt.Printf("| %d | %s | %.0f | %s | %s | %s | %d | %.3f | %.3f | %.2f, %.2f | %.0f MiB |\n", round+1, procs[i].name, s.rate,
 				ms(s.p50), ms(s.p99), ms(s.p999), s.errors, s.cpuPer1k, s.driverPer1k, s.readsPerReq, s.writesPerReq, s.rssMiB)
 		}
 	}
 	ref, ours := median(samples[0]), median(samples[1])
 	fmt.Printf("\nMedians of %d rounds:\n\n| processor | requests/s | p50 | p99 | p999 | CPU-s / 1,000 | reads, writes / request | RSS |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", o.rounds)
 	for i, m := range []sample{ref, ours} {
-		fmt.Printf("| %s | %.0f | %s | %s | %s | %.2f | %.2f, %.2f | %.0f MiB |\n", procs[i].name, m.rate, ms(m.p50), ms(m.p99), ms(m.p999), m.cpuPer1k, m.readsPerReq, m.writesPerReq, m.rssMiB)
+		fmt.Printf("| %s | %.0f | %s | %s | %s | %.3f | %.2f, %.2f | %.0f MiB |\n", procs[i].name, m.rate, ms(m.p50), ms(m.p99), ms(m.p999), m.cpuPer1k, m.readsPerReq, m.writesPerReq, m.rssMiB)
 	}
 	fmt.Printf("\ninfergate / reference: requests/s %.2f×, p99 %.2f×, CPU per request %.2f×, RSS %.2f×\n",
 		ours.rate/ref.rate, ours.p99.Seconds()/ref.p99.Seconds(), ours.cpuPer1k/ref.cpuPer1k, ours.rssMiB/ref.rssMiB)

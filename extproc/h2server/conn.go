@@ -105,7 +105,7 @@ func (c *conn) serve() {
 			c.log().Info("client negotiated a protocol other than h2", "remote", c.nc.RemoteAddr().String(), "protocol", p)
 			return
 		}
-		rw = tc
+		rw = recordsReader{tc}
 	}
 	c.br = bufio.NewReaderSize(rw, 2*maxReadFrameSize) // holds any frame whole: see frameBuffered
 	preface := make([]byte, len(http2.ClientPreface))
@@ -657,6 +657,36 @@ func (c *conn) writeData(st *Stream, a, b []byte) int {
 	c.sendWindow -= int64(avail)
 	st.sendWindow -= int64(avail)
 	return avail
+}
+
+// recordsReader reads all the TLS records a connection has received in
+// one Read, as a read of a plain socket returns all the bytes received:
+// crypto/tls returns one record per Read, and a connection whose client
+// writes a record per flush would then answer, and write, once per record
+// instead of once per batch of requests.
+type recordsReader struct{ *tls.Conn }
+
+// expired is a deadline in the past: a read then returns what the
+// connection has buffered, or a timeout at once, without a system call.
+var expired = time.Unix(1, 0)
+
+func (r recordsReader) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	_ = r.SetReadDeadline(expired)
+	for n < len(p) {
+		m, err := r.Conn.Read(p[n:])
+		n += m
+		if err != nil {
+			// A timeout is nothing more buffered; another error comes
+			// back with the next Read (crypto/tls keeps it).
+			break
+		}
+	}
+	_ = r.SetReadDeadline(time.Time{})
+	return n, nil
 }
 
 // refused is the Receiver of a stream ended before its handler opened it.
