@@ -666,16 +666,14 @@ func (c *conn) writeData(st *Stream, a, b []byte) int {
 // instead of once per batch of requests.
 type recordsReader struct{ *tls.Conn }
 
-// expired is a deadline in the past: a read then returns what the
-// connection has buffered, or a timeout at once, without a system call.
-var expired = time.Unix(1, 0)
-
 func (r recordsReader) Read(p []byte) (int, error) {
 	n, err := r.Conn.Read(p)
 	if err != nil || n == 0 {
 		return n, err
 	}
-	_ = r.SetReadDeadline(expired)
+	// With a deadline in the past a read returns what the connection has
+	// buffered, or a timeout at once, without a system call.
+	_ = r.SetReadDeadline(time.Unix(1, 0))
 	for n < len(p) {
 		m, err := r.Conn.Read(p[n:])
 		n += m
