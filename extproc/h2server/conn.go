@@ -63,6 +63,7 @@ type conn struct {
 	// wmu guards the write side and the stream state senders share.
 	wmu         sync.Mutex
 	bw          *bufio.Writer
+	records     *recordWriter // under TLS; nil in plain text
 	streams     map[uint32]*Stream
 	maxID       uint32 // the highest stream the client opened
 	sendWindow  int64  // connection-level window for our DATA
@@ -94,7 +95,8 @@ func (c *conn) serve() {
 	var rw io.ReadWriter = c.nc
 	_ = c.nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	if cfg := c.s.opts.TLS; cfg != nil {
-		tc := tls.Server(c.nc, cfg)
+		c.records = &recordWriter{Conn: c.nc}
+		tc := tls.Server(c.records, cfg)
 		if err := tc.HandshakeContext(c.ctx); err != nil {
 			c.log().Info("TLS handshake failed", "remote", c.nc.RemoteAddr().String(), "err", err.Error())
 			return
@@ -105,6 +107,7 @@ func (c *conn) serve() {
 			c.log().Info("client negotiated a protocol other than h2", "remote", c.nc.RemoteAddr().String(), "protocol", p)
 			return
 		}
+		c.records.gather()
 		rw = recordsReader{tc}
 	}
 	c.br = bufio.NewReaderSize(rw, 2*maxReadFrameSize) // holds any frame whole: see frameBuffered
@@ -195,6 +198,9 @@ func (c *conn) frameBuffered() bool {
 func (c *conn) flush() error {
 	if c.werr == nil {
 		c.werr = c.bw.Flush()
+	}
+	if c.werr == nil && c.records != nil {
+		c.werr = c.records.flush()
 	}
 	return c.werr
 }
@@ -491,13 +497,39 @@ func (c *conn) deliver(st *Stream, data []byte) {
 			return
 		}
 	}
+	// The message is not whole: gather it in a buffer of its size, once
+	// its prefix says what that is, rather than grow one frame at a time.
+	if need := messageSize(st.buf, data); need > cap(st.buf) && need <= 5+c.s.opts.MaxRecvMsgSize {
+		grown := make([]byte, len(st.buf), need)
+		copy(grown, st.buf)
+		st.buf = grown
+	}
 	st.buf = append(st.buf, data...)
 	rest := c.messages(st, st.buf)
-	if st.finished || len(rest) == 0 {
+	switch {
+	case st.finished:
 		st.buf = nil
-		return
+	case len(rest) == 0 && cap(st.buf) <= keptBuffer:
+		st.buf = st.buf[:0] // for the stream's next message
+	case len(rest) == 0:
+		st.buf = nil
+	default:
+		st.buf = append(st.buf[:0], rest...)
 	}
-	st.buf = append(st.buf[:0], rest...)
+}
+
+// keptBuffer bounds the message buffer a stream keeps between messages:
+// a stream may stay open for minutes after its last large message.
+const keptBuffer = 64 << 10
+
+// messageSize is the size of the message that held followed by data
+// begins, prefix included, once the prefix is in; 0 before.
+func messageSize(held, data []byte) int {
+	var prefix [5]byte
+	if n := copy(prefix[:], held); n < 5 && copy(prefix[n:], data) < 5-n {
+		return 0
+	}
+	return 5 + int(binary.BigEndian.Uint32(prefix[1:]))
 }
 
 // messages delivers the whole messages at the start of b and returns what
@@ -685,6 +717,49 @@ func (r recordsReader) Read(p []byte) (int, error) {
 	}
 	_ = r.SetReadDeadline(time.Time{})
 	return n, nil
+}
+
+// recordWriter gathers the TLS records written between two flushes into
+// one write: crypto/tls writes each record (16 KiB at most) with a system
+// call of its own, six for a 64 KiB body sent back. Records crypto/tls
+// writes on its own (a key update's answer) go out with the next flush.
+type recordWriter struct {
+	net.Conn
+	mu        sync.Mutex
+	gathering bool
+	buf       []byte
+}
+
+// gather starts gathering, once the handshake (whose records must go out
+// as they are written) is over.
+func (w *recordWriter) gather() {
+	w.mu.Lock()
+	w.gathering = true
+	w.mu.Unlock()
+}
+
+func (w *recordWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.gathering {
+		return w.Conn.Write(p)
+	}
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+func (w *recordWriter) flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) == 0 {
+		return nil
+	}
+	_, err := w.Conn.Write(w.buf)
+	w.buf = w.buf[:0]
+	if cap(w.buf) > 4*keptBuffer {
+		w.buf = nil // a flush this large is rare: do not keep its buffer
+	}
+	return err
 }
 
 // refused is the Receiver of a stream ended before its handler opened it.

@@ -436,3 +436,41 @@ func TestParseTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestMessageSplitEverywhere: a message whose prefix and body are split
+// across frames at every byte arrives whole, and a prefix split across
+// frames that announces more than the limit is refused without the
+// buffer for it.
+func TestMessageSplitEverywhere(t *testing.T) {
+	svc := &service{}
+	s := New(svc, Options{MaxRecvMsgSize: 1 << 10})
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		ok   bool
+	}{
+		{"whole", append([]byte{0, 0, 0, 0, 3}, "abc"...), true},
+		{"over the limit", []byte{0, 0xff, 0xff, 0xff, 0xff}, false},
+	} {
+		for cut := 1; cut < len(tc.msg); cut++ {
+			c := &conn{s: s}
+			var got [][]byte
+			st := &Stream{c: c, recv: receiverFunc(func(m []byte) { got = append(got, append([]byte(nil), m...)) }), cancel: func() {}}
+			st.ended = true // nothing to write
+			c.deliver(st, tc.msg[:cut])
+			c.deliver(st, tc.msg[cut:])
+			if tc.ok && (len(got) != 1 || string(got[0]) != "abc" || st.finished) {
+				t.Fatalf("%s cut at %d: got %q, finished %t", tc.name, cut, got, st.finished)
+			}
+			if !tc.ok && (!st.finished || cap(st.buf) > 1<<10) {
+				t.Fatalf("%s cut at %d: finished %t, buffer of %d", tc.name, cut, st.finished, cap(st.buf))
+			}
+		}
+	}
+}
+
+// receiverFunc takes messages and never ends its stream.
+type receiverFunc func([]byte)
+
+func (f receiverFunc) Message(m []byte) (bool, error) { f(m); return false, nil }
+func (f receiverFunc) Close(error)                    {}
