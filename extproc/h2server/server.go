@@ -128,9 +128,11 @@ func (s *Server) Serve(ln net.Listener) error {
 			if closed {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of file descriptors and the like: wait, as net/http does.
+			// Out of file descriptors, an aborted handshake and the like
+			// (syscall.Errno says which are temporary): wait and go on,
+			// as net/http and grpc-go do.
+			var te interface{ Temporary() bool }
+			if errors.As(err, &te) && te.Temporary() {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				time.Sleep(backoff)
 				continue

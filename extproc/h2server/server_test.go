@@ -474,3 +474,50 @@ type receiverFunc func([]byte)
 
 func (f receiverFunc) Message(m []byte) (bool, error) { f(m); return false, nil }
 func (f receiverFunc) Close(error)                    {}
+
+// flakyListener fails its first Accept with a temporary error, as one out
+// of file descriptors does.
+type flakyListener struct {
+	net.Listener
+	failed bool
+}
+
+type temporaryError struct{}
+
+func (temporaryError) Error() string   { return "too many open files" }
+func (temporaryError) Temporary() bool { return true }
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, temporaryError{}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeOutlastsATemporaryAcceptError: a temporary Accept error is
+// waited out, not the end of serving.
+func TestServeOutlastsATemporaryAcceptError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(&service{}, Options{})
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(&flakyListener{Listener: ln}) }()
+	defer func() {
+		s.Close()
+		if err := <-done; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs := open(t, ctx, dial(t, ln.Addr().String(), nil), methodEcho)
+	if err := cs.SendMsg(wrapperspb.Bytes([]byte("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(&wrapperspb.BytesValue{}); err != nil {
+		t.Fatalf("no answer after a temporary Accept error: %v", err)
+	}
+}
