@@ -521,3 +521,44 @@ func TestServeOutlastsATemporaryAcceptError(t *testing.T) {
 		t.Fatalf("no answer after a temporary Accept error: %v", err)
 	}
 }
+
+// TestAnswersAClientDoesNotReadAreBounded: a client that sends to an
+// echoing stream and never reads the answers is stopped by flow control:
+// the answers waiting in the server stay near two stream windows, not
+// the 10 MB it tried to send.
+func TestAnswersAClientDoesNotReadAreBounded(t *testing.T) {
+	s, addr := serve(t, &service{}, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cs := open(t, ctx, dial(t, addr, nil), methodEcho)
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		for ; n < 100; n++ {
+			if cs.SendMsg(wrapperspb.Bytes(make([]byte, 100_000))) != nil {
+				break
+			}
+		}
+		sent <- n
+	}()
+	time.Sleep(time.Second)
+	select {
+	case n := <-sent:
+		t.Fatalf("all %d messages were sent with no answer read", n)
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := 0
+	for c := range s.conns {
+		c.wmu.Lock()
+		for _, st := range c.streams {
+			held += len(st.pending)
+		}
+		c.wmu.Unlock()
+	}
+	if held == 0 || held > 2*streamWindow+2*100_100 {
+		t.Fatalf("%d bytes of answers wait in the server, want some and at most about two windows", held)
+	}
+	t.Logf("%d bytes of answers held", held)
+}
