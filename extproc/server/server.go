@@ -236,20 +236,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var gopts []grpc.ServerOption
-	if s.tls != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.tls)))
-	}
-	// Proxies keep ext_proc connections open for long; let them ping.
-	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	// Every request is a new stream. A stream served by a new goroutine
-	// grows its stack while marshalling the first answer (a fifth of the
-	// picker's CPU at 32 streams went to copying stacks with GOMAXPROCS
-	// workers); workers that are reused keep theirs. Streams beyond the
-	// workers still get goroutines of their own.
-	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
-	gopts = append(gopts, grpc.ForceServerCodecV2(cdc), experimental.BufferPool(cdc.pool))
-	main := s.mainServer(cdc, gopts)
+	ext := s.mainServer(cdc)
 
 	hs := grpc.NewServer()
 	healthpb.RegisterHealthServer(hs, s.health)
@@ -277,7 +264,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	run("ext_proc", func() error { return main.serve(s.grpcLn) })
+	run("ext_proc", func() error { return ext.serve(s.grpcLn) })
 	if s.healthLn != nil {
 		run("health", func() error { return hs.Serve(s.healthLn) })
 	}
@@ -293,7 +280,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.SetReady(false)
 	s.health.Shutdown()
-	if !main.drain(s.opts.DrainTimeout) {
+	if !ext.drain(s.opts.DrainTimeout) {
 		s.opts.Logger.Info("drain timeout reached, closing open streams", "timeout", s.opts.DrainTimeout)
 	}
 	hs.Stop()
@@ -313,7 +300,7 @@ type mainServer struct {
 	drain func(timeout time.Duration) bool
 }
 
-func (s *Server) mainServer(cdc *codec, gopts []grpc.ServerOption) mainServer {
+func (s *Server) mainServer(cdc *codec) mainServer {
 	if s.opts.Transport == TransportH2 {
 		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Logger: s.opts.Logger})
 		return mainServer{serve: hs.Serve, drain: func(timeout time.Duration) bool {
@@ -322,6 +309,19 @@ func (s *Server) mainServer(cdc *codec, gopts []grpc.ServerOption) mainServer {
 			return hs.Shutdown(ctx) == nil
 		}}
 	}
+	var gopts []grpc.ServerOption
+	if s.tls != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	// Proxies keep ext_proc connections open for long; let them ping.
+	gopts = append(gopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	// Every request is a new stream. A stream served by a new goroutine
+	// grows its stack while marshalling the first answer (a fifth of the
+	// picker's CPU at 32 streams went to copying stacks with GOMAXPROCS
+	// workers); workers that are reused keep theirs. Streams beyond the
+	// workers still get goroutines of their own.
+	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
+	gopts = append(gopts, grpc.ForceServerCodecV2(cdc), experimental.BufferPool(cdc.pool))
 	gs := grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	healthpb.RegisterHealthServer(gs, s.health)
