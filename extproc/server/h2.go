@@ -50,16 +50,11 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 	switch st.Path() {
 	case methodProcess:
 		out := h2Sender{st: st, codec: h.codec}
-		if !h.s.budget.openStream() {
-			return &h2Refused{out: out}, nil
+		ps := h.s.openStream(st.Context(), out)
+		if ps == nil {
+			return h2Refused{out: out}, nil
 		}
-		ctx := st.Context()
-		ex := h.s.handler.NewExchange(ctx)
-		p := &h2Process{s: h.s, ctx: ctx, ex: ex, st: newStream(out, ex, h.s.opts.Limits, h.s.budget)}
-		if d := h.s.opts.Limits.RequestIdleTimeout; d > 0 {
-			p.st.watchIdle(d)
-		}
-		return p, nil
+		return &h2Process{s: h.s, ctx: st.Context(), st: ps}, nil
 	case methodHealthCheck:
 		return &h2Health{s: h.s, ctx: st.Context(), out: h2Sender{st: st, codec: h.codec}}, nil
 	}
@@ -72,7 +67,6 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 type h2Process struct {
 	s   *Server
 	ctx context.Context
-	ex  Exchange
 	st  *stream
 }
 
@@ -84,20 +78,13 @@ func (p *h2Process) Message(b []byte) (bool, error) {
 	return p.st.receive(p.ctx, msg)
 }
 
-func (p *h2Process) Close(err error) {
-	p.ex.Close(p.ctx, p.st.summary(err))
-	p.st.close()
-	p.s.budget.closeStream()
-}
+func (p *h2Process) Close(err error) { p.s.closeStream(p.ctx, p.st, err) }
 
 // h2Refused answers a stream over the cap, as refuse does on grpc-go.
 type h2Refused struct{ out h2Sender }
 
-func (r *h2Refused) Message([]byte) (bool, error) {
-	return true, r.out.Send(ImmediateResponse(overloaded("limit of open requests")))
-}
-
-func (r *h2Refused) Close(error) {}
+func (r h2Refused) Message([]byte) (bool, error) { return true, r.out.Send(refusal()) }
+func (r h2Refused) Close(error)                  {}
 
 // h2Health answers a health Check.
 type h2Health struct {

@@ -340,32 +340,52 @@ func (s *Server) mainServer(cdc *codec) mainServer {
 
 // Process implements the ext_proc service: one stream per HTTP request.
 func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
-	if !s.budget.openStream() {
-		return refuse(gs, overloaded("limit of open requests"))
-	}
-	defer s.budget.closeStream()
 	ctx := gs.Context()
-	ex := s.handler.NewExchange(ctx)
-	st := newStream(gs, ex, s.opts.Limits, s.budget)
-	defer st.close()
-	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
-		st.watchIdle(d)
+	st := s.openStream(ctx, gs)
+	if st == nil {
+		return refuse(gs)
 	}
 	err := st.run(ctx, gs)
-	ex.Close(ctx, st.summary(err))
+	s.closeStream(ctx, st, err)
 	return err
 }
 
-// refuse answers a stream's first message with r and ends the stream,
-// without an Exchange: a stream over the cap must cost next to nothing.
-func refuse(gs extprocv3.ExternalProcessor_ProcessServer, r *Rejection) error {
+// openStream starts a stream's exchange, its answers going to out; nil
+// when the process is at its stream cap (answer refusal, then).
+func (s *Server) openStream(ctx context.Context, out sender) *stream {
+	if !s.budget.openStream() {
+		return nil
+	}
+	st := newStream(out, s.handler.NewExchange(ctx), s.opts.Limits, s.budget)
+	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
+		st.watchIdle(d)
+	}
+	return st
+}
+
+// closeStream ends what openStream started; err is why the stream ended
+// early, nil at its natural end.
+func (s *Server) closeStream(ctx context.Context, st *stream, err error) {
+	st.ex.Close(ctx, st.summary(err))
+	st.close()
+	s.budget.closeStream()
+}
+
+// refusal answers the first message of a stream over the cap: a stream
+// that is refused must cost next to nothing, so it gets no Exchange.
+func refusal() *extprocv3.ProcessingResponse {
+	return ImmediateResponse(overloaded("limit of open requests"))
+}
+
+// refuse answers a grpc-go stream over the cap and ends it.
+func refuse(gs extprocv3.ExternalProcessor_ProcessServer) error {
 	if _, err := gs.Recv(); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		return fmt.Errorf("receive: %w", err)
 	}
-	if err := gs.Send(ImmediateResponse(r)); err != nil {
+	if err := gs.Send(refusal()); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	return nil
