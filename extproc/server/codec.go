@@ -47,13 +47,10 @@ func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
 		}
 		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 	}
-	buf := c.pool.Get(size)
-	b, err := marshalAppend((*buf)[:0], m, tail)
+	buf, err := c.intoPool(m, tail, size)
 	if err != nil {
-		c.pool.Put(buf)
 		return nil, err
 	}
-	*buf = b
 	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
 }
 
@@ -64,6 +61,12 @@ func (c *codec) marshalPooled(v any) (*[]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return c.intoPool(m, tail, size)
+}
+
+// intoPool marshals m and tail, size bytes together, into a buffer of the
+// pool.
+func (c *codec) intoPool(m proto.Message, tail []byte, size int) (*[]byte, error) {
 	buf := c.pool.Get(size)
 	b, err := marshalAppend((*buf)[:0], m, tail)
 	if err != nil {
