@@ -61,19 +61,19 @@ func (st *Stream) Send(msg []byte) error {
 	if !st.headersSent {
 		st.headersSent = true
 		_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: c.s.blocks.headers, EndHeaders: true})
+		c.wrote = true
 	}
-	c.wrote = true     // HEADERS or DATA
 	var prefix [5]byte // not compressed; the length
 	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
-	if len(st.pending) > 0 {
-		st.pending = append(append(st.pending, prefix[:]...), msg...)
-	} else if n := c.writeData(st, prefix[:], msg); n < len(prefix)+len(msg) {
-		if n < len(prefix) {
-			st.pending = append(st.pending, prefix[n:]...)
-			n = len(prefix)
+	n := 0 // written now: nothing while earlier answers wait, to keep the order
+	if len(st.pending) == 0 {
+		n = c.writeData(st, prefix[:], msg)
+	}
+	if n < len(prefix)+len(msg) {
+		if len(st.pending) == 0 {
+			c.blocked = append(c.blocked, st)
 		}
-		st.pending = append(st.pending, msg[n-len(prefix):]...)
-		c.blocked = append(c.blocked, st)
+		st.pending = append(append(st.pending, prefix[min(n, len(prefix)):]...), msg[max(n-len(prefix), 0):]...)
 	}
 	c.flushUnlessDispatching()
 	return c.werr
