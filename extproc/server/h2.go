@@ -20,9 +20,9 @@ const (
 	// TransportGRPC is grpc-go.
 	TransportGRPC = "grpc"
 	// TransportH2 is extproc/h2server: each connection's streams are
-	// served on its one goroutine, for about half grpc-go's CPU per
-	// request and a shorter tail. A handler that may block (Blocker)
-	// cannot use it.
+	// served on its one goroutine, for less CPU per request than grpc-go
+	// and a shorter tail (README "Against the reference
+	// implementations"). A handler that may block (Blocker) cannot use it.
 	TransportH2 = "h2"
 )
 
