@@ -287,7 +287,7 @@ func openLoop(ctx context.Context, sub *subject, body extprocload.Request, o opt
 	var prof chan error
 	if o.profile != "" {
 		prof = make(chan error, 1)
-		go func() { prof <- extprocload.FetchProfile(ctx, sub.metricsAddr, o.profile, o.duration) }()
+		go func() { prof <- extprocload.FetchProfile(ctx, sub.metricsAddr, "profile", o.profile, o.duration) }()
 	}
 	r := extprocload.Paced(ctx, sub.conns, body, o.rateStreams, o.rate, o.duration)
 	if prof != nil {

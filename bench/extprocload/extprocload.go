@@ -275,18 +275,18 @@ func OpenIdle(ctx context.Context, conns []*Conn, n int) error {
 	return nil
 }
 
-// FetchProfile saves the CPU profile of a Go process serving pprof at
-// addr (infergate's --enable-pprof, on its metrics listener), taken over
-// about d, to path.
-func FetchProfile(ctx context.Context, addr, path string, d time.Duration) error {
+// FetchProfile saves a profile of a Go process serving pprof at addr
+// (infergate's --enable-pprof, on its metrics listener), taken over about
+// d, to path: kind is "profile" for CPU or "trace" for an execution trace.
+func FetchProfile(ctx context.Context, addr, kind, path string, d time.Duration) error {
 	secs := max(int(d.Seconds())-1, 1)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, kind, secs), nil)
 	if err != nil {
 		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("cpu profile: %w", err)
+		return fmt.Errorf("%s: %w", kind, err)
 	}
 	defer resp.Body.Close()
 	f, err := os.Create(path)

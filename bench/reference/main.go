@@ -48,6 +48,7 @@ func main() {
 	flag.IntVar(&o.payloadBodyBytes, "payload-body-bytes", 65536, "chat body size for the payload processors")
 	flag.IntVar(&o.payloadChunkBytes, "payload-chunk-bytes", 16384, "chunk size of the payload processors' bodies")
 	flag.StringVar(&o.profile, "cpu-profile", "", "write infergate's CPU profile during its first round of each comparison to this path, suffixed -epp.pprof or -payload.pprof")
+	flag.StringVar(&o.trace, "trace", "", "write an execution trace of infergate during its first round of each comparison to this path, suffixed -epp.trace or -payload.trace (go tool trace reads it): what waited, and for what")
 	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
 	flag.StringVar(&o.env, "processor-env", "", "environment both processors run with, as KEY=VALUE pairs separated by spaces (e.g. GOGC=800), to see how a runtime setting changes both")
 	flag.StringVar(&o.transport, "transport", "grpc", "what serves ext_proc in infergate's processors (--extproc-transport): grpc or h2")
@@ -80,9 +81,13 @@ type options struct {
 	eppBodyBytes                        int
 	payloadBodyBytes, payloadChunkBytes int
 	pin                                 bool
-	profile, driverProfile              string
+	profile, trace, driverProfile       string
 	env                                 string
 }
+
+// pprof reports whether infergate serves pprof: a profile or trace of it
+// is asked for.
+func (o options) pprof() bool { return o.profile != "" || o.trace != "" }
 
 func run(ctx context.Context, o options) error {
 	if o.reference == "" {
@@ -176,16 +181,20 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 			if err := procs[i].resume(); err != nil {
 				return err
 			}
-			var profile, driverProfile string
+			var profiles []capture
+			var driverProfile string
 			if round == 0 && i == 1 {
 				if o.profile != "" {
-					profile = o.profile + "-" + c.key + ".pprof"
+					profiles = append(profiles, capture{"profile", o.profile + "-" + c.key + ".pprof"})
+				}
+				if o.trace != "" {
+					profiles = append(profiles, capture{"trace", o.trace + "-" + c.key + ".trace"})
 				}
 				if o.driverProfile != "" {
 					driverProfile = o.driverProfile + "-" + c.key + ".pprof"
 				}
 			}
-			s, err := measure(ctx, procs[i], req, o, profile, driverProfile)
+			s, err := measure(ctx, procs[i], req, o, profiles, driverProfile)
 			if err != nil {
 				return fmt.Errorf("%s: %w", procs[i].name, err)
 			}
@@ -211,10 +220,14 @@ func compare(ctx context.Context, r *rig, c comparison, o options) error {
 	return nil
 }
 
-// measure warms p up, then drives it for the round's time.
-// With profile set, p's CPU profile over the measured time is written
-// there, and with driverProfile the driver's own.
-func measure(ctx context.Context, p *process, req extprocload.Request, o options, profile, driverProfile string) (sample, error) {
+// capture is a profile of infergate's to take over a measured round: its
+// pprof kind ("profile" for CPU, "trace") and where to write it.
+type capture struct{ kind, path string }
+
+// measure warms p up, then drives it for the round's time, taking p's
+// profiles over the measured time, and with driverProfile the driver's
+// own CPU profile.
+func measure(ctx context.Context, p *process, req extprocload.Request, o options, profiles []capture, driverProfile string) (sample, error) {
 	if _, err := extprocload.Closed(ctx, p.conns, req, o.streams, time.Second); err != nil {
 		return sample{}, err
 	}
@@ -230,10 +243,9 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	if err != nil {
 		return sample{}, err
 	}
-	var prof chan error
-	if profile != "" {
-		prof = make(chan error, 1)
-		go func() { prof <- extprocload.FetchProfile(ctx, p.pprofAddr, profile, o.duration) }()
+	prof := make(chan error, len(profiles))
+	for _, c := range profiles {
+		go func() { prof <- extprocload.FetchProfile(ctx, p.pprofAddr, c.kind, c.path, o.duration) }()
 	}
 	if driverProfile != "" {
 		stop, err := profileSelf(driverProfile)
@@ -246,11 +258,13 @@ func measure(ctx context.Context, p *process, req extprocload.Request, o options
 	if err != nil {
 		return sample{}, err
 	}
-	if prof != nil {
+	for range profiles {
 		if err := <-prof; err != nil {
 			return sample{}, err
 		}
-		fmt.Fprintf(os.Stderr, "reference: %s's CPU profile written to %s\n", p.name, profile)
+	}
+	for _, c := range profiles {
+		fmt.Fprintf(os.Stderr, "reference: %s's %s written to %s\n", p.name, c.kind, c.path)
 	}
 	cpu1, err := p.cpu()
 	if err != nil {

@@ -33,7 +33,7 @@ var pickers = comparison{
 			"--pool-name", poolName, "--pool-namespace", namespace, "--kubeconfig", r.kubeconfig,
 			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9012",
 			"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9013",
-			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091", "--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
+			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9091", "--enable-pprof="+strconv.FormatBool(r.o.pprof()))
 	},
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat(model, o.eppBodyBytes, 0)
@@ -60,7 +60,7 @@ var payloadProcessors = comparison{
 		return r.startInfergate("infergate payload", "127.0.0.1:9014", "127.0.0.1:9093", "payload",
 			"--grpc-bind-address", "127.0.0.1", "--grpc-port", "9014", "--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", "9015",
 			"--metrics-bind-address", "127.0.0.1", "--metrics-port", "9093",
-			"--enable-pprof="+strconv.FormatBool(r.o.profile != ""))
+			"--enable-pprof="+strconv.FormatBool(r.o.pprof()))
 	},
 	request: func(o options) (extprocload.Request, error) {
 		return extprocload.Chat(model, o.payloadBodyBytes, o.payloadChunkBytes)
@@ -76,7 +76,7 @@ var payloadProcessors = comparison{
 // process is a processor under measurement, and connections to it.
 type process struct {
 	name      string
-	pprofAddr string // infergate's metrics listener, serving pprof with --cpu-profile
+	pprofAddr string // infergate's metrics listener, serving pprof with --cpu-profile or --trace
 	cmd       *exec.Cmd
 	log       string
 	conns     []*extprocload.Conn
@@ -118,7 +118,7 @@ func (r *rig) start(name, bin, addr string, args ...string) (*process, error) {
 // pprof when a profile is asked for.
 func (r *rig) startInfergate(name, addr, metricsAddr string, args ...string) (*process, error) {
 	p, err := r.start(name, r.o.binary, addr, append(args, "--extproc-transport", r.o.transport)...)
-	if err == nil && r.o.profile != "" {
+	if err == nil && r.o.pprof() {
 		p.pprofAddr = metricsAddr
 	}
 	return p, err
