@@ -1,8 +1,9 @@
 package prefix
 
 import (
+	"maps"
 	"sync"
-	"time"
+	"sync/atomic"
 )
 
 // Index remembers, per endpoint, the most recently used prefix blocks up
@@ -10,8 +11,15 @@ import (
 // cache does. It is safe for concurrent use; each endpoint has its own
 // lock, so lookups for different endpoints do not contend.
 type Index struct {
+	// servers is read without a lock on every lookup (a request looks up
+	// every endpoint in the pool) and replaced whole, under mu, when an
+	// endpoint comes or goes, which is rare.
+	servers atomic.Pointer[map[string]*lru]
 	mu      sync.Mutex
-	servers map[string]*lru
+	// round counts Prune's calls; a lookup marks its endpoint with the
+	// current round, so that Prune can tell which were used since the
+	// last one without a clock read per lookup.
+	round atomic.Int64
 	// defaultCapacity applies until an endpoint's own capacity is known.
 	defaultCapacity int
 }
@@ -19,19 +27,31 @@ type Index struct {
 // NewIndex returns an index holding up to defaultCapacity blocks per
 // endpoint until SetCapacity says otherwise.
 func NewIndex(defaultCapacity int) *Index {
-	return &Index{servers: map[string]*lru{}, defaultCapacity: max(defaultCapacity, 1)}
+	x := &Index{defaultCapacity: max(defaultCapacity, 1)}
+	x.servers.Store(&map[string]*lru{})
+	return x
 }
 
+// server is addr's memory, created when create is set, marked used.
 func (x *Index) server(addr string, create bool) *lru {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	s := x.servers[addr]
+	s := (*x.servers.Load())[addr]
 	if s == nil && create {
-		s = newLRU(x.defaultCapacity)
-		x.servers[addr] = s
+		x.mu.Lock()
+		cur := *x.servers.Load()
+		if s = cur[addr]; s == nil {
+			s = newLRU(x.defaultCapacity)
+			next := maps.Clone(cur)
+			next[addr] = s
+			x.servers.Store(&next)
+		}
+		x.mu.Unlock()
 	}
 	if s != nil {
-		s.lastUsed.Store(time.Now().UnixNano())
+		// Written only when the round has changed: every lookup of a
+		// busy endpoint from every core would otherwise write the line.
+		if r := x.round.Load(); s.usedRound.Load() != r {
+			s.usedRound.Store(r)
+		}
 	}
 	return s
 }
@@ -66,25 +86,25 @@ func (x *Index) SetCapacity(addr string, blocks int) {
 	x.server(addr, true).setCapacity(blocks)
 }
 
-// Prune drops endpoints not used since before cutoff (gone from the pool).
-func (x *Index) Prune(cutoff time.Time) {
+// Prune forgets the endpoints not used since the last Prune (gone from
+// the pool): called every d, it forgets those unused for d to 2d.
+func (x *Index) Prune() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for addr, s := range x.servers {
-		if s.lastUsed.Load() < cutoff.UnixNano() {
-			delete(x.servers, addr)
+	r := x.round.Add(1)
+	cur := *x.servers.Load()
+	next := make(map[string]*lru, len(cur))
+	for addr, s := range cur {
+		if s.usedRound.Load() >= r-1 {
+			next[addr] = s
 		}
 	}
+	x.servers.Store(&next)
 }
 
 // Stats reports the blocks held per endpoint.
 func (x *Index) Stats() map[string]int {
-	x.mu.Lock()
-	servers := make(map[string]*lru, len(x.servers))
-	for a, s := range x.servers {
-		servers[a] = s
-	}
-	x.mu.Unlock()
+	servers := *x.servers.Load()
 	out := make(map[string]int, len(servers))
 	for a, s := range servers {
 		out[a] = s.len()

@@ -16,7 +16,9 @@ type lru struct {
 	head     int32 // most recently used, nilNode when empty
 	tail     int32 // least recently used
 	free     []int32
-	lastUsed atomic.Int64
+	// usedRound is the Index's Prune round when the endpoint was last
+	// looked up.
+	usedRound atomic.Int64
 }
 
 type node struct {

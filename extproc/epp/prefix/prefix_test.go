@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
-	"time"
 )
 
 func text(tokens int, seed string) string {
@@ -71,9 +71,61 @@ func TestIndexMatchAndEviction(t *testing.T) {
 	if x.Stats()["10.0.0.1:8000"] != 3 {
 		t.Fatalf("stats %v", x.Stats())
 	}
-	x.Prune(time.Now().Add(time.Hour))
+}
+
+func TestIndexPruneForgetsEndpointsUnusedSinceTheLastPrune(t *testing.T) {
+	x := NewIndex(8)
+	a := Hashes("m", text(64, "aaaa"), 16, 100)
+	x.Add("10.0.0.1:8000", a)
+	x.Add("10.0.0.2:8000", a)
+	x.Prune() // both used since the start
+	if len(x.Stats()) != 2 {
+		t.Fatalf("the first prune forgot endpoints used before it: %v", x.Stats())
+	}
+	x.Match("10.0.0.1:8000", a) // a lookup is a use
+	x.Prune()
+	if got := x.Stats(); len(got) != 1 || got["10.0.0.1:8000"] != 4 {
+		t.Fatalf("after the second prune: %v, want only the endpoint looked up between the two", got)
+	}
+	x.Prune()
 	if len(x.Stats()) != 0 {
-		t.Fatal("prune kept idle endpoints")
+		t.Fatal("prune kept an idle endpoint")
+	}
+	// A forgotten endpoint starts afresh.
+	if x.Match("10.0.0.1:8000", a) != 0 {
+		t.Fatal("a pruned endpoint still matched")
+	}
+	x.Add("10.0.0.1:8000", a[:1])
+	if x.Match("10.0.0.1:8000", a) != 1 {
+		t.Fatal("an endpoint added after its prune is not remembered")
+	}
+}
+
+// TestIndexConcurrentUse runs lookups, additions and new endpoints against
+// prunes (go test -race checks the lock-free reads).
+func TestIndexConcurrentUse(t *testing.T) {
+	x := NewIndex(64)
+	a := Hashes("m", text(64, "aaaa"), 16, 100)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				addr := fmt.Sprintf("10.0.%d.%d:8000", g, i%16)
+				x.Add(addr, a)
+				if n := x.Match(addr, a); n > len(a) {
+					t.Errorf("matched %d of %d blocks", n, len(a))
+				}
+				if i%100 == 0 {
+					x.Prune()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for addr, n := range x.Stats() {
+		if n != len(a) {
+			t.Errorf("%s holds %d blocks, want %d", addr, n, len(a))
+		}
 	}
 }
 

@@ -132,32 +132,43 @@ func (p *prefixProducer) Produce(_ context.Context, req *Request, eps []Endpoint
 	if req.Body != nil {
 		m.Hashes = prefix.Hashes(req.Model, req.Prompt(), p.blockTokens, p.maxBlocks)
 	}
+	// One lock for the whole pool, not one per endpoint: which endpoints
+	// have a scrape the learner has not seen, and whether pruning is due.
+	now := time.Now()
+	var buf [16]int
+	fresh := buf[:0]
+	p.mu.Lock()
+	for i, e := range eps {
+		if e.Metrics != nil && p.observed[e.Address] != e.Metrics {
+			p.observed[e.Address] = e.Metrics
+			fresh = append(fresh, i)
+		}
+	}
+	due := now.Sub(p.lastPrune) > pruneEvery
+	if due {
+		p.lastPrune = now
+	}
+	p.mu.Unlock()
+	for _, i := range fresh {
+		p.tune(eps[i])
+	}
 	for _, e := range eps {
-		p.tune(e)
 		m.Blocks[e.Address] = p.index.Match(e.Address, m.Hashes)
 	}
 	req.SetAttr(prefixAttr, m)
-	p.maybePrune()
+	if due {
+		p.prune(now)
+	}
 }
 
 // tune gives a new scrape of the endpoint to the learner, and sizes the
 // endpoint's memory like its real KV cache once the server publishes block
 // size and count: the server's tokens, at its learned bytes per token, in
 // the index's blocks of blockTokens × prefix.BytesPerToken bytes. The
-// index then forgets about when the server evicts.
+// index then forgets about when the server evicts. The scrape and the
+// learned ratio only change together, so Produce calls it only for a
+// scrape it has not seen.
 func (p *prefixProducer) tune(e Endpoint) {
-	if e.Metrics == nil {
-		return
-	}
-	// The scrape and the learned ratio only change together, so a request
-	// that sees the scrape of the last one has nothing to redo: one lock.
-	p.mu.Lock()
-	fresh := p.observed[e.Address] != e.Metrics
-	p.observed[e.Address] = e.Metrics
-	p.mu.Unlock()
-	if !fresh {
-		return
-	}
 	if est, taken := p.learner.Observe(e.Address, e.Metrics.Tokens, e.Metrics.UpdatedAt); taken {
 		e.SetBytesPerToken(est.BytesPerToken)
 		p.report(e.Address, est)
@@ -217,27 +228,23 @@ func (p *prefixProducer) report(addr string, est calibrate.Estimate) {
 	}
 }
 
-// maybePrune forgets endpoints unused for ten minutes (gone from the pool).
-func (p *prefixProducer) maybePrune() {
-	now := time.Now()
+// pruneEvery is how often the producer forgets endpoints gone from the
+// pool: the index those not looked up since the last time (unused for 5 to
+// 10 minutes), the learner those it has heard nothing of for two periods.
+const pruneEvery = 5 * time.Minute
+
+// prune forgets endpoints gone from the pool.
+func (p *prefixProducer) prune(now time.Time) {
+	p.index.Prune()
+	p.learner.Prune(now.Add(-2 * pruneEvery))
+	// What is known of endpoints the index or the learner forgot goes
+	// with them: an endpoint that comes back is sized and calibrated anew.
+	indexed, known := p.index.Stats(), p.learner.Estimates()
 	p.mu.Lock()
-	due := now.Sub(p.lastPrune) > time.Minute
-	if due {
-		p.lastPrune = now
-	}
+	maps.DeleteFunc(p.capacities, func(addr string, _ int) bool { _, ok := indexed[addr]; return !ok })
+	maps.DeleteFunc(p.observed, func(addr string, _ *datastore.Metrics) bool { _, ok := known[addr]; return !ok })
+	maps.DeleteFunc(p.told, func(addr string, _ told) bool { _, ok := known[addr]; return !ok })
 	p.mu.Unlock()
-	if due {
-		p.index.Prune(now.Add(-10 * time.Minute))
-		p.learner.Prune(now.Add(-10 * time.Minute))
-		// What is known of endpoints the learner forgot goes with them.
-		known := p.learner.Estimates()
-		gone := func(addr string) bool { _, ok := known[addr]; return !ok }
-		p.mu.Lock()
-		maps.DeleteFunc(p.capacities, func(addr string, _ int) bool { return gone(addr) })
-		maps.DeleteFunc(p.observed, func(addr string, _ *datastore.Metrics) bool { return gone(addr) })
-		maps.DeleteFunc(p.told, func(addr string, _ told) bool { return gone(addr) })
-		p.mu.Unlock()
-	}
 }
 
 func (p *prefixProducer) Picked(_ context.Context, req *Request, res *Result) {
