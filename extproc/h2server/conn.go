@@ -121,6 +121,7 @@ func (c *conn) serve() {
 	c.bw = bufio.NewWriterSize(rw, 32<<10)
 	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.SetReuseFrames() // onData is done with a frame before the next is read
 	c.fr.MaxHeaderListSize = maxHeaderListSize
 	c.fr.SetMaxReadFrameSize(maxReadFrameSize)
 	_ = c.fr.WriteSettings(
