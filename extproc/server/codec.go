@@ -81,7 +81,7 @@ func (c *codec) intoPool(m proto.Message, tail []byte, size int) (*[]byte, error
 // withMetadata's), and their size together.
 func sized(v any) (m proto.Message, tail []byte, size int, err error) {
 	m, ok := v.(proto.Message)
-	if w, isW := v.(withMetadata); isW {
+	if w, isW := v.(*withMetadata); isW {
 		m, tail, ok = w.resp, w.md.wire, true
 	}
 	if !ok {

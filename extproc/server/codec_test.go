@@ -67,7 +67,7 @@ func TestCodecAppendsEncodedMetadata(t *testing.T) {
 	for _, size := range []int{0, 100, MaxChunkBytes} {
 		resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{ClearRouteCache: true, BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: bytes.Repeat([]byte{'x'}, size)}}}}}}
-		data, err := c.Marshal(withMetadata{resp: resp, md: enc})
+		data, err := c.Marshal(&withMetadata{resp: resp, md: enc})
 		if err != nil {
 			t.Fatalf("%d B: %v", size, err)
 		}

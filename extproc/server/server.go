@@ -85,6 +85,7 @@ type Server struct {
 	health  *health.Server
 	tls     *tls.Config // nil: plain text
 	budget  *budget
+	answers answers
 
 	grpcLn, healthLn, metricsLn net.Listener
 }
@@ -356,7 +357,7 @@ func (s *Server) openStream(ctx context.Context, out sender) *stream {
 	if !s.budget.openStream() {
 		return nil
 	}
-	st := newStream(out, s.handler.NewExchange(ctx), s.opts.Limits, s.budget)
+	st := newStream(out, s.handler.NewExchange(ctx), s.opts.Limits, s.budget, &s.answers)
 	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
 		st.watchIdle(d)
 	}

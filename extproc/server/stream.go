@@ -28,10 +28,11 @@ var errRejected = errors.New("request answered with an immediate response")
 
 // stream is the state of one ext_proc stream (one HTTP request).
 type stream struct {
-	out    sender
-	ex     Exchange
-	limits Limits
-	budget *budget
+	out     sender
+	ex      Exchange
+	limits  Limits
+	budget  *budget
+	answers *answers
 	// reserved is what this stream's buffered body holds of the budget.
 	reserved int64
 
@@ -108,12 +109,13 @@ type sender interface {
 	SendMsg(any) error
 }
 
-func newStream(out sender, ex Exchange, limits Limits, b *budget) *stream {
+func newStream(out sender, ex Exchange, limits Limits, b *budget, answers *answers) *stream {
 	return &stream{
 		out:          out,
 		ex:           ex,
 		limits:       limits,
 		budget:       b,
+		answers:      answers,
 		reqMode:      filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		respMode:     filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		req:          Request{Metadata: Metadata{}},
@@ -204,7 +206,9 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 		return nil
 	case s.reqMode == filterv3.ProcessingMode_BUFFERED || s.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy waits for the headers response before it sends the body.
-		return s.send(headersResponse(nil, true))
+		a := s.answers.get()
+		defer s.answers.put(a)
+		return s.send(a.headersResponse(&Decision{}, true))
 	default:
 		return s.reject(&Rejection{Status: 500, Reason: "unsupported-processing-mode",
 			Message: fmt.Sprintf("request body mode %s is not supported; use FULL_DUPLEX_STREAMED, BUFFERED or NONE", s.reqMode)})
@@ -329,28 +333,26 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 			d.SetHeaders = append(d.SetHeaders, Header{Name: "content-length", Value: strconv.Itoa(len(body))})
 		}
 	}
+	a := s.answers.get()
+	defer s.answers.put(a)
 	switch phase {
 	case requestPhaseHeaders:
-		return s.sendDecision(headersResponse(d, true), d)
+		return s.sendDecision(a, a.headersResponse(d, true), d)
 	case requestPhaseBufferedBody:
-		resp := &extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-				Response: commonResponse(d),
-			}},
-		}
+		a.body = extprocv3.BodyResponse{Response: a.commonResponse(d)}
 		if d.Body != nil {
-			resp.GetRequestBody().Response.BodyMutation = &extprocv3.BodyMutation{
-				Mutation: &extprocv3.BodyMutation_Body{Body: d.Body},
-			}
+			a.common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.Body}}
 		}
-		return s.sendDecision(resp, d)
+		a.reqBody.RequestBody = &a.body
+		a.resp = extprocv3.ProcessingResponse{Response: &a.reqBody}
+		return s.sendDecision(a, &a.resp, d)
 	}
 	// FULL_DUPLEX_STREAMED: headers response, then the body re-emitted in
 	// bounded chunks, then the trailers response if the request had trailers.
-	if err := s.sendDecision(headersResponse(d, true), d); err != nil {
+	if err := s.sendDecision(a, a.headersResponse(d, true), d); err != nil {
 		return err
 	}
-	if err := s.sendStreamedBody(body, !s.req.HasTrailers, true, nil); err != nil {
+	if err := s.sendStreamedBody(a, body, !s.req.HasTrailers, true, nil); err != nil {
 		return err
 	}
 	if s.req.HasTrailers {
@@ -371,13 +373,17 @@ func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders
 	if d.Reject != nil {
 		return s.reject(d.Reject)
 	}
-	return s.sendDecision(headersResponse(d, false), d)
+	a := s.answers.get()
+	defer s.answers.put(a)
+	return s.sendDecision(a, a.headersResponse(d, false), d)
 }
 
 func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
 	out, md := s.ex.HandleResponseBody(ctx, b.GetBody(), b.GetEndOfStream())
 	if s.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return s.sendStreamedBody(out, b.GetEndOfStream(), false, md)
+		a := s.answers.get()
+		defer s.answers.put(a)
+		return s.sendStreamedBody(a, out, b.GetEndOfStream(), false, md)
 	}
 	resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
 	if !bytes.Equal(out, b.GetBody()) {
@@ -390,24 +396,14 @@ func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) erro
 // MaxChunkBytes; endOfStream is set on the last chunk only, and md (if
 // any) rides on it. An empty body still produces one message so the end of
 // stream reaches the proxy.
-func (s *stream) sendStreamedBody(body []byte, endOfStream, request bool, md *structpb.Struct) error {
+func (s *stream) sendStreamedBody(a *answer, body []byte, endOfStream, request bool, md *structpb.Struct) error {
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), MaxChunkBytes)
 		chunk := body[:n]
 		body = body[n:]
-		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: endOfStream && len(body) == 0},
-			}},
-		}}
-		resp := &extprocv3.ProcessingResponse{}
+		resp := a.streamedBody(chunk, endOfStream && len(body) == 0, request)
 		if len(body) == 0 {
 			resp.DynamicMetadata = md
-		}
-		if request {
-			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
-		} else {
-			resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}
 		}
 		if err := s.send(resp); err != nil {
 			return err
@@ -438,14 +434,15 @@ func (s *stream) send(resp *extprocv3.ProcessingResponse) error {
 	return nil
 }
 
-// sendDecision sends resp, the answer that carries d, with d's dynamic
-// metadata: encoded once and appended as it is, or set on resp.
-func (s *stream) sendDecision(resp *extprocv3.ProcessingResponse, d *Decision) error {
+// sendDecision sends resp, the answer built in a that carries d, with d's
+// dynamic metadata: encoded once and appended as it is, or set on resp.
+func (s *stream) sendDecision(a *answer, resp *extprocv3.ProcessingResponse, d *Decision) error {
 	if d.EncodedMetadata == nil {
 		resp.DynamicMetadata = d.DynamicMetadata
 		return s.send(resp)
 	}
-	if err := s.out.SendMsg(withMetadata{resp: resp, md: d.EncodedMetadata}); err != nil {
+	a.withMD = withMetadata{resp: resp, md: d.EncodedMetadata}
+	if err := s.out.SendMsg(&a.withMD); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	return nil
@@ -453,35 +450,6 @@ func (s *stream) sendDecision(resp *extprocv3.ProcessingResponse, d *Decision) e
 
 func (s *stream) summary(err error) Summary {
 	return Summary{ResponseMetadata: s.respMetadata, ResponseStatus: s.respStatus, Err: err}
-}
-
-// headersResponse answers the request headers (request true) or the
-// response headers with d's header changes (nil = continue unchanged);
-// d's dynamic metadata is sendDecision's to add.
-func headersResponse(d *Decision, request bool) *extprocv3.ProcessingResponse {
-	if d == nil {
-		d = &Decision{}
-	}
-	hr := &extprocv3.HeadersResponse{Response: commonResponse(d)}
-	resp := &extprocv3.ProcessingResponse{}
-	if request {
-		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}
-	} else {
-		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}
-	}
-	return resp
-}
-
-func commonResponse(d *Decision) *extprocv3.CommonResponse {
-	cr := &extprocv3.CommonResponse{ClearRouteCache: d.ClearRouteCache}
-	if len(d.SetHeaders) > 0 || len(d.RemoveHeaders) > 0 {
-		hm := &extprocv3.HeaderMutation{RemoveHeaders: d.RemoveHeaders}
-		for _, h := range d.SetHeaders {
-			hm.SetHeaders = append(hm.SetHeaders, rawHeader(h.Name, h.Value))
-		}
-		cr.HeaderMutation = hm
-	}
-	return cr
 }
 
 func headersFromProto(hm *corev3.HeaderMap) Headers {
