@@ -100,4 +100,14 @@ func marshalAppend(b []byte, m proto.Message, tail []byte) ([]byte, error) {
 	return append(b, tail...), nil
 }
 
-func (c *codec) Unmarshal(data mem.BufferSlice, v any) error { return c.base.Unmarshal(data, v) }
+// Unmarshal decodes a ProcessingRequest into an inbound by hand, and
+// anything else (a health check) with gRPC's codec.
+func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
+	in, ok := v.(*inbound)
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(c.pool)
+	defer buf.Free()
+	return in.unmarshal(buf.ReadOnlyData())
+}

@@ -68,14 +68,14 @@ type h2Process struct {
 	s   *Server
 	ctx context.Context
 	st  *stream
+	in  inbound // the message being handled
 }
 
 func (p *h2Process) Message(b []byte) (bool, error) {
-	msg := &extprocv3.ProcessingRequest{}
-	if err := proto.Unmarshal(b, msg); err != nil {
+	if err := p.in.unmarshal(b); err != nil {
 		return false, status.Errorf(codes.Internal, "unmarshal a ProcessingRequest: %v", err)
 	}
-	return p.st.receive(p.ctx, msg)
+	return p.st.receive(p.ctx, &p.in)
 }
 
 func (p *h2Process) Close(err error) { p.s.closeStream(p.ctx, p.st, err) }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -124,19 +123,19 @@ func newStream(out sender, ex Exchange, limits Limits, b *budget, answers *answe
 }
 
 // run receives and handles messages until the proxy closes the stream. It
-// returns nil on a natural end or after an immediate response.
-func (s *stream) run(ctx context.Context, in interface {
-	Recv() (*extprocv3.ProcessingRequest, error)
-}) error {
+// returns nil on a natural end or after an immediate response. The
+// server's codec decodes each message into an inbound.
+func (s *stream) run(ctx context.Context, in interface{ RecvMsg(any) error }) error {
+	var msg inbound
 	for {
-		msg, err := in.Recv()
+		err := in.RecvMsg(&msg)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
-		if done, err := s.receive(ctx, msg); done {
+		if done, err := s.receive(ctx, &msg); done {
 			return err
 		}
 	}
@@ -144,14 +143,14 @@ func (s *stream) run(ctx context.Context, in interface {
 
 // receive handles one message; done says the stream has no more to do:
 // it was answered with an immediate response (err nil) or failed.
-func (s *stream) receive(ctx context.Context, msg *extprocv3.ProcessingRequest) (done bool, err error) {
+func (s *stream) receive(ctx context.Context, msg *inbound) (done bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.timedOut {
 		return true, nil
 	}
 	s.last = time.Now()
-	if pc := msg.GetProtocolConfig(); pc != nil {
+	if pc := msg.protocol; pc != nil {
 		s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
 	err = s.handle(ctx, msg)
@@ -161,32 +160,32 @@ func (s *stream) receive(ctx context.Context, msg *extprocv3.ProcessingRequest) 
 	return err != nil, err
 }
 
-func (s *stream) handle(ctx context.Context, msg *extprocv3.ProcessingRequest) error {
-	switch r := msg.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
-		s.req.Headers = headersFromProto(r.RequestHeaders.GetHeaders())
-		return s.onRequestHeaders(ctx, r.RequestHeaders.GetEndOfStream())
-	case *extprocv3.ProcessingRequest_RequestBody:
-		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
-		return s.onRequestBody(ctx, r.RequestBody)
-	case *extprocv3.ProcessingRequest_RequestTrailers:
-		mergeMetadata(s.req.Metadata, msg.GetMetadataContext())
+func (s *stream) handle(ctx context.Context, msg *inbound) error {
+	switch msg.kind {
+	case kindRequestHeaders:
+		mergeMetadata(s.req.Metadata, msg.metadata)
+		s.req.Headers = msg.headers
+		return s.onRequestHeaders(ctx, msg.endOfStream)
+	case kindRequestBody:
+		mergeMetadata(s.req.Metadata, msg.metadata)
+		return s.onRequestBody(ctx, msg.body, msg.endOfStream)
+	case kindRequestTrailers:
+		mergeMetadata(s.req.Metadata, msg.metadata)
 		s.req.HasTrailers = true
 		return s.onRequestTrailers(ctx)
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
-		return s.onResponseHeaders(ctx, r.ResponseHeaders)
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
-		return s.onResponseBody(ctx, r.ResponseBody)
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		mergeMetadata(s.respMetadata, msg.GetMetadataContext())
+	case kindResponseHeaders:
+		mergeMetadata(s.respMetadata, msg.metadata)
+		return s.onResponseHeaders(ctx, msg.headers, msg.endOfStream)
+	case kindResponseBody:
+		mergeMetadata(s.respMetadata, msg.metadata)
+		return s.onResponseBody(ctx, msg.body, msg.endOfStream)
+	case kindResponseTrailers:
+		mergeMetadata(s.respMetadata, msg.metadata)
 		return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 			ResponseTrailers: &extprocv3.TrailersResponse{},
 		}})
 	default:
-		return status.Errorf(codes.InvalidArgument, "unsupported ext_proc message %T", r)
+		return status.Errorf(codes.InvalidArgument, "unsupported ext_proc message: no request, headers, body or trailers in it")
 	}
 }
 
@@ -230,9 +229,8 @@ func (s *stream) announcedBody() int {
 	return int(min(n, presizeMax))
 }
 
-func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error {
+func (s *stream) onRequestBody(ctx context.Context, chunk []byte, endOfStream bool) error {
 	s.hasBody = true
-	chunk := b.GetBody()
 	size := int64(len(s.body) + len(chunk))
 	if s.limits.MaxRequestBodyBytes > 0 && size > s.limits.MaxRequestBodyBytes {
 		return s.reject(&Rejection{Status: 413, Reason: "request-too-large",
@@ -243,10 +241,10 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 			return s.reject(rej)
 		}
 	}
-	if cap(s.body) == 0 && b.GetEndOfStream() {
+	if cap(s.body) == 0 && endOfStream {
 		// The whole body in one message: keep the message's own bytes,
-		// which unmarshalling already copied out of gRPC's buffers, rather
-		// than copying them once more.
+		// which unmarshalling already copied out of the transport's
+		// buffers, rather than copying them once more.
 		if !s.budget.reserve(int64(len(chunk))) {
 			s.budget.refuseBuffer()
 			return s.reject(overloaded("memory budget for request bodies"))
@@ -283,7 +281,7 @@ func (s *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) error
 	} else {
 		s.body = append(s.body, chunk...)
 	}
-	if !b.GetEndOfStream() {
+	if !endOfStream {
 		return nil
 	}
 	if s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -363,10 +361,9 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	return nil
 }
 
-func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders) error {
-	headers := headersFromProto(h.GetHeaders())
+func (s *stream) onResponseHeaders(ctx context.Context, headers Headers, endOfStream bool) error {
 	s.respStatus, _ = strconv.Atoi(headers.Get(":status"))
-	d := s.ex.HandleResponseHeaders(ctx, &Response{Headers: headers, Metadata: s.respMetadata, EndOfStream: h.GetEndOfStream()})
+	d := s.ex.HandleResponseHeaders(ctx, &Response{Headers: headers, Metadata: s.respMetadata, EndOfStream: endOfStream})
 	if d == nil {
 		d = &Decision{}
 	}
@@ -378,15 +375,15 @@ func (s *stream) onResponseHeaders(ctx context.Context, h *extprocv3.HttpHeaders
 	return s.sendDecision(a, a.headersResponse(d, false), d)
 }
 
-func (s *stream) onResponseBody(ctx context.Context, b *extprocv3.HttpBody) error {
-	out, md := s.ex.HandleResponseBody(ctx, b.GetBody(), b.GetEndOfStream())
+func (s *stream) onResponseBody(ctx context.Context, body []byte, endOfStream bool) error {
+	out, md := s.ex.HandleResponseBody(ctx, body, endOfStream)
 	if s.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		a := s.answers.get()
 		defer s.answers.put(a)
-		return s.sendStreamedBody(a, out, b.GetEndOfStream(), false, md)
+		return s.sendStreamedBody(a, out, endOfStream, false, md)
 	}
 	resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
-	if !bytes.Equal(out, b.GetBody()) {
+	if !bytes.Equal(out, body) {
 		resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
 	}
 	return s.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}, DynamicMetadata: md})
@@ -450,18 +447,6 @@ func (s *stream) sendDecision(a *answer, resp *extprocv3.ProcessingResponse, d *
 
 func (s *stream) summary(err error) Summary {
 	return Summary{ResponseMetadata: s.respMetadata, ResponseStatus: s.respStatus, Err: err}
-}
-
-func headersFromProto(hm *corev3.HeaderMap) Headers {
-	h := make(Headers, len(hm.GetHeaders()))
-	for _, hv := range hm.GetHeaders() {
-		v := hv.GetValue()
-		if len(hv.GetRawValue()) > 0 {
-			v = string(hv.GetRawValue())
-		}
-		h[strings.ToLower(hv.GetKey())] = v
-	}
-	return h
 }
 
 func mergeMetadata(dst Metadata, md *corev3.Metadata) {
