@@ -14,8 +14,6 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-
-	"github.com/infergate/infergate/extproc/h2server"
 )
 
 // Conn is one HTTP/2 connection to an ext_proc processor, over which the
@@ -110,7 +108,14 @@ type h2conn struct {
 	sendInit int64  // the peer's initial stream window
 	maxFrame uint32 // the peer's largest frame
 	unacked  int64  // received connection bytes not granted back
-	headers  []byte // the request's header block, encoded once
+	// The request's header fields, encoded for each stream as Envoy's
+	// HTTP/2 codec does: into the connection's HPACK dynamic table, but
+	// for :path, sent as a literal every time (nghttp2 indexes no :path).
+	// After the first stream a header block is then the :path and a few
+	// indexes, as the processor sees it behind Envoy.
+	fields []hpack.HeaderField
+	henc   *hpack.Encoder
+	hbuf   bytes.Buffer
 
 	flush chan struct{} // a write waits to be flushed
 	done  chan struct{} // closed when the connection ends
@@ -160,10 +165,10 @@ func dialH2(ctx context.Context, target string, cfg *tls.Config) (*h2conn, error
 	h.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	h.fr.MaxHeaderListSize = maxHeaderList
 
-	// The request's headers are the same for every stream.
-	h.headers = h2server.HeaderBlock([2]string{":method", "POST"}, [2]string{":scheme", scheme},
-		[2]string{":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
-		[2]string{":authority", target}, [2]string{"content-type", "application/grpc"}, [2]string{"te", "trailers"})
+	h.fields = []hpack.HeaderField{{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: scheme},
+		{Name: ":path", Value: "/envoy.service.ext_proc.v3.ExternalProcessor/Process", Sensitive: true},
+		{Name: ":authority", Value: target}, {Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"}}
+	h.henc = hpack.NewEncoder(&h.hbuf)
 
 	h.out.buf.WriteString(http2.ClientPreface)
 	if err := h.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: recvWindow},
@@ -268,7 +273,11 @@ func (h *h2conn) open(msgs [][]byte, sent *time.Time) (*h2stream, error) {
 	st := &h2stream{id: h.nextID, send: h.sendInit, done: make(chan struct{})}
 	h.nextID += 2
 	h.streams[st.id] = st
-	if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: h.headers, EndHeaders: true}); err != nil {
+	h.hbuf.Reset()
+	for _, f := range h.fields {
+		_ = h.henc.WriteField(f) // a bytes.Buffer takes every write
+	}
+	if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}); err != nil {
 		h.failLocked(err)
 		return nil, err
 	}
@@ -403,6 +412,8 @@ func (h *h2conn) handle(f http2.Frame) error {
 				}
 			case http2.SettingMaxFrameSize:
 				h.maxFrame = s.Val
+			case http2.SettingHeaderTableSize:
+				h.henc.SetMaxDynamicTableSizeLimit(s.Val)
 			}
 			return nil
 		}); err != nil {

@@ -94,10 +94,10 @@ func newHeaderBlocks() headerBlocks {
 	ct := [2]string{"content-type", "application/grpc"}
 	ok := [2]string{"grpc-status", "0"}
 	return headerBlocks{
-		headers:          HeaderBlock(status200, ct),
-		ok:               HeaderBlock(ok),
-		okOnly:           HeaderBlock(status200, ct, ok),
-		unsupportedMedia: HeaderBlock([2]string{":status", "415"}, [2]string{"content-type", "text/plain"}),
+		headers:          headerBlock(status200, ct),
+		ok:               headerBlock(ok),
+		okOnly:           headerBlock(status200, ct, ok),
+		unsupportedMedia: headerBlock([2]string{":status", "415"}, [2]string{"content-type", "text/plain"}),
 	}
 }
 
@@ -119,7 +119,7 @@ func (b headerBlocks) status(err error, only bool) []byte {
 	if m := s.Message(); m != "" {
 		fields = append(fields, [2]string{"grpc-message", encodeMessage(m)})
 	}
-	return HeaderBlock(fields...)
+	return headerBlock(fields...)
 }
 
 // maxMessageBytes bounds a grpc-message, so that a status always fits one
@@ -145,10 +145,10 @@ func encodeMessage(m string) string {
 	return string(b)
 }
 
-// HeaderBlock encodes fields (name, value) with HPACK and no dynamic
+// headerBlock encodes fields (name, value) with HPACK and no dynamic
 // table, so that the block reads the same on any connection at any time
 // and can be encoded once.
-func HeaderBlock(fields ...[2]string) []byte {
+func headerBlock(fields ...[2]string) []byte {
 	var b bytes.Buffer
 	enc := hpack.NewEncoder(&b)
 	enc.SetMaxDynamicTableSizeLimit(0)
