@@ -132,11 +132,14 @@ func TestSimEchoFlags(t *testing.T) {
 // TLS (prior knowledge), as a pool with appProtocol kubernetes.io/h2c
 // reaches it; the echo reports the port and the protocol.
 func TestSimH2CPort(t *testing.T) {
-	port := freePort(t)
+	// Both ports chosen up front: the main server on port 0 could be
+	// given the port just chosen for h2c and let go of.
+	ports := freePorts(t, 2)
+	httpPort, port := ports[0], ports[1]
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- runSim(ctx, simOptions{address: "127.0.0.1", port: 0, dataParallelSize: 1, name: "pod-a", model: sim.DefaultModel,
+		done <- runSim(ctx, simOptions{address: "127.0.0.1", port: httpPort, dataParallelSize: 1, name: "pod-a", model: sim.DefaultModel,
 			maxLoRAs: sim.DefaultMaxLoRAs, maxNumSeqs: sim.DefaultMaxNumSeqs, maxWaitingQueue: sim.DefaultMaxWaitingQueue,
 			timeScale: 1, kvCacheTokens: sim.DefaultKVCacheTokens, blockSize: sim.DefaultBlockSize, tokenizer: sim.DefaultTokenizer,
 			bytesPerToken: sim.DefaultBytesPerToken, echo: true, h2cPort: port})
@@ -177,12 +180,18 @@ func TestSimH2CPort(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
+// freePorts returns n distinct ports free on 127.0.0.1 a moment ago: each
+// listener stays open until all are chosen, so none is chosen twice.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports := make([]int, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
