@@ -43,6 +43,13 @@ func TestPickerLearnsEachServersTokenizer(t *testing.T) {
 			writePool(t, pool, sims)
 			e := startEPP(t, pool)
 			base := startProxy(t, e.GRPCAddr(), false, nil)
+			// The learner takes the first scrape a request sees as its
+			// baseline and forgets the bytes routed before it; a request
+			// in flight then has its tokens counted later and its bytes
+			// not at all (one 8 KiB prompt is 8% of this test's sums, so
+			// a picker slow to scrape under load once learned 1.83 for
+			// 2.00). Load starts once the picker holds the sim's metrics.
+			waitFresh(t, e.MetricsAddr())
 
 			// Distinct prompts of words of 2 to 9 letters, about 8 KiB each,
 			// until the sim has counted well over calibrate.MinTokens.
@@ -92,6 +99,17 @@ func TestPickerLearnsEachServersTokenizer(t *testing.T) {
 			}
 			t.Logf("%s: learned %.2f bytes per token (truth %.2f), index capacity %.0f blocks", tc.name, learned, truth, capacity)
 		})
+	}
+}
+
+// waitFresh waits until the picker at addr holds fresh metrics of its
+// one endpoint.
+func waitFresh(t *testing.T, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); metricsOf(t, addr)[`infergate_epp_endpoints{state="fresh"}`] < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the picker has no fresh metrics of the sim after 10 s")
+		}
 	}
 }
 
