@@ -31,9 +31,8 @@ type inbound struct {
 // inboundKind is which message of ProcessingRequest's request oneof came.
 type inboundKind int
 
-// The kinds are the oneof's field numbers.
+// The kinds are the oneof's field numbers; zero is none.
 const (
-	kindNone             inboundKind = 0
 	kindRequestHeaders   inboundKind = 2
 	kindResponseHeaders  inboundKind = 3
 	kindRequestBody      inboundKind = 4
@@ -68,37 +67,25 @@ const (
 func (m *inbound) unmarshal(b []byte) error {
 	*m = inbound{}
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("ProcessingRequest: %w", protowire.ParseError(n))
+		num, typ, v, err := consumeField(&b)
+		if err != nil {
+			return fmt.Errorf("ProcessingRequest: %w", err)
 		}
-		b = b[n:]
-		if typ != protowire.BytesType || num < protowire.Number(kindRequestHeaders) || (num > protowire.Number(kindResponseTrailers) && num != fieldMetadataContext && num != fieldProtocolConfig) {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return fmt.Errorf("ProcessingRequest field %d: %w", num, protowire.ParseError(n))
-			}
-			b = b[n:]
+		if typ != protowire.BytesType {
 			continue
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return fmt.Errorf("ProcessingRequest field %d: %w", num, protowire.ParseError(n))
-		}
-		b = b[n:]
-		var err error
-		switch num {
-		case fieldMetadataContext:
+		switch kind := inboundKind(num); {
+		case num == fieldMetadataContext:
 			if m.metadata == nil {
 				m.metadata = &corev3.Metadata{}
 			}
-			err = proto.UnmarshalOptions{Merge: true}.Unmarshal(v, m.metadata)
-		case fieldProtocolConfig:
+			err = proto.UnmarshalOptions{Merge: true}.Unmarshal(v.bytes, m.metadata)
+		case num == fieldProtocolConfig:
 			if m.protocol == nil {
 				m.protocol = &extprocv3.ProtocolConfiguration{}
 			}
-			err = proto.UnmarshalOptions{Merge: true}.Unmarshal(v, m.protocol)
-		default:
-			kind := inboundKind(num)
+			err = proto.UnmarshalOptions{Merge: true}.Unmarshal(v.bytes, m.protocol)
+		case kind >= kindRequestHeaders && kind <= kindResponseTrailers:
 			if kind != m.kind {
 				// Another member of the oneof replaces the last.
 				m.headers, m.body, m.endOfStream = nil, nil, false
@@ -106,11 +93,11 @@ func (m *inbound) unmarshal(b []byte) error {
 			m.kind = kind
 			switch kind {
 			case kindRequestHeaders, kindResponseHeaders:
-				err = m.unmarshalHeaders(v)
+				err = m.unmarshalHeaders(v.bytes)
 			case kindRequestBody, kindResponseBody:
-				err = m.unmarshalBody(v)
+				err = m.unmarshalBody(v.bytes)
 			default: // trailers: their content is not read
-				err = validMessage(v)
+				err = validMessage(v.bytes)
 			}
 		}
 		if err != nil {
