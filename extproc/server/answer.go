@@ -117,7 +117,13 @@ func (a *answer) streamedBody(chunk []byte, endOfStream, request bool) *extprocv
 	a.streamed.StreamedResponse = &a.chunk
 	a.bodyChange = extprocv3.BodyMutation{Mutation: &a.streamed}
 	a.common = extprocv3.CommonResponse{BodyMutation: &a.bodyChange}
-	a.body = extprocv3.BodyResponse{Response: &a.common}
+	return a.bodyResponse(&a.common, request)
+}
+
+// bodyResponse answers a body chunk of the request (request true) or the
+// response with common.
+func (a *answer) bodyResponse(common *extprocv3.CommonResponse, request bool) *extprocv3.ProcessingResponse {
+	a.body = extprocv3.BodyResponse{Response: common}
 	if request {
 		a.reqBody.RequestBody = &a.body
 		a.resp = extprocv3.ProcessingResponse{Response: &a.reqBody}

@@ -380,7 +380,7 @@ func refusal() *extprocv3.ProcessingResponse {
 
 // refuse answers a grpc-go stream over the cap and ends it.
 func refuse(gs extprocv3.ExternalProcessor_ProcessServer) error {
-	if _, err := gs.Recv(); err != nil {
+	if err := gs.RecvMsg(&inbound{}); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}

@@ -337,13 +337,11 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	case requestPhaseHeaders:
 		return s.sendDecision(a, a.headersResponse(d, true), d)
 	case requestPhaseBufferedBody:
-		a.body = extprocv3.BodyResponse{Response: a.commonResponse(d)}
+		common := a.commonResponse(d)
 		if d.Body != nil {
-			a.common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.Body}}
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.Body}}
 		}
-		a.reqBody.RequestBody = &a.body
-		a.resp = extprocv3.ProcessingResponse{Response: &a.reqBody}
-		return s.sendDecision(a, &a.resp, d)
+		return s.sendDecision(a, a.bodyResponse(common, true), d)
 	}
 	// FULL_DUPLEX_STREAMED: headers response, then the body re-emitted in
 	// bounded chunks, then the trailers response if the request had trailers.
