@@ -749,6 +749,10 @@ func (w *recordWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// keptRecords bounds the record buffer a connection keeps between
+// flushes.
+const keptRecords = 256 << 10
+
 func (w *recordWriter) flush() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -757,7 +761,7 @@ func (w *recordWriter) flush() error {
 	}
 	_, err := w.Conn.Write(w.buf)
 	w.buf = w.buf[:0]
-	if cap(w.buf) > 4*keptBuffer {
+	if cap(w.buf) > keptRecords {
 		w.buf = nil // a flush this large is rare: do not keep its buffer
 	}
 	return err
