@@ -194,9 +194,8 @@ func TestEDSStreamPresentsTheClientCertificate(t *testing.T) {
 			side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
 			pool := xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server")
 			srv := xdstest.Start(t)
-			srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), xdstest.CatchAllRoutes("r", "pool-cluster"), pool,
-				withSocket(xdstest.StaticCluster("eds-server", side.Addr), tc.socket))
-			n := testNode(t, srv)
+			srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), xdstest.CatchAllRoutes("r", "pool-cluster"), pool)
+			n := testNode(t, srv, withSocket(xdstest.StaticCluster("eds-server", side.Addr), tc.socket))
 			waitVersion(t, n, xdsclient.ClusterType, "1")
 			if !tc.serves {
 				// Well within initial_fetch_timeout (15s), after which Envoy

@@ -2,6 +2,8 @@ package devproxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,6 +41,12 @@ type NodeConfig struct {
 	// EDS clusters, RDS and dynamic_resources are errors. See
 	// LoadBootstrap.
 	Bootstrap *bootstrapv3.Bootstrap
+	// BootstrapClusters are, over xDS, the static_resources clusters of
+	// the bootstrap Envoy would run with beside its ADS stream (Envoy
+	// Gateway's xds_cluster, say). They are clusters of the node like those
+	// CDS sends, and the only ones an api_config_source may name (those not
+	// of type EDS), as Envoy requires; nil is a bootstrap with none.
+	BootstrapClusters []*clusterv3.Cluster
 	// Address is the IP every listener binds on, whatever address the
 	// control plane gives it (default 127.0.0.1: tests never bind others).
 	Address string
@@ -75,7 +83,9 @@ type Node struct {
 	log    logr.Logger
 	client *xdsclient.Client // nil with a bootstrap
 	static *resources        // the bootstrap's; nil over xDS
-	conns  *connPool
+	// bootstrap holds NodeConfig.BootstrapClusters by name (xDS mode).
+	bootstrap map[string]*clusterv3.Cluster
+	conns     *connPool
 
 	mu        sync.Mutex
 	res       *resources
@@ -124,6 +134,18 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		warming:   map[string]*warmingListener{},
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
+	}
+	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
+		return nil, errors.New("devproxy node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
+	}
+	if len(cfg.BootstrapClusters) > 0 {
+		n.bootstrap = make(map[string]*clusterv3.Cluster, len(cfg.BootstrapClusters))
+		for _, c := range cfg.BootstrapClusters {
+			if _, dup := n.bootstrap[c.GetName()]; dup || c.GetName() == "" {
+				return nil, fmt.Errorf("devproxy node: bootstrap cluster %q: a name given once is required", c.GetName())
+			}
+			n.bootstrap[c.GetName()] = c
+		}
 	}
 	if cfg.Bootstrap != nil {
 		if cfg.XDS.Server != "" || cfg.XDS.NodeID != "" {
@@ -261,7 +283,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil, node: n.nodeInfo()})
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap})
 	if err == nil && n.clustersWarming(b.pending) {
 		// Accepted, but its EDS clusters are warming: the tables in use
 		// stay until their endpoints arrive or the fetch times out.
@@ -361,10 +383,27 @@ func (n *Node) syncSide(want map[string]*sideSource) {
 			// The ADS server's credentials are its own: an EDS cluster has
 			// its TLS (below) and no token, as its gRPC service would.
 			cfg.Service, cfg.Server, cfg.TLS, cfg.Token = xdsclient.EndpointService, w.target.addr, nil, nil
-			if w.target.tls {
+			switch {
+			case w.target.verify:
+				// A google_grpc channel: its target resolved here, the
+				// server's certificate verified for the target's host.
+				tc, addr, err := n.verifyingTarget(w.target)
+				if err != nil {
+					n.log.Error(err, "EDS stream not opened", "source", src)
+					continue
+				}
+				cfg.Server, cfg.TLS = addr, tc
+			case w.target.tls:
 				// As for ext_proc clusters: TLS that accepts the server's
 				// certificate and presents the cluster's client certificate.
 				cfg.TLS = extproctest.TLSConfig(w.target.cert)
+			default:
+				addr, err := n.resolveAddr(w.target.addr)
+				if err != nil {
+					n.log.Error(err, "EDS stream not opened", "source", src)
+					continue
+				}
+				cfg.Server = addr
 			}
 			c, err := xdsclient.New(cfg, xdsclient.HandlerFunc(func(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
 				return n.applySide(src, typeURL, version, rs)
@@ -453,6 +492,39 @@ func decodeAll[T proto.Message](rs []*anypb.Any, newT func() T, name func(T) str
 		out[n] = m
 	}
 	return out, nil
+}
+
+// resolveAddr resolves the host of host:port (resolve).
+func (n *Node) resolveAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	ip, err := n.resolve(host)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(ip, port), nil
+}
+
+// verifyingTarget is the TLS of a google_grpc channel with ssl_credentials
+// and the address it dials: the server's certificate must chain to the
+// target's root certificates (the system's when none) and name its host.
+func (n *Node) verifyingTarget(t grpcTarget) (*tls.Config, string, error) {
+	addr, err := n.resolveAddr(t.addr)
+	if err != nil {
+		return nil, "", err
+	}
+	tc := &tls.Config{ServerName: t.serverName, MinVersion: tls.VersionTLS12}
+	if t.roots != "" {
+		tc.RootCAs = x509.NewCertPool()
+		tc.RootCAs.AppendCertsFromPEM([]byte(t.roots))
+	}
+	if t.cert != nil {
+		cert := t.cert
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return tc, addr, nil
 }
 
 // resolve maps a cluster host to an IP address: as given when it is one,

@@ -27,14 +27,15 @@ import (
 )
 
 // testNode runs a Node of srv until the test ends.
-func testNode(t *testing.T, srv *xdstest.Server) *Node {
+func testNode(t *testing.T, srv *xdstest.Server, bootstrapClusters ...*clusterv3.Cluster) *Node {
 	t.Helper()
 	n, err := NewNode(NodeConfig{
-		XDS:       xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
-		FreePorts: true,
-		Resolve:   map[string]string{xdstest.EGEPPHost: "127.0.0.1"},
-		Timeouts:  Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
-		Logger:    logr.Discard(),
+		XDS:               xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
+		BootstrapClusters: bootstrapClusters,
+		FreePorts:         true,
+		Resolve:           map[string]string{xdstest.EGEPPHost: "127.0.0.1"},
+		Timeouts:          Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Logger:            logr.Discard(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -506,34 +507,97 @@ func TestWarmingListener(t *testing.T) {
 
 // TestEndpointsFromAnotherEDSServer: a cluster whose eds_config is an
 // api_config_source gets its endpoints from that server over its own EDS
-// stream, and follows its updates.
+// stream, and follows its updates, when the source is one Envoy accepts: a
+// static non-EDS cluster of the bootstrap, or a google_grpc channel. One
+// that names a cluster CDS sent is NACKed with Envoy's message
+// (utility.cc Utility::validateClusterName).
 func TestEndpointsFromAnotherEDSServer(t *testing.T) {
 	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
-	side := xdstest.Start(t)
-	side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
-	pool := xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server")
-	routes := xdstest.CatchAllRoutes("r", "pool-cluster")
-	srv := xdstest.Start(t)
-	srv.SetExternalEDS(t, "1", xdstest.Listener("l", 80, "r"), routes, pool, xdstest.StaticCluster("eds-server", side.Addr))
-	n := testNode(t, srv)
-	base := listenerURL(t, n, "l")
-	waitBody := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			_, body := get(t, base+"/")
-			if body == want {
-				return
+	for _, tc := range []struct {
+		name      string
+		pool      func(side string) *clusterv3.Cluster
+		cds       func(side string) []proto.Message // clusters CDS sends beside the pool's
+		bootstrap func(side string) []*clusterv3.Cluster
+		nack      string
+	}{
+		{
+			name: "bootstrap cluster",
+			pool: func(string) *clusterv3.Cluster { return xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server") },
+			bootstrap: func(side string) []*clusterv3.Cluster {
+				return []*clusterv3.Cluster{xdstest.StaticCluster("eds-server", side)}
+			},
+		},
+		{
+			name: "google_grpc",
+			pool: func(side string) *clusterv3.Cluster {
+				return xdstest.EDSClusterFromGoogleGrpc("pool-cluster", "pool", side)
+			},
+		},
+		{
+			name: "cluster sent over CDS",
+			pool: func(string) *clusterv3.Cluster { return xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server") },
+			cds:  func(side string) []proto.Message { return []proto.Message{xdstest.StaticCluster("eds-server", side)} },
+			nack: "must have a statically defined non-EDS cluster: 'eds-server' does not exist, was added via api, or is an EDS cluster",
+		},
+		{
+			name: "EDS cluster of the bootstrap",
+			pool: func(string) *clusterv3.Cluster { return xdstest.EDSClusterFrom("pool-cluster", "pool", "eds-server") },
+			bootstrap: func(side string) []*clusterv3.Cluster {
+				return []*clusterv3.Cluster{xdstest.EDSCluster("eds-server")}
+			},
+			nack: "must have a statically defined non-EDS cluster: 'eds-server'",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			side := xdstest.Start(t)
+			side.SetEndpoints(t, "1", xdstest.Assignment("pool", a.Addr))
+			rs := []proto.Message{xdstest.Listener("l", 80, "r"), xdstest.CatchAllRoutes("r", "pool-cluster"), tc.pool(side.Addr)}
+			if tc.cds != nil {
+				rs = append(rs, tc.cds(side.Addr)...)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("got %q, want %q; xDS %+v", body, want, n.XDS().Status())
+			var bs []*clusterv3.Cluster
+			if tc.bootstrap != nil {
+				bs = tc.bootstrap(side.Addr)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			srv := xdstest.Start(t)
+			srv.SetExternalEDS(t, "1", rs...)
+			n := testNode(t, srv, bs...)
+			if tc.nack != "" {
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					st := n.XDS().Status()[xdsclient.ClusterType]
+					if st.RejectedVersion == "1" {
+						if !strings.Contains(st.LastError, tc.nack) {
+							t.Fatalf("NACK %q does not say %q", st.LastError, tc.nack)
+						}
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the clusters were not NACKed: %+v", st)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			base := listenerURL(t, n, "l")
+			waitBody := func(want string) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					_, body := get(t, base+"/")
+					if body == want {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("got %q, want %q; xDS %+v", body, want, n.XDS().Status())
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			waitBody("hello from " + a.Addr)
+			side.SetEndpoints(t, "2", xdstest.Assignment("pool", b.Addr))
+			waitBody("hello from " + b.Addr)
+		})
 	}
-	waitBody("hello from " + a.Addr)
-	side.SetEndpoints(t, "2", xdstest.Assignment("pool", b.Addr))
-	waitBody("hello from " + b.Addr)
 }
 
 // TestEDSClusterWarms: a listener whose route goes to an EDS cluster does

@@ -170,7 +170,9 @@ func TestProxyRouting(t *testing.T) {
 // TestClientCannotChooseItsUpstream: with the picker failing open and
 // fallback endpoints, a client's own x-gateway-destination-endpoint is
 // removed before the filters, so the cluster's balancing chooses, never the
-// client (which could otherwise reach any address).
+// client (which could otherwise reach any address). The request has no
+// body: with one, the picker's failed connection would come after the body
+// reached the filter, and Envoy answers 500 (TestFailOpenNeedsNoBodyYet).
 func TestClientCannotChooseItsUpstream(t *testing.T) {
 	pool, rogue := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
 	for _, routing := range []RoutingMode{RoutingOverrideHost, RoutingOriginalDstHeader} {
@@ -180,7 +182,7 @@ func TestClientCannotChooseItsUpstream(t *testing.T) {
 				Filters:           []extproctest.FilterConfig{{Name: "epp", Target: fakeproc.ClosedAddr(t), FailureModeAllow: true}},
 				FallbackEndpoints: []string{pool.Addr},
 			})
-			resp, body := post(t, url, `{"model":"m"}`, wire.DestinationEndpointKey, rogue.Addr)
+			resp, body := post(t, url, "", wire.DestinationEndpointKey, rogue.Addr)
 			if resp.StatusCode != 200 || resp.Header.Get(UpstreamHeader) != pool.Addr {
 				t.Fatalf("%d %q via %q, want the pool's %s", resp.StatusCode, body, resp.Header.Get(UpstreamHeader), pool.Addr)
 			}
@@ -373,3 +375,30 @@ func startProxy(t *testing.T, cfg Config) string {
 }
 
 func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }
+
+// TestFailOpenNeedsNoBodyYet: a picker whose connection fails fails open
+// only for a request whose body has not reached the filter, as Envoy's
+// FULL_DUPLEX_STREAMED rule goes (ProcessorState::canFailOpen): a POST
+// whose body came with its headers gets a 500 even with FailOpen, a request
+// without a body is balanced over the fallback endpoints.
+func TestFailOpenNeedsNoBodyYet(t *testing.T) {
+	pool := fakeproc.StartUpstream(t, nil)
+	url := startProxy(t, Config{
+		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: fakeproc.ClosedAddr(t), FailureModeAllow: true}},
+		FallbackEndpoints: []string{pool.Addr},
+	})
+	for _, tc := range []struct {
+		name, body string
+		want       int
+	}{
+		{name: "body with the headers", body: `{"model":"m"}`, want: 500},
+		{name: "no body", body: "", want: 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := post(t, url, tc.body)
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d (%q), want %d", resp.StatusCode, body, tc.want)
+			}
+		})
+	}
+}

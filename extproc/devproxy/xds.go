@@ -3,10 +3,12 @@ package devproxy
 import (
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -35,6 +37,7 @@ import (
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -97,6 +100,10 @@ type buildEnv struct {
 	static bool
 	// node is the local node (Envoy's LocalInfo).
 	node nodeInfo
+	// bootstrap are the clusters of the node's bootstrap (static_resources)
+	// beside those CDS sends. Only its non-EDS ones may back an
+	// api_config_source (Envoy's primary clusters).
+	bootstrap map[string]*clusterv3.Cluster
 }
 
 // built is a translated state: the listeners, and the names the node must
@@ -131,10 +138,16 @@ type sideSource struct {
 // build translates the whole state. Any error is a NACK of the update that
 // produced this state.
 func build(res *resources, env buildEnv) (*built, error) {
-	clusters := make(map[string]*cluster, len(res.clusters))
-	grpcTargets := make(map[string]grpcTarget, len(res.clusters))
+	clusters := make(map[string]*cluster, len(res.clusters)+len(env.bootstrap))
+	grpcTargets := make(map[string]grpcTarget, len(res.clusters)+len(env.bootstrap))
 	out := &built{side: map[string]*sideSource{}}
-	for name, c := range res.clusters {
+	all := maps.Clone(res.clusters)
+	for name, c := range env.bootstrap {
+		// A static cluster cannot be replaced over CDS (Envoy's
+		// ClusterManagerImpl::addOrUpdateCluster refuses it).
+		all[name] = c
+	}
+	for name, c := range all {
 		cl, tgt, eds, err := buildCluster(c, res, env)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %q: %w", name, err)
@@ -150,13 +163,16 @@ func build(res *resources, env buildEnv) (*built, error) {
 		default:
 			s := out.side[eds.source]
 			if s == nil {
-				s = &sideSource{}
+				s = &sideSource{target: eds.target}
 				out.side[eds.source] = s
 			}
 			s.names = append(s.names, eds.name)
 		}
 	}
 	for src, s := range out.side {
+		if s.target.addr != "" {
+			continue // google_grpc: the target is the source's own
+		}
 		tgt, ok := grpcTargets[src]
 		if !ok || tgt.addr == "" {
 			return nil, fmt.Errorf("eds_config names cluster %q, which has no endpoint", src)
@@ -181,6 +197,12 @@ func build(res *resources, env buildEnv) (*built, error) {
 type grpcTarget struct {
 	addr string // "" when the cluster has no endpoint
 	tls  bool
+	// verify checks the server's certificate against roots (PEM; empty:
+	// the system's) for serverName, as a google_grpc channel with
+	// ssl_credentials does; an envoy_grpc cluster here accepts any.
+	verify     bool
+	roots      string
+	serverName string
 	// cert is the client certificate of the cluster's tls_certificates
 	// (nil: none), certID its certID.
 	cert   *tls.Certificate
@@ -190,7 +212,8 @@ type grpcTarget struct {
 // same reports whether t and o connect the same way: the same address,
 // transport and client certificate (each build parses certificates anew).
 func (t grpcTarget) same(o grpcTarget) bool {
-	return t.addr == o.addr && t.tls == o.tls && t.certID == o.certID
+	return t.addr == o.addr && t.tls == o.tls && t.certID == o.certID &&
+		t.verify == o.verify && t.roots == o.roots && t.serverName == o.serverName
 }
 
 // certID identifies a client certificate by the SHA-256 of its chain (the
@@ -455,7 +478,7 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 		if env.static {
 			return nil, "", false, errors.New("rds: a static bootstrap has no ADS stream to fetch routes from; inline the route configuration as route_config, or take the configuration over xDS (--xds-server)")
 		}
-		if src, err := configSource("rds.config_source", hcm.GetRds().GetConfigSource()); err != nil || src != "" {
+		if src, _, err := configSource("rds.config_source", hcm.GetRds().GetConfigSource(), env); err != nil || src != "" {
 			return nil, "", false, fmt.Errorf("rds.config_source: only ADS is implemented by the stand-in for routes (%v)", err)
 		}
 		rds = hcm.GetRds().GetRouteConfigName()
@@ -545,14 +568,14 @@ func (o *routeOverrides) merge(pr *extprocfilterv3.ExtProcPerRoute) {
 // config with the route's merged overrides applied (nil: none).
 func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcTarget, env buildEnv) (*extproctest.Client, error) {
 	ep := p.proto
-	mode, grpc, failOpen := ep.GetProcessingMode(), ep.GetGrpcService(), ep.GetFailureModeAllow()
+	mode, gs, failOpen := ep.GetProcessingMode(), ep.GetGrpcService(), ep.GetFailureModeAllow()
 	fwd, rcv := ep.GetMetadataOptions().GetForwardingNamespaces(), ep.GetMetadataOptions().GetReceivingNamespaces()
 	if ov != nil {
 		if ov.mode != nil {
 			mode = ov.mode
 		}
 		if ov.grpc != nil {
-			grpc = ov.grpc
+			gs = ov.grpc
 		}
 		if ov.forwarding != nil {
 			fwd = ov.forwarding
@@ -580,12 +603,20 @@ func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcT
 	if d := ep.GetMessageTimeout(); d != nil {
 		cfg.MessageTimeout = d.AsDuration()
 	}
-	cluster := grpc.GetEnvoyGrpc().GetClusterName()
+	cluster := gs.GetEnvoyGrpc().GetClusterName()
 	tgt, ok := targets[cluster]
 	if !ok || tgt.addr == "" {
-		// Envoy fails the stream at request time (cluster not found, or no
-		// healthy host); the filter's failure mode decides.
-		tgt = grpcTarget{addr: missingClusterTarget}
+		// Envoy's stream start fails at once, before the request reaches
+		// the filter, so the filter's failure mode decides even with a
+		// body (async_client_impl.cc AsyncStreamImpl::initialize: no
+		// thread-local cluster, or the router's "no healthy upstream"
+		// reset inside sendHeaders).
+		why := fmt.Errorf("cluster %q has no healthy host", cluster)
+		if !ok {
+			why = fmt.Errorf("cluster %q not found", cluster)
+		}
+		cfg.Target = "cluster:" + cluster
+		return extproctest.NewClientStarting(cfg, func() (*grpc.ClientConn, error) { return nil, why })
 	}
 	cfg.Target, cfg.TLS, cfg.ClientCert = tgt.addr, tgt.tls, tgt.cert
 	c, err := env.clientFor(cfg)
@@ -594,10 +625,6 @@ func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcT
 	}
 	return c, nil
 }
-
-// missingClusterTarget is a gRPC target that fails at once, standing for an
-// ext_proc cluster that does not exist or has no endpoint.
-const missingClusterTarget = "unix:///nonexistent/infergate-devproxy-no-cluster"
 
 // hcmBuild is what building one connection manager's routes needs.
 type hcmBuild struct {
@@ -807,7 +834,7 @@ func routeFilter(where string, p extProcFilter, listenerClient *extproctest.Clie
 			return 0, nil, fmt.Errorf("%s: ExtProcPerRoute needs disabled: true or overrides", where)
 		}
 		if o.GetGrpcService() != nil && o.GetGrpcService().GetEnvoyGrpc() == nil {
-			return 0, nil, fmt.Errorf("%s: overrides.grpc_service.envoy_grpc is required", where)
+			return 0, nil, fmt.Errorf("%s: overrides.grpc_service.envoy_grpc is required (google_grpc and http_service are not implemented for ext_proc)", where)
 		}
 		if ov == nil {
 			ov = &routeOverrides{}
@@ -1024,6 +1051,9 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 // cluster that reaches its EDS server ("" for ADS).
 type edsRef struct {
 	name, source string
+	// target is where a google_grpc source connects; empty for a cluster
+	// (the cluster's first host).
+	target grpcTarget
 }
 
 // buildCluster translates a Cluster. It returns the cluster, where an
@@ -1062,11 +1092,11 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		if err := checkFields("eds_cluster_config", ec); err != nil {
 			return nil, tgt, edsRef{}, err
 		}
-		src, err := configSource("eds_cluster_config.eds_config", ec.GetEdsConfig())
+		src, srcTarget, err := configSource("eds_cluster_config.eds_config", ec.GetEdsConfig(), env)
 		if err != nil {
 			return nil, tgt, edsRef{}, err
 		}
-		eds = edsRef{name: ec.GetServiceName(), source: src}
+		eds = edsRef{name: ec.GetServiceName(), source: src, target: srcTarget}
 		if eds.name == "" {
 			eds.name = c.GetName()
 		}
@@ -1139,36 +1169,121 @@ func targetOf(host string, t hostTransport) grpcTarget {
 	return grpcTarget{addr: host}
 }
 
-// edsSource reads an EDS ConfigSource: ADS (""), or an api_config_source
-// streaming EDS over gRPC from a cluster (that cluster's name).
-func configSource(where string, cs *corev3.ConfigSource) (string, error) {
+// configSource reads an EDS ConfigSource: ADS (""), or an
+// api_config_source streaming EDS over gRPC, named by the source it opens a
+// stream to: an envoy_grpc cluster of the bootstrap, or a google_grpc
+// channel, which needs no cluster (and then its target).
+func configSource(where string, cs *corev3.ConfigSource, env buildEnv) (string, grpcTarget, error) {
+	var none grpcTarget
 	if cs == nil {
-		return "", fmt.Errorf("%s is required", where)
+		return "", none, fmt.Errorf("%s is required", where)
 	}
 	if err := checkFields(where, cs); err != nil {
-		return "", err
+		return "", none, err
 	}
 	if cs.GetAds() != nil {
-		return "", nil
+		return "", none, nil
 	}
 	api := cs.GetApiConfigSource()
 	if api == nil {
-		return "", fmt.Errorf("%s: only ads and api_config_source are implemented by the stand-in", where)
+		return "", none, fmt.Errorf("%s: only ads and api_config_source are implemented by the stand-in", where)
 	}
-	if err := checkFields(where+".api_config_source", api); err != nil {
-		return "", err
+	where += ".api_config_source"
+	if err := checkFields(where, api); err != nil {
+		return "", none, err
 	}
 	if api.GetApiType() != corev3.ApiConfigSource_GRPC {
-		return "", fmt.Errorf("%s.api_config_source.api_type %s: only GRPC (state of the world) is implemented by the stand-in", where, api.GetApiType())
+		return "", none, fmt.Errorf("%s.api_type %s: only GRPC (state of the world) is implemented by the stand-in", where, api.GetApiType())
 	}
-	if len(api.GetGrpcServices()) != 1 || api.GetGrpcServices()[0].GetEnvoyGrpc() == nil {
-		return "", fmt.Errorf("%s.api_config_source: want one grpc_services entry with envoy_grpc", where)
+	if len(api.GetGrpcServices()) != 1 {
+		return "", none, fmt.Errorf("%s: want one grpc_services entry", where)
 	}
 	gs := api.GetGrpcServices()[0]
-	if err := checkAll(where+".api_config_source.grpc_services[0]", gs, gs.GetEnvoyGrpc()); err != nil {
-		return "", err
+	if err := checkFields(where+".grpc_services[0]", gs); err != nil {
+		return "", none, err
 	}
-	return gs.GetEnvoyGrpc().GetClusterName(), nil
+	if g := gs.GetGoogleGrpc(); g != nil {
+		tgt, err := googleGrpcTarget(where+".grpc_services[0].google_grpc", g)
+		if err != nil {
+			return "", none, err
+		}
+		return "google_grpc:" + g.GetTargetUri(), tgt, nil
+	}
+	eg := gs.GetEnvoyGrpc()
+	if eg == nil {
+		return "", none, fmt.Errorf("%s.grpc_services[0]: want envoy_grpc or google_grpc", where)
+	}
+	if err := checkFields(where+".grpc_services[0].envoy_grpc", eg); err != nil {
+		return "", none, err
+	}
+	// Envoy takes a non-ADS subscription only from a cluster of the
+	// bootstrap that is not EDS (its primary clusters):
+	// source/common/config/utility.cc
+	// Utility::checkApiConfigSourceSubscriptionBackingCluster and
+	// validateClusterName, the set built in cluster_manager_impl.cc
+	// (ClusterManagerImpl::init, is_primary_cluster). A cluster CDS sent
+	// is never one: the update is rejected (envoyproxy/envoy#12954).
+	name := eg.GetClusterName()
+	if bc, ok := env.bootstrap[name]; !ok || bc.GetType() == clusterv3.Cluster_EDS {
+		return "", none, fmt.Errorf("%s: %s must have a statically defined non-EDS cluster: '%s' does not exist, was added via api, or is an EDS cluster",
+			where, "envoy.config.core.v3.ApiConfigSource", name)
+	}
+	return name, none, nil
+}
+
+// googleGrpcTarget is how Envoy's Google gRPC client reaches target_uri
+// (source/common/grpc/google_grpc_creds_impl.cc
+// CredsUtility::defaultChannelCredentials): without channel_credentials a
+// plaintext channel; with ssl_credentials TLS that verifies the server
+// against root_certs (the system's when empty) for the target's host name,
+// presenting cert_chain and private_key when set. Other credentials and
+// call credentials are not reproduced.
+func googleGrpcTarget(where string, g *corev3.GrpcService_GoogleGrpc) (grpcTarget, error) {
+	var tgt grpcTarget
+	if err := checkFields(where, g); err != nil {
+		return tgt, err
+	}
+	target := strings.TrimPrefix(g.GetTargetUri(), "dns:///")
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		return tgt, fmt.Errorf("%s.target_uri %q: want host:port (or dns:///host:port): %w", where, g.GetTargetUri(), err)
+	}
+	tgt = grpcTarget{addr: target}
+	cc := g.GetChannelCredentials()
+	if cc == nil {
+		return tgt, nil
+	}
+	ssl := cc.GetSslCredentials()
+	if ssl == nil {
+		return tgt, fmt.Errorf("%s.channel_credentials: only ssl_credentials is implemented by the stand-in", where)
+	}
+	if err := checkFields(where+".channel_credentials.ssl_credentials", ssl); err != nil {
+		return tgt, err
+	}
+	roots, err := dataSource(where+".channel_credentials.ssl_credentials.root_certs", ssl.GetRootCerts())
+	if err != nil {
+		return tgt, err
+	}
+	if len(roots) > 0 && !x509.NewCertPool().AppendCertsFromPEM(roots) {
+		return tgt, fmt.Errorf("%s.channel_credentials.ssl_credentials.root_certs: no PEM certificate", where)
+	}
+	if ssl.GetCertChain() != nil || ssl.GetPrivateKey() != nil {
+		chain, err := dataSource(where+".channel_credentials.ssl_credentials.cert_chain", ssl.GetCertChain())
+		if err != nil {
+			return tgt, err
+		}
+		key, err := dataSource(where+".channel_credentials.ssl_credentials.private_key", ssl.GetPrivateKey())
+		if err != nil {
+			return tgt, err
+		}
+		cert, err := tls.X509KeyPair(chain, key)
+		if err != nil {
+			return tgt, fmt.Errorf("%s.channel_credentials.ssl_credentials: %w", where, err)
+		}
+		tgt.cert, tgt.certID = &cert, certID(&cert)
+	}
+	tgt.tls, tgt.verify, tgt.roots, tgt.serverName = true, true, string(roots), host
+	return tgt, nil
 }
 
 func originalDstSource(oc *clusterv3.Cluster_OriginalDstLbConfig) (*originalDst, error) {

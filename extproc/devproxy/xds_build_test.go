@@ -269,7 +269,7 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 			t.Errorf("pool endpoints %q", got)
 		}
 		// The listener-level filter names a cluster that does not exist.
-		if c := tb.filters[0].client; c == nil || c.Config().Target != missingClusterTarget {
+		if c := tb.filters[0].client; c == nil || c.Config().Target != "cluster:dummy" {
 			t.Errorf("listener-level client %+v", c)
 		}
 		rt := tb.match(xbHeaders("gw.example", "/v1/chat/completions"), 0)
@@ -1675,7 +1675,7 @@ func TestPerRouteFilterConfig(t *testing.T) {
 		{
 			name:  "(d) grpc_service overridden to a cluster that does not exist",
 			route: grpcTo("nope"),
-			want:  map[string]string{"target": missingClusterTarget, "plain": listener},
+			want:  map[string]string{"target": "cluster:nope", "plain": listener},
 		},
 		{
 			name: "(d) metadata_options overridden",

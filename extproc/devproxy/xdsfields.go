@@ -192,10 +192,26 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		reads: []string{"allow_all_routing", "allow_envoy", "disallow_system", "disallow_all", "disallow_is_error"},
 	},
 	"envoy.config.core.v3.GrpcService": {
-		reads: []string{"envoy_grpc"},
+		// google_grpc only in an api_config_source (ext_proc refuses it
+		// where read).
+		reads: []string{"envoy_grpc", "google_grpc"},
 		ignores: map[string]string{
 			"timeout": "Envoy applies it to unary calls only; ext_proc streams are bounded by message_timeout",
 		},
+	},
+	"envoy.config.core.v3.GrpcService.GoogleGrpc": {
+		reads: []string{"target_uri", "channel_credentials"},
+		ignores: map[string]string{
+			"stat_prefix":                   "statistics",
+			"channel_args":                  "gRPC channel tuning (keepalive, message sizes) that does not change where endpoints come from",
+			"per_stream_buffer_limit_bytes": "a buffer limit EDS messages in tests stay under",
+		},
+	},
+	"envoy.config.core.v3.GrpcService.GoogleGrpc.ChannelCredentials": {
+		reads: []string{"ssl_credentials"},
+	},
+	"envoy.config.core.v3.GrpcService.GoogleGrpc.SslCredentials": {
+		reads: []string{"root_certs", "cert_chain", "private_key"},
 	},
 	"envoy.config.core.v3.GrpcService.EnvoyGrpc": {
 		reads:   []string{"cluster_name"},

@@ -18,8 +18,13 @@ import (
 // use; each HTTP request gets its own Exchange.
 type Client struct {
 	cfg      FilterConfig
-	conn     *grpc.ClientConn
+	conn     *grpc.ClientConn // the channel NewClient owns, nil otherwise
 	ownsConn bool
+	// start chooses the channel a new stream goes over, as Envoy's gRPC
+	// async client asks its cluster's load balancer for a host when a
+	// stream starts. An error is a start that fails at once (no cluster,
+	// or no healthy host): see Exchange.
+	start func() (*grpc.ClientConn, error)
 }
 
 // NewClient checks cfg the way Envoy checks a filter config and prepares the
@@ -34,7 +39,7 @@ func NewClient(cfg FilterConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc filter %q: %w", cfg.Name, err)
 	}
-	return &Client{cfg: cfg, conn: conn, ownsConn: true}, nil
+	return &Client{cfg: cfg, conn: conn, ownsConn: true, start: fixedConn(conn)}, nil
 }
 
 // NewClientConn is NewClient over a channel the caller owns and may share
@@ -48,7 +53,27 @@ func NewClientConn(cfg FilterConfig, conn *grpc.ClientConn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, conn: conn}, nil
+	return &Client{cfg: cfg, start: fixedConn(conn)}, nil
+}
+
+// NewClientStarting is NewClient whose streams go over the channel start
+// returns when each stream starts; cfg.Target, cfg.TLS and cfg.ClientCert
+// only label the filter. An error from start fails that stream's start at
+// once, before any of the request reaches the filter, as Envoy's stream
+// start fails synchronously when the filter's cluster is missing or has no
+// healthy host (source/common/grpc/async_client_impl.cc
+// AsyncStreamImpl::initialize: the HTTP async stream is reset before
+// start returns). failure_mode_allow then always lets the request through.
+func NewClientStarting(cfg FilterConfig, start func() (*grpc.ClientConn, error)) (*Client, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cfg: cfg, start: start}, nil
+}
+
+func fixedConn(conn *grpc.ClientConn) func() (*grpc.ClientConn, error) {
+	return func() (*grpc.ClientConn, error) { return conn, nil }
 }
 
 // Dial prepares a gRPC channel to an ext_proc server the way an Envoy

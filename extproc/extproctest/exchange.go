@@ -29,24 +29,31 @@ const closeGrace = time.Second
 // path (Response) share it.
 type Exchange struct {
 	cfg       FilterConfig
-	conn      *grpc.ClientConn
-	ctx       context.Context // the HTTP request's
+	client    *Client
+	conn      *grpc.ClientConn // chosen when the stream starts
+	ctx       context.Context  // the HTTP request's
 	streamCtx context.Context
 	cancel    context.CancelFunc
 
-	openOnce sync.Once
-	openErr  error
-	recvDone chan struct{}
+	startOnce sync.Once
+	startErr  error
+	openOnce  sync.Once
+	openErr   error
+	recvDone  chan struct{}
 
 	sendMu  sync.Mutex // grpc allows one sender at a time
 	stream  extprocv3.ExternalProcessor_ProcessClient
 	sentAny bool
 
-	mu              sync.Mutex
-	req, resp       direction
-	term            error // nil while live; errSkipped, *LocalReply, ErrClosed or an abort cause after
-	failedOpen      error
-	bodySent        bool
+	mu         sync.Mutex
+	req, resp  direction
+	term       error // nil while live; errSkipped, *LocalReply, ErrClosed or an abort cause after
+	failedOpen error
+	// bodyReceived: body data of a FULL_DUPLEX_STREAMED direction has
+	// reached the filter (Envoy's ProcessorState::bodyReceived, set by
+	// Filter::onData whether or not the data could be sent yet); from then
+	// on failure_mode_allow no longer applies (ProcessorState::canFailOpen).
+	bodyReceived    bool
 	awaiting        int // responses owed in directions that have a message timeout
 	timer           *time.Timer
 	log             []*extprocv3.ProcessingResponse
@@ -67,6 +74,11 @@ type direction struct {
 	input   Body    // nil when the message has no body
 	out     *pipe   // processed body, when the body goes to the server
 	handoff chan Body
+	// headersSent is closed once the headers message was handed to the
+	// stream (or will not be): body messages follow it. firstRead is
+	// closed once the first read of a FULL_DUPLEX_STREAMED body returned.
+	headersSent chan struct{}
+	firstRead   chan struct{}
 
 	headersOwed   bool
 	headersDone   bool
@@ -126,7 +138,7 @@ func newExchange(ctx context.Context, c *Client) *Exchange {
 	streamCtx, cancel := context.WithCancel(ctx)
 	m := c.cfg.ProcessingMode
 	e := &Exchange{
-		cfg: c.cfg, conn: c.conn, ctx: ctx, streamCtx: streamCtx, cancel: cancel,
+		cfg: c.cfg, client: c, ctx: ctx, streamCtx: streamCtx, cancel: cancel,
 		recvDone: make(chan struct{}),
 		req:      newDirection(false, m.RequestHeaderMode, m.RequestTrailerMode, m.RequestBodyMode),
 		resp:     newDirection(true, m.ResponseHeaderMode, m.ResponseTrailerMode, m.ResponseBodyMode),
@@ -177,6 +189,14 @@ func (e *Exchange) Response(hdrs Headers, body Body, served string) (Headers, Bo
 }
 
 func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]*structpb.Struct) (Headers, Body, error) {
+	if d.involved() {
+		// Envoy starts the stream when the filter first has a message to
+		// send; a start that fails at once (no cluster, no healthy host)
+		// fails before anything of the request reached the filter.
+		if err := e.startStream(); err != nil {
+			e.fail(err)
+		}
+	}
 	e.mu.Lock()
 	if d.started {
 		e.mu.Unlock()
@@ -193,8 +213,10 @@ func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]
 		return nil, nil, term
 	}
 	sendBody := body != nil && d.bodyMode != filterv3.ProcessingMode_NONE
+	d.headersSent = make(chan struct{})
 	if sendBody {
 		d.out, d.handoff = newPipe(), make(chan Body, 1)
+		d.firstRead = make(chan struct{})
 	}
 	var msg *extprocv3.ProcessingRequest
 	if d.headerMode == filterv3.ProcessingMode_SEND {
@@ -206,13 +228,20 @@ func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]
 	}
 	e.mu.Unlock()
 
-	if msg != nil {
-		if err := e.send(msg); err != nil {
-			e.failAfterSend(err)
-		}
-	}
+	// The body is read as it arrives, while the stream connects: in Envoy
+	// the data that came with the headers reaches the filter in the same
+	// dispatch, before a connection failure can be known (a later turn
+	// of the event loop, source/common/network/connection_impl.cc).
 	if sendBody {
 		go e.sendBody(d)
+	}
+	var err error
+	if msg != nil {
+		err = e.send(msg)
+	}
+	close(d.headersSent)
+	if err != nil {
+		e.failAfterSend(d, err)
 	}
 	select {
 	case o := <-d.outcome:
@@ -264,23 +293,39 @@ func (e *Exchange) trailersMessage(d *direction, t Headers) *extprocv3.Processin
 }
 
 // sendBody feeds d's body to the server: in FULL_DUPLEX_STREAMED each chunk
-// as it arrives without waiting for any response; in BUFFERED the whole body
-// in one message once the headers response has arrived.
+// as it arrives without waiting for any response (the first one counts as
+// received by the filter as soon as it is read, even while the stream is
+// still connecting); in BUFFERED the whole body in one message once the
+// headers response has arrived.
 func (e *Exchange) sendBody(d *direction) {
 	buffered := d.bodyMode == filterv3.ProcessingMode_BUFFERED
 	if buffered {
+		close(d.firstRead)
 		select {
 		case <-d.answered:
 		case <-e.streamCtx.Done():
 		}
 	}
 	var held []Chunk
+	first := !buffered
 	for {
 		if term := e.terminated(); term != nil {
+			if first {
+				close(d.firstRead)
+			}
 			e.stopSending(d, term, held)
 			return
 		}
 		c, err := d.input.Next(e.ctx)
+		if first {
+			first = false
+			e.mu.Lock()
+			if err == nil && e.term == nil {
+				e.bodyReceived = true
+			}
+			e.mu.Unlock()
+			close(d.firstRead)
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
@@ -292,6 +337,10 @@ func (e *Exchange) sendBody(d *direction) {
 		if buffered && !c.EndOfStream {
 			continue
 		}
+		select {
+		case <-d.headersSent:
+		case <-e.streamCtx.Done():
+		}
 
 		e.mu.Lock()
 		if e.term != nil {
@@ -301,11 +350,10 @@ func (e *Exchange) sendBody(d *direction) {
 			return
 		}
 		msgs := e.bodyMessages(d, held, buffered)
-		e.bodySent = true
 		e.mu.Unlock()
 
 		if err := e.send(msgs...); err != nil {
-			e.failAfterSend(err)
+			e.failAfterSend(d, err)
 			return
 		}
 		if c.EndOfStream {
@@ -361,8 +409,29 @@ func (e *Exchange) terminated() error {
 	return e.term
 }
 
+// startStream chooses the stream's channel once (Client.start): Envoy's
+// synchronous start of the gRPC stream.
+func (e *Exchange) startStream() error {
+	e.startOnce.Do(func() {
+		conn, err := e.client.start()
+		if err != nil {
+			e.startErr = fmt.Errorf("%w: starting the stream to %s: %w", ErrStream, e.cfg.Target, err)
+			return
+		}
+		e.conn = conn
+	})
+	return e.startErr
+}
+
+// open connects the stream, which is where a server that cannot be reached
+// shows: a failure of the connection, not of the stream's start.
 func (e *Exchange) open() error {
 	e.openOnce.Do(func() {
+		if e.conn == nil {
+			e.openErr = e.startErr
+			close(e.recvDone)
+			return
+		}
 		stream, err := extprocv3.NewExternalProcessorClient(e.conn).Process(e.streamCtx)
 		if err != nil {
 			e.openErr = fmt.Errorf("%w: opening stream to %s: %w", ErrStream, e.cfg.Target, err)
@@ -397,15 +466,31 @@ func (e *Exchange) send(msgs ...*extprocv3.ProcessingRequest) error {
 	return nil
 }
 
-// failAfterSend reports a send error. A failed Send only says the stream is
-// gone; the receive loop learns why, so its verdict is preferred.
-func (e *Exchange) failAfterSend(err error) {
+// failAfterSend reports a send error of direction d. A failed Send only
+// says the stream is gone; the receive loop learns why, so its verdict is
+// preferred. Before it counts, the body that came with the headers reaches
+// the filter (see sameDispatch).
+func (e *Exchange) failAfterSend(d *direction, err error) {
 	select {
 	case <-e.recvDone:
 	case <-time.After(closeGrace):
 	}
+	if d.firstRead != nil {
+		select {
+		case <-d.firstRead:
+		case <-time.After(sameDispatch):
+		}
+	}
 	e.fail(err)
 }
+
+// sameDispatch bounds how long a connection failure waits for the first
+// read of a FULL_DUPLEX_STREAMED body. In Envoy the data that arrived with
+// the headers is handed to the filter in the same dispatch, and a failed
+// connection is reported on a later turn of the event loop; here the body
+// is read by another goroutine, which this wait lets go first. A client
+// that holds its body back longer sees the failure first, as in Envoy.
+const sameDispatch = 100 * time.Millisecond
 
 func (e *Exchange) receive() {
 	defer close(e.recvDone)
@@ -667,9 +752,12 @@ func (e *Exchange) mergeMetadata(dm *structpb.Struct) {
 	}
 }
 
-// fail applies failure_mode_allow to a stream failure. Failing open is only
-// possible while the server holds none of the body (Envoy PR #41276): after
-// that the data exists only on the server, so the request cannot continue.
+// fail applies failure_mode_allow to a stream failure. In
+// FULL_DUPLEX_STREAMED failing open is only possible until body data has
+// reached the filter (ext_proc.cc Filter::failureModeAllow,
+// processor_state.cc ProcessorState::canFailOpen; Envoy PR #41276): the
+// filter passes on no data of its own, so after that the request cannot
+// continue. A BUFFERED body stays in the filter and fails open any time.
 func (e *Exchange) fail(err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -679,7 +767,7 @@ func (e *Exchange) fail(err error) {
 	switch {
 	case errors.Is(err, ErrInvalidMutation):
 		e.terminate(e.errorReply(http.StatusInternalServerError, err))
-	case e.cfg.FailureModeAllow && !e.bodySent:
+	case e.cfg.FailureModeAllow && !e.bodyReceived:
 		e.failedOpen = err
 		e.terminate(errSkipped)
 	case e.cfg.StatusOnError != 0:
@@ -734,6 +822,10 @@ func (e *Exchange) terminate(term error) {
 			body := d.input
 			if d.out != nil {
 				body = &outBody{p: d.out, handoff: d.handoff}
+			}
+			if d.bufferedOwed {
+				// The sender is done: the body continues as it was sent.
+				d.handoff <- BodyFromChunks(d.buffered)
 			}
 			e.deliver(d, outcome{headers: d.headers.Clone(), body: body})
 		} else {

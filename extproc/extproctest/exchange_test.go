@@ -17,6 +17,7 @@ import (
 	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
 	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/internal/testcert"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -295,6 +296,17 @@ func TestFailureModes(t *testing.T) {
 		return nil
 	}
 	headersOnly := &filterv3.ProcessingMode{RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseHeaderMode: filterv3.ProcessingMode_SKIP}
+	buffered := &filterv3.ProcessingMode{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseHeaderMode: filterv3.ProcessingMode_SKIP}
+	crashAfterBufferedBody := func(c *fakeproc.Conn) error {
+		if _, err := c.Recv(); err != nil {
+			return err
+		}
+		if err := c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{})); err != nil {
+			return err
+		}
+		_, _ = c.Recv()
+		return errors.New("picker crashed with the body")
+	}
 
 	for _, tc := range []struct {
 		name        string
@@ -308,6 +320,8 @@ func TestFailureModes(t *testing.T) {
 		wantText    string // in the local reply's error
 		failedOpen  bool
 		noImmediate bool // disable_immediate_response
+		noHost      bool // the stream's start fails at once (no healthy host)
+		bodyFirst   bool // the body arrives with the headers even when failing open
 	}{
 		{name: "spurious plain body mutation", handle: plainBody, withBody: true, wantStatus: 500, wantErr: ErrSpurious,
 			wantText: "spurious message: Normal body mutation response is received while body_mode_ is FULL_DUPLEX_STREAMED"},
@@ -319,7 +333,15 @@ func TestFailureModes(t *testing.T) {
 		{name: "fail-open after body started", handle: crashMidBody, failOpen: true, withBody: true, wantStatus: 500, wantErr: ErrStream},
 		{name: "premature close", handle: closeEarly, withBody: true, wantStatus: 500, wantErr: ErrStream, wantText: "while a response was owed"},
 		{name: "not listening fail-close", wantStatus: 500, wantErr: ErrStream},
-		{name: "not listening fail-open", failOpen: true, withBody: true, failedOpen: true},
+		// The body reaches the filter with the headers, before the failed
+		// connection is known: Envoy no longer fails open.
+		{name: "not listening fail-open, body with the headers", failOpen: true, withBody: true, wantStatus: 500, wantErr: ErrStream},
+		{name: "not listening fail-open, body held back", failOpen: true, withBody: true, failedOpen: true},
+		{name: "not listening fail-open, no body", failOpen: true, failedOpen: true},
+		// A start that fails at once comes before any body.
+		{name: "no host fail-open, body with the headers", noHost: true, failOpen: true, withBody: true, bodyFirst: true, failedOpen: true},
+		{name: "no host fail-close", noHost: true, withBody: true, wantStatus: 500, wantErr: ErrStream, wantText: "no healthy host"},
+		{name: "buffered body fails open after it was sent", handle: crashAfterBufferedBody, mode: buffered, failOpen: true, withBody: true, bodyFirst: true, failedOpen: true},
 		{name: "message timeout fail-close", handle: silent, mode: headersOnly, timeout: 50 * time.Millisecond, wantStatus: 504, wantErr: ErrMessageTimeout},
 		{name: "message timeout fail-open", handle: silent, mode: headersOnly, timeout: 50 * time.Millisecond, failOpen: true, failedOpen: true},
 		{name: "no message timeout in full duplex", handle: slowDuplex, withBody: true},
@@ -335,14 +357,22 @@ func TestFailureModes(t *testing.T) {
 				target = fakeproc.Start(t, tc.handle).Addr
 			}
 			ctx := fakeproc.Ctx(t)
-			ex := newClient(t, FilterConfig{Target: target, FailureModeAllow: tc.failOpen, ProcessingMode: tc.mode, MessageTimeout: tc.timeout,
-				DisableImmediateResponse: tc.noImmediate}).Open(ctx)
+			fc := FilterConfig{Name: "test", Target: target, FailureModeAllow: tc.failOpen, ProcessingMode: tc.mode, MessageTimeout: tc.timeout,
+				DisableImmediateResponse: tc.noImmediate}
+			c := newClient(t, fc)
+			if tc.noHost {
+				var err error
+				if c, err = NewClientStarting(fc, func() (*grpc.ClientConn, error) { return nil, errors.New("no healthy host") }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ex := c.Open(ctx)
 			defer ex.Close()
 			var body Body
 			release := func(string) {}
 			if tc.withBody {
 				body, release = blockingBody(t)
-				if tc.wantStatus != 0 || !tc.failedOpen {
+				if tc.wantStatus != 0 || !tc.failedOpen || tc.bodyFirst {
 					release("payload") // the server must see the body
 				}
 			}

@@ -327,6 +327,17 @@ func EDSClusterFrom(name, serviceName, source string) *clusterv3.Cluster {
 	return c
 }
 
+// EDSClusterFromGoogleGrpc is EDSClusterFrom whose api_config_source is a
+// plaintext google_grpc channel to target (host:port), which needs no
+// cluster.
+func EDSClusterFromGoogleGrpc(name, serviceName, target string) *clusterv3.Cluster {
+	c := EDSClusterFrom(name, serviceName, "")
+	c.EdsClusterConfig.EdsConfig.GetApiConfigSource().GrpcServices = []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_GoogleGrpc_{
+		GoogleGrpc: &corev3.GrpcService_GoogleGrpc{TargetUri: target, StatPrefix: "eds"},
+	}}}
+	return c
+}
+
 // Assignment is a ClusterLoadAssignment of ip:port endpoints.
 func Assignment(name string, endpoints ...string) *endpointv3.ClusterLoadAssignment {
 	var les []*endpointv3.LbEndpoint
