@@ -25,7 +25,7 @@ type serverFlags struct {
 	certPath, clientCA                string
 	maxBody, bufferBudget             int64
 	maxStreams                        int
-	drain, requestIdle                time.Duration
+	drain, requestIdle, shutdownDelay time.Duration
 	pprof                             bool
 	transport                         string
 }
@@ -45,6 +45,7 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.IntVar(&l.maxStreams, "max-streams", 10000, "ext_proc streams (requests in flight) open at once; one more is answered 503 processor-overloaded. 0 = unlimited")
 	fs.DurationVar(&l.requestIdle, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed (the response path is not timed); 0 = none")
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
+	fs.DurationVar(&l.shutdownDelay, "shutdown-delay", 0, "on stop, how long to go on serving new streams with the health service NOT_SERVING before draining, so gateways' health checks take this processor out first (the charts set 5s); 0 = none")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
 	fs.StringVar(&l.transport, "extproc-transport", server.TransportAuto, "what serves ext_proc: h2 (infergate's own HTTP/2, each connection's requests on one goroutine: less CPU per request and a shorter tail), grpc (grpc-go, a goroutine per request; the picker's flow control needs it), or auto (h2 unless flow control is on)")
 }
@@ -66,6 +67,9 @@ func (l *serverFlags) options() (server.Options, error) {
 	}
 	if l.bufferBudget < 0 {
 		return o, fmt.Errorf("--request-buffer-budget: %d is negative", l.bufferBudget)
+	}
+	if l.shutdownDelay < 0 {
+		return o, fmt.Errorf("--shutdown-delay: %s is negative", l.shutdownDelay)
 	}
 	if l.requestIdle < 0 {
 		return o, fmt.Errorf("--request-idle-timeout: %s is negative", l.requestIdle)
@@ -101,7 +105,7 @@ func (l *serverFlags) options() (server.Options, error) {
 	if o.Limits.BufferBudgetBytes == 0 {
 		o.Limits.BufferBudgetBytes = defaultBufferBudget(cgroupMemoryLimit())
 	}
-	o.DrainTimeout, o.Pprof = l.drain, l.pprof
+	o.DrainTimeout, o.ShutdownDelay, o.Pprof = l.drain, l.shutdownDelay, l.pprof
 	return o, nil
 }
 

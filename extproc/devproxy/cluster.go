@@ -46,6 +46,9 @@ type cluster struct {
 	// istioDisableMX and istioExternal are filter_metadata istio.disable_mx
 	// and istio.external, read by istio.metadata_exchange.
 	istioDisableMX, istioExternal bool
+	// health is the hosts' active health checking (nil: none, every host
+	// healthy).
+	health *clusterHealth
 	// connectTimeout is Cluster.connect_timeout (default 5s in Envoy).
 	connectTimeout time.Duration
 	next           atomic.Uint64 // round-robin position
@@ -143,13 +146,20 @@ func (c *cluster) usable(list []string) []string {
 	if c.anyHost {
 		return list
 	}
-	return slices.DeleteFunc(list, func(ep string) bool { return !c.members[ep] })
+	list = slices.DeleteFunc(list, func(ep string) bool { return !c.members[ep] })
+	if c.health != nil && len(list) > 0 {
+		// Hosts failing their health checks are skipped too (override_host
+		// takes only hosts of override_host_status, healthy by default).
+		list = slices.DeleteFunc(list, func(ep string) bool { s := c.health.sessions[ep]; return s != nil && !s.isHealthy() })
+	}
+	return list
 }
 
 func (c *cluster) roundRobin() ([]string, error) {
-	if n := len(c.endpoints); n > 0 {
+	eps := c.health.usable(c.endpoints)
+	if n := len(eps); n > 0 {
 		i := c.next.Add(1) - 1
-		return []string{c.endpoints[i%uint64(n)]}, nil
+		return []string{eps[i%uint64(n)]}, nil
 	}
 	return nil, errNoHealthyUpstream
 }

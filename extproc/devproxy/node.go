@@ -83,6 +83,7 @@ type Node struct {
 	log    logr.Logger
 	client *xdsclient.Client // nil with a bootstrap
 	static *resources        // the bootstrap's; nil over xDS
+	health *healthChecks
 	// bootstrap holds NodeConfig.BootstrapClusters by name (xDS mode).
 	bootstrap map[string]*clusterv3.Cluster
 	conns     *connPool
@@ -135,6 +136,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
 	}
+	n.health = newHealthChecks(n.runContext, n.healthSettled, n.log.Error)
 	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
 		return nil, errors.New("devproxy node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
 	}
@@ -205,6 +207,7 @@ func (n *Node) Run(ctx context.Context) error {
 		<-ll.done
 	}
 	n.conns.closeAll()
+	n.health.closeAll()
 	return err
 }
 
@@ -283,11 +286,15 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap})
+	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, connFor: n.conns.conn, health: n.health,
+		log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap})
 	if err == nil && n.clustersWarming(b.pending) {
-		// Accepted, but its EDS clusters are warming: the tables in use
-		// stay until their endpoints arrive or the fetch times out.
+		// Accepted, but clusters are warming (EDS endpoints or first
+		// health checks to come): the tables in use stay until they are
+		// done or the fetch times out. The health checks already started
+		// go on.
 		n.conns.endBuild(false)
+		n.health.keep()
 		n.res = next
 		return b, nil
 	}
@@ -295,6 +302,7 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 		err = n.activate(b.listeners)
 	}
 	n.conns.endBuild(err == nil)
+	n.health.endBuild(err == nil)
 	if err != nil {
 		msg := "xDS update rejected"
 		if n.static != nil {
@@ -335,6 +343,26 @@ func (n *Node) clustersWarming(pending []string) bool {
 		n.log.V(1).Info("clusters warming", "waiting for", pending)
 	}
 	return time.Since(n.warmSince) < initialFetchTimeout
+}
+
+// runContext is Run's context, which health check sessions live in.
+func (n *Node) runContext() context.Context {
+	return n.runCtx // read under n.mu by the callers (build)
+}
+
+// healthSettled activates what warming held back once a health-checked
+// cluster's hosts have had their first check.
+func (n *Node) healthSettled() {
+	go func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.warmSince.IsZero() || n.runCtx.Err() != nil {
+			return
+		}
+		if _, err := n.rebuild(n.res, "health_check", ""); err != nil {
+			n.log.Error(err, "activation after the first health checks")
+		}
+	}()
 }
 
 // warmTimedOut activates what warming held back once the fetch timeout has
@@ -697,7 +725,16 @@ func newConnPool(grace time.Duration) *connPool {
 
 // client makes a client for cfg over the pooled channel to cfg.Target.
 func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, error) {
-	k := connKey{cfg.Target, cfg.TLS, certID(cfg.ClientCert)}
+	conn, err := p.conn(cfg.Target, cfg.TLS, cfg.ClientCert)
+	if err != nil {
+		return nil, err
+	}
+	return extproctest.NewClientConn(cfg, conn)
+}
+
+// conn is the pooled channel to target, dialled as tls and cert say.
+func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate) (*grpc.ClientConn, error) {
+	k := connKey{target, useTLS, certID(cert)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.conns[k]
@@ -705,7 +742,7 @@ func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, er
 		pc = nil // closed already
 	}
 	if pc == nil {
-		conn, err := extproctest.Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
+		conn, err := extproctest.Dial(target, useTLS, cert)
 		if err != nil {
 			return nil, err
 		}
@@ -714,7 +751,7 @@ func (p *connPool) client(cfg extproctest.FilterConfig) (*extproctest.Client, er
 	}
 	pc.retire = nil
 	p.used[k] = true
-	return extproctest.NewClientConn(cfg, pc.conn)
+	return pc.conn, nil
 }
 
 // endBuild ends a build: an accepted one's channels become the live set;

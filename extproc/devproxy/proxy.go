@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -84,14 +85,16 @@ type Config struct {
 // ext_proc filters the way Envoy does: one listener's HTTP connection
 // manager. It is an http.Handler.
 type Proxy struct {
-	tbl       atomic.Pointer[table]
-	timeouts  Timeouts
-	debug     bool
-	transport *http.Transport
-	log       logr.Logger
-	owned     []*extproctest.Client // flag mode: the channels to close
-	closers   sync.WaitGroup
-	closeOnce sync.Once
+	tbl        atomic.Pointer[table]
+	timeouts   Timeouts
+	debug      bool
+	transport  *http.Transport
+	log        logr.Logger
+	owned      []*extproctest.Client // the clients whose channels to close
+	ownedConns []*grpc.ClientConn    // flag mode: the processors' channels
+	health     *healthChecks         // flag mode: the processors' health checks
+	closers    sync.WaitGroup
+	closeOnce  sync.Once
 }
 
 // clientDestinationHeaders are the routing headers a client may not send.
@@ -130,13 +133,14 @@ func New(cfg Config) (*Proxy, error) {
 		t.filters = append(t.filters, &httpFilter{name: "strip-client-destination", removeRequestHeaders: clientDestinationHeaders})
 		clients = append(clients, nil)
 	}
+	p.health = newHealthChecks(context.Background, func() {}, p.log.Error)
 	for _, fc := range cfg.Filters {
-		c, err := extproctest.NewClient(fc)
+		c, conn, err := flagFilterClient(fc, p.health)
 		if err != nil {
 			_ = p.Close()
 			return nil, err
 		}
-		p.owned = append(p.owned, c)
+		p.ownedConns = append(p.ownedConns, conn)
 		clients = append(clients, c)
 		t.filters = append(t.filters, &httpFilter{name: fc.Name, client: c})
 	}
@@ -206,6 +210,12 @@ func (p *Proxy) Close() error {
 		p.closers.Wait()
 		for _, c := range p.owned {
 			errs = append(errs, c.Close())
+		}
+		for _, c := range p.ownedConns {
+			errs = append(errs, c.Close())
+		}
+		if p.health != nil {
+			p.health.closeAll()
 		}
 		if p.transport != nil {
 			p.transport.CloseIdleConnections()

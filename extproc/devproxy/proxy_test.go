@@ -376,29 +376,43 @@ func startProxy(t *testing.T, cfg Config) string {
 
 func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }
 
-// TestFailOpenNeedsNoBodyYet: a picker whose connection fails fails open
-// only for a request whose body has not reached the filter, as Envoy's
-// FULL_DUPLEX_STREAMED rule goes (ProcessorState::canFailOpen): a POST
-// whose body came with its headers gets a 500 even with FailOpen, a request
-// without a body is balanced over the fallback endpoints.
+// TestFailOpenNeedsNoBodyYet: a picker that dies fails open only for a
+// request whose body has not reached the filter, as Envoy's
+// FULL_DUPLEX_STREAMED rule goes (ProcessorState::canFailOpen): until the
+// health check takes the picker out, a POST whose body came with its
+// headers gets a 500 even with FailOpen, a request without a body is
+// balanced over the fallback endpoints; once it is out (two failed checks
+// 2 s apart), the stream fails at its start and every request fails open.
 func TestFailOpenNeedsNoBodyYet(t *testing.T) {
 	pool := fakeproc.StartUpstream(t, nil)
+	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: pool.Addr}))
 	url := startProxy(t, Config{
-		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: fakeproc.ClosedAddr(t), FailureModeAllow: true}},
+		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: epp.Addr, FailureModeAllow: true}},
 		FallbackEndpoints: []string{pool.Addr},
 	})
-	for _, tc := range []struct {
-		name, body string
-		want       int
-	}{
-		{name: "body with the headers", body: `{"model":"m"}`, want: 500},
-		{name: "no body", body: "", want: 200},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			resp, body := post(t, url, tc.body)
-			if resp.StatusCode != tc.want {
-				t.Fatalf("status %d (%q), want %d", resp.StatusCode, body, tc.want)
-			}
-		})
+	if resp, body := post(t, url, `{"model":"m"}`); resp.StatusCode != 200 {
+		t.Fatalf("picker up: %d %q", resp.StatusCode, body)
+	}
+	epp.Stop()
+	stopped := time.Now()
+	if resp, body := post(t, url, `{"model":"m"}`); resp.StatusCode != 500 {
+		t.Fatalf("picker just died, body with the headers: %d %q, want 500", resp.StatusCode, body)
+	}
+	if resp, body := post(t, url, ""); resp.StatusCode != 200 {
+		t.Fatalf("picker just died, no body: %d %q, want 200 from the fallback", resp.StatusCode, body)
+	}
+	// The checker needs two failed checks (ProcessorUnhealthyThreshold) at
+	// its 2 s interval; 2 s more bound a check in flight and the scheduler.
+	deadline := stopped.Add(3*2*time.Second + 2*time.Second)
+	for {
+		resp, _ := post(t, url, `{"model":"m"}`)
+		if resp.StatusCode == 200 {
+			t.Logf("the picker was taken out %s after it died", time.Since(stopped).Round(100*time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d %s after the picker died: the health check never took it out", resp.StatusCode, time.Since(stopped))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

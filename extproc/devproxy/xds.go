@@ -100,6 +100,10 @@ type buildEnv struct {
 	static bool
 	// node is the local node (Envoy's LocalInfo).
 	node nodeInfo
+	// health runs the clusters' active health checks.
+	health *healthChecks
+	// connFor is the shared channel to a processor host (connPool.conn).
+	connFor func(target string, tls bool, cert *tls.Certificate) (*grpc.ClientConn, error)
 	// bootstrap are the clusters of the node's bootstrap (static_resources)
 	// beside those CDS sends. Only its non-EDS ones may back an
 	// api_config_source (Envoy's primary clusters).
@@ -153,7 +157,7 @@ func build(res *resources, env buildEnv) (*built, error) {
 			return nil, fmt.Errorf("cluster %q: %w", name, err)
 		}
 		clusters[name], grpcTargets[name] = cl, tgt
-		if eds.name != "" && !hasAssignment(res, eds) {
+		if (eds.name != "" && !hasAssignment(res, eds)) || cl.health.warming() {
 			out.pending = append(out.pending, name)
 		}
 		switch {
@@ -207,6 +211,9 @@ type grpcTarget struct {
 	// (nil: none), certID its certID.
 	cert   *tls.Certificate
 	certID string
+	// cl is the cluster when its hosts are health checked: a stream then
+	// starts on its first usable host, chosen when it starts.
+	cl *cluster
 }
 
 // same reports whether t and o connect the same way: the same address,
@@ -619,6 +626,9 @@ func extProcClient(p extProcFilter, ov *routeOverrides, targets map[string]grpcT
 		return extproctest.NewClientStarting(cfg, func() (*grpc.ClientConn, error) { return nil, why })
 	}
 	cfg.Target, cfg.TLS, cfg.ClientCert = tgt.addr, tgt.tls, tgt.cert
+	if tgt.cl != nil {
+		return healthAwareClient(cfg, cluster, tgt.cl, env)
+	}
 	c, err := env.clientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc filter %q (cluster %q): %w", p.name, cluster, err)
@@ -1144,10 +1154,27 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		return nil, tgt, edsRef{}, err
 	}
 	out.endpoints, out.members, out.transports = eps, members, transports
+	hc, err := parseHealthChecks(c)
+	if err != nil {
+		return nil, tgt, edsRef{}, err
+	}
+	panicAt, err := panicThreshold(c)
+	if err != nil {
+		return nil, tgt, edsRef{}, err
+	}
+	if hc != nil && env.health != nil {
+		out.health, err = env.health.forCluster(c.GetName(), hc, panicAt, eps, func(host string) grpcTarget { return targetOf(host, out.transportFor(host)) })
+		if err != nil {
+			return nil, tgt, edsRef{}, err
+		}
+	}
 	if len(eps) > 0 {
-		// A gRPC client of this cluster connects to its first host: one
-		// endpoint picker Service per cluster, as the integrations render.
+		// A gRPC client of this cluster connects to its first host (its
+		// first usable one when health checked, chosen per stream).
 		tgt = targetOf(eps[0], out.transportFor(eps[0]))
+		if out.health != nil {
+			tgt.cl = out
+		}
 	}
 	return out, tgt, eds, nil
 }

@@ -316,6 +316,17 @@ func TestBuildNACKsWhatItDoesNotReproduce(t *testing.T) {
 	}{
 		// Clusters and endpoints.
 		{
+			name: "a TCP health check", shape: istio,
+			mutate: func(t *testing.T, r *resources) {
+				r.clusters[xdstest.IstioPoolSvc].HealthChecks = []*corev3.HealthCheck{{
+					Timeout: durationpb.New(time.Second), Interval: durationpb.New(5 * time.Second),
+					UnhealthyThreshold: wrapperspb.UInt32(2), HealthyThreshold: wrapperspb.UInt32(1),
+					HealthChecker: &corev3.HealthCheck_TcpHealthCheck_{TcpHealthCheck: &corev3.HealthCheck_TcpHealthCheck{}},
+				}}
+			},
+			want: []string{"tcp_health_check", `cluster "` + xdstest.IstioPoolSvc + `"`},
+		},
+		{
 			name: "ORIGINAL_DST upstream_port_override", shape: eg,
 			mutate: func(t *testing.T, r *resources) {
 				r.clusters[xdstest.EGRouteCluster].GetOriginalDstLbConfig().UpstreamPortOverride = wrapperspb.UInt32(8000)
@@ -892,15 +903,11 @@ func TestBuildAcceptsWhatItIgnores(t *testing.T) {
 			},
 		},
 		{
-			name: "cluster circuit_breakers, outlier_detection, health_checks", shape: istio,
+			name: "cluster circuit_breakers, outlier_detection", shape: istio,
 			mutate: func(t *testing.T, r *resources) {
 				c := r.clusters[xdstest.IstioPoolSvc]
 				c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{MaxConnections: wrapperspb.UInt32(1024)}}}
 				c.OutlierDetection = &clusterv3.OutlierDetection{Consecutive_5Xx: wrapperspb.UInt32(5)}
-				c.HealthChecks = []*corev3.HealthCheck{{
-					Timeout: durationpb.New(time.Second), Interval: durationpb.New(5 * time.Second),
-					HealthChecker: &corev3.HealthCheck_TcpHealthCheck_{TcpHealthCheck: &corev3.HealthCheck_TcpHealthCheck{}},
-				}}
 			},
 		},
 		{

@@ -319,16 +319,14 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		// (peerMetadataFilter); the rest of it is opaque to routing.
 		reads: []string{"name", "type", "eds_cluster_config", "load_assignment", "connect_timeout", "lb_policy",
 			"load_balancing_policy", "original_dst_lb_config", "transport_socket", "transport_socket_matches", "filters",
-			"metadata"},
+			"metadata", "health_checks", "common_lb_config"},
 		ignores: map[string]string{
 			"circuit_breakers":                         "concurrency limits the tests stay under",
 			"per_connection_buffer_limit_bytes":        "buffer sizing",
-			"common_lb_config":                         "panic threshold and locality weighting; every host is healthy and local to the stand-in",
 			"dns_lookup_family":                        "the stand-in resolves with its own table, then the system resolver",
 			"dns_refresh_rate":                         "the stand-in resolves when the cluster arrives",
 			"respect_dns_ttl":                          "the stand-in resolves when the cluster arrives",
 			"outlier_detection":                        "ejects failing hosts; the stand-in never ejects (documented)",
-			"health_checks":                            "the stand-in treats every host as healthy (documented)",
 			"typed_extension_protocol_options":         "HTTP protocol options: the stand-in speaks HTTP/2 to gRPC clusters and HTTP/1.1 upstream",
 			"upstream_connection_options":              "TCP keepalive",
 			"cleanup_interval":                         "ORIGINAL_DST host cleanup",
@@ -349,6 +347,30 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	// acts only on connections that negotiate its ALPN (clusterFilters).
 	"envoy.config.cluster.v3.Filter": {
 		reads: []string{"name", "typed_config"},
+	},
+	"envoy.config.cluster.v3.Cluster.CommonLbConfig": {
+		reads: []string{"healthy_panic_threshold"},
+		ignores: map[string]string{
+			"update_merge_window":             "how long host changes are batched before the load balancer sees them",
+			"ignore_new_hosts_until_first_hc": "new hosts start unhealthy until their first check in the stand-in as well",
+		},
+	},
+	"envoy.config.core.v3.HealthCheck": {
+		reads: []string{"timeout", "interval", "unhealthy_threshold", "healthy_threshold", "grpc_health_check",
+			"unhealthy_interval", "no_traffic_interval", "no_traffic_healthy_interval"},
+		ignores: map[string]string{
+			"initial_jitter":                   "spreads the first checks in time",
+			"interval_jitter":                  "spreads checks in time",
+			"interval_jitter_percent":          "spreads checks in time",
+			"reuse_connection":                 "whether a check opens a connection of its own; the stand-in's checker keeps one",
+			"event_log_path":                   "logging",
+			"event_logger":                     "logging",
+			"always_log_health_check_failures": "logging",
+			"always_log_health_check_success":  "logging",
+		},
+	},
+	"envoy.config.core.v3.HealthCheck.GrpcHealthCheck": {
+		reads: []string{"service_name", "authority"},
 	},
 	"envoy.config.cluster.v3.Cluster.EdsClusterConfig": {
 		reads: []string{"eds_config", "service_name"},

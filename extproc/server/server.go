@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/infergate/infergate/inference/wire"
 	"io"
 	"net"
 	"net/http"
@@ -30,7 +31,7 @@ import (
 const (
 	HealthLiveness  = "liveness"
 	HealthReadiness = "readiness"
-	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+	HealthExtProc   = wire.ExtProcHealthService
 )
 
 // Limits bound what one request, and all requests together, may cost.
@@ -62,6 +63,12 @@ type Options struct {
 	Limits      Limits
 	// DrainTimeout bounds how long a stop waits for open streams.
 	DrainTimeout time.Duration
+	// ShutdownDelay is how long a stop keeps serving new streams while
+	// health checks already answer NOT_SERVING, before draining: a gateway
+	// that checks the processor (every infergate cluster does, every 2 s)
+	// takes it out while it still answers, so no request meets a closed
+	// connection. 0 drains at once.
+	ShutdownDelay time.Duration
 	// Transport serves the ext_proc listener with grpc-go (TransportGRPC)
 	// or extproc/h2server (TransportH2); TransportAuto, the default when
 	// empty, picks h2 unless the handler may block.
@@ -281,6 +288,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.SetReady(false)
 	s.health.Shutdown()
+	if serveErr == nil && s.opts.ShutdownDelay > 0 {
+		s.opts.Logger.Info("stopping: NOT_SERVING, serving on until gateways take this server out", "delay", s.opts.ShutdownDelay)
+		time.Sleep(s.opts.ShutdownDelay)
+	}
 	if !ext.drain(s.opts.DrainTimeout) {
 		s.opts.Logger.Info("drain timeout reached, closing open streams", "timeout", s.opts.DrainTimeout)
 	}

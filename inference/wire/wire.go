@@ -10,6 +10,9 @@ const (
 	LBNamespace = "envoy.lb"
 	// SubsetHintNamespace carries the proxy's optional subset hint to the picker.
 	SubsetHintNamespace = "envoy.lb.subset_hint"
+	// ExtProcHealthService is the grpc.health.v1 service a processor
+	// reports ready under on its ext_proc port, and gateways check.
+	ExtProcHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
 	// DestinationEndpointKey is the header and metadata key of the pick:
 	// "ip:port", or a comma list best first.
 	DestinationEndpointKey = "x-gateway-destination-endpoint"

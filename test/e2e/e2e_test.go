@@ -28,6 +28,7 @@ import (
 	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -98,8 +99,19 @@ func startEPP(t testing.TB, poolFile string, edits ...func(*epp.Config)) *eppPro
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
+	// A gateway checks the picker's health from the start, and one that
+	// finds it not ready yet takes it in only at the next check (2 s on).
+	if err := childproc.WaitReady(context.Background(), s.HealthAddr(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	return &eppProc{Service: s, stop: stop}
 }
+
+// stopsAsCharted makes the picker stop as the charts stop it: it goes on
+// serving for the charts' shutdownDelaySeconds (5) with its health service
+// NOT_SERVING, which the gateway's health check (every 2 s) sees and takes
+// it out for, before it drains.
+func stopsAsCharted(c *epp.Config) { c.Server.ShutdownDelay = 5 * time.Second }
 
 func startProxy(t testing.TB, eppAddr string, failOpen bool, fallback []string) string {
 	t.Helper()
@@ -282,14 +294,16 @@ func TestReadinessAndLiveness(t *testing.T) {
 }
 
 // TestFailureModeWhenThePickerStops keeps traffic flowing while the picker
-// is stopped: with FailOpen requests keep succeeding on endpoints the proxy
-// picks itself; with FailClose they get 5xx; none hangs.
+// is stopped as its chart stops it (stopsAsCharted): with FailOpen no
+// request fails, the last ones before the health check takes the picker
+// out at its pick and the rest on endpoints the proxy picks itself; with
+// FailClose those after the stop get 5xx; none hangs.
 func TestFailureModeWhenThePickerStops(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {
 		name := map[bool]string{true: "FailOpen", false: "FailClose"}[failOpen]
 		t.Run(name, func(t *testing.T) {
 			sims, pool := newPool(t, 2)
-			e := startEPP(t, pool)
+			e := startEPP(t, pool, stopsAsCharted)
 			base := startProxy(t, e.GRPCAddr(), failOpen, []string{sims[0].addr, sims[1].addr})
 
 			// phase: 0 picker running, 1 stopping, 2 stopped. A request is
@@ -299,6 +313,7 @@ func TestFailureModeWhenThePickerStops(t *testing.T) {
 				mu            sync.Mutex
 				phase         int
 				before, after []reply
+				failed        []reply // any not 200, whenever it ran
 				errs          []error
 			)
 			current := func() int { mu.Lock(); defer mu.Unlock(); return phase }
@@ -319,6 +334,9 @@ func TestFailureModeWhenThePickerStops(t *testing.T) {
 							before = append(before, r)
 						case start == 2:
 							after = append(after, r)
+						}
+						if err == nil && r.status != 200 {
+							failed = append(failed, r)
 						}
 						mu.Unlock()
 					}
@@ -343,6 +361,9 @@ func TestFailureModeWhenThePickerStops(t *testing.T) {
 				if r.status != 200 {
 					t.Fatalf("before the stop: %d %s", r.status, r.body)
 				}
+			}
+			if failOpen && len(failed) > 0 {
+				t.Fatalf("FailOpen: %d requests failed across the stop, first %d %s", len(failed), failed[0].status, failed[0].body)
 			}
 			for _, r := range after {
 				if failOpen && (r.status != 200 || (r.upstream != sims[0].addr && r.upstream != sims[1].addr)) {

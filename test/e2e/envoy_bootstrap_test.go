@@ -42,7 +42,7 @@ func TestPlainEnvoyBootstrap(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {
 		t.Run(fmt.Sprintf("failOpen=%v", failOpen), func(t *testing.T) {
 			sims, pool := newPool(t, 2)
-			e := startEPP(t, pool)
+			e := startEPP(t, pool, stopsAsCharted)
 			var endpoints []string
 			byAddr := map[string]string{}
 			for _, s := range sims {

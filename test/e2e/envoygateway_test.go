@@ -159,7 +159,7 @@ func TestEnvoyGatewayExtensionConfigRoutes(t *testing.T) {
 	for _, failureMode := range []string{"FailOpen", "FailClose"} {
 		t.Run(failureMode, func(t *testing.T) {
 			sims, pool := newPool(t, 3)
-			e := startEPP(t, pool)
+			e := startEPP(t, pool, stopsAsCharted)
 			eps, byAddr, poolJSON := poolFixture(t, sims, e.GRPCAddr(), failureMode)
 			rs := egRendered(t, startExtension(t, eps, envoygateway.Config{}), poolJSON)
 			srv := xdstest.Start(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,18 @@ func startNodeResolving(t testing.TB, srv *xdstest.Server, listener string, reso
 	return n, gatewaytest.ListenerURL(t, n, listener)
 }
 
+// waitVersion waits until the stand-in applied version of typ.
+func waitVersion(t *testing.T, n *devproxy.Node, typ, version string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for n.XDS().Status()[typ].Version != version {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stand-in never applied %s version %s: %+v", typ, version, n.XDS().Status()[typ])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // requireNoNACK fails the test with the stand-in's reason for any rejected update.
 func requireNoNACK(t *testing.T, n *devproxy.Node) {
 	t.Helper()
@@ -52,15 +65,33 @@ type gatewayShape struct {
 	name     string
 	listener string
 	build    func(p xdstest.Pool) []proto.Message
-	// stoppedOpen is what a request gets when the picker is gone and the
-	// pool fails open: Istio's override_host falls back to round robin;
-	// an ORIGINAL_DST cluster has no host without the header (503).
+	// stoppedOpen is what a request with a body gets when the picker is
+	// gone and the pool fails open. Istio's picker cluster is EDS: its
+	// control plane takes the stopped pod out (pickerGone), the stream
+	// fails at its start and override_host falls back to round robin.
+	// This Envoy Gateway shape reaches the picker through a STRICT_DNS
+	// cluster without health checks: its one host stays, the connection
+	// fails after the body reached the filter, and Envoy answers 500
+	// whatever the failure mode (ProcessorState::canFailOpen) — why
+	// infergate's own clusters are health checked.
 	stoppedOpen int
+	// pickerGone is what the control plane sends once the picker's pod is
+	// gone (nil: nothing changes).
+	pickerGone func(rs []proto.Message) []proto.Message
 }
 
 var gatewayShapes = []gatewayShape{
-	{name: "Istio", listener: xdstest.IstioListener, build: xdstest.Istio, stoppedOpen: 200},
-	{name: "EnvoyGateway", listener: xdstest.EGListener, stoppedOpen: 503, build: func(p xdstest.Pool) []proto.Message {
+	{name: "Istio", listener: xdstest.IstioListener, build: xdstest.Istio, stoppedOpen: 200, pickerGone: func(rs []proto.Message) []proto.Message {
+		out := make([]proto.Message, 0, len(rs))
+		for _, r := range rs {
+			if cla, ok := r.(*endpointv3.ClusterLoadAssignment); ok && cla.GetClusterName() == xdstest.IstioEPPCluster {
+				r = &endpointv3.ClusterLoadAssignment{ClusterName: cla.GetClusterName()}
+			}
+			out = append(out, r)
+		}
+		return out
+	}},
+	{name: "EnvoyGateway", listener: xdstest.EGListener, stoppedOpen: 500, build: func(p xdstest.Pool) []proto.Message {
 		return xdstest.EnvoyGateway(p, p.Endpoints[0])
 	}},
 }
@@ -77,7 +108,8 @@ func TestXDSRequestsReachThePickersChoice(t *testing.T) {
 				for _, s := range sims {
 					p.Endpoints = append(p.Endpoints, s.addr)
 				}
-				srv.Set(t, "1", shape.build(p)...)
+				rs := shape.build(p)
+				srv.Set(t, "1", rs...)
 				n, base := startNode(t, srv, shape.listener)
 				byAddr := map[string]string{}
 				for _, s := range sims {
@@ -107,6 +139,10 @@ func TestXDSRequestsReachThePickersChoice(t *testing.T) {
 				t.Logf("served by: %v", served)
 
 				e.stop()
+				if shape.pickerGone != nil {
+					srv.Set(t, "2", shape.pickerGone(rs)...)
+					waitVersion(t, n, xdsclient.EndpointType, "2")
+				}
 				want := 500
 				if failOpen {
 					want = shape.stoppedOpen

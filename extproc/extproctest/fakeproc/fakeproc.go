@@ -25,6 +25,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -46,6 +48,7 @@ type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	Addr   string
 	handle func(*Conn) error
+	gs     *grpc.Server
 
 	mu       sync.Mutex
 	received []*extprocv3.ProcessingRequest
@@ -80,6 +83,10 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	return s.handle(&Conn{srv: srv, fs: s})
 }
 
+// Stop stops the server at once: its listener closes and its connections
+// are cut, as when a processor's process dies.
+func (s *Server) Stop() { s.gs.Stop() }
+
 // Messages returns what the server received so far, in order.
 func (s *Server) Messages() []*extprocv3.ProcessingRequest {
 	s.mu.Lock()
@@ -93,9 +100,14 @@ func Start(t testing.TB, handle func(*Conn) error, opts ...grpc.ServerOption) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &Server{Addr: ln.Addr().String(), handle: handle}
 	gs := grpc.NewServer(opts...)
+	fs := &Server{Addr: ln.Addr().String(), handle: handle, gs: gs}
 	extprocv3.RegisterExternalProcessorServer(gs, fs)
+	// Every processor serves grpc.health.v1 on its ext_proc port, and
+	// gateways (the stand-in too) check it there.
+	hs := health.NewServer()
+	hs.SetServingStatus(wire.ExtProcHealthService, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	return fs

@@ -24,6 +24,7 @@ import (
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -78,13 +79,15 @@ type TLS struct {
 }
 
 // GRPCCluster is a STRICT_DNS cluster of one gRPC server at host:port over
-// HTTP/2.
+// HTTP/2, health checked (ProcessorHealth).
 func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
 		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
 		ConnectTimeout:       durationpb.New(ConnectTimeout),
+		HealthChecks:         []*corev3.HealthCheck{ProcessorHealth()},
+		CommonLbConfig:       &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Address: SocketAddress(host, port),
@@ -102,6 +105,43 @@ func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
 		c.TransportSocket = upstreamTLS(tls)
 	}
 	return c
+}
+
+// Health checking of a processor's cluster. A processor that cannot be
+// reached must fail its stream at the start, not later: Envoy lets
+// failure_mode_allow through a FULL_DUPLEX_STREAMED body only until body
+// data has reached the filter (ext_proc.cc Filter::failureModeAllow,
+// processor_state.cc canFailOpen), and a refused connection is known only
+// after that, so the request would get a 500. A stream start fails at once
+// only when the cluster has no healthy host (async_client_impl.cc
+// AsyncStreamImpl::initialize, the router's "no healthy upstream"). So the
+// cluster checks its hosts over grpc.health.v1 (every infergate processor
+// serves it on its ext_proc port, NOT_SERVING while it drains) and never
+// goes into panic (healthy_panic_threshold 0), which would use unhealthy
+// hosts again. A host is out after one NOT_SERVING answer, or after
+// ProcessorUnhealthyThreshold checks without one; the no-traffic intervals
+// equal the interval, since Envoy's default for a cluster that never
+// carried traffic is 60 s (HealthCheckerImplBase::interval).
+const (
+	ProcessorHealthInterval     = 2 * time.Second
+	ProcessorHealthTimeout      = time.Second
+	ProcessorUnhealthyThreshold = 2
+)
+
+// ProcessorHealth is the health check of a processor's cluster.
+func ProcessorHealth() *corev3.HealthCheck {
+	interval := durationpb.New(ProcessorHealthInterval)
+	return &corev3.HealthCheck{
+		Timeout:                  durationpb.New(ProcessorHealthTimeout),
+		Interval:                 interval,
+		NoTrafficInterval:        interval,
+		NoTrafficHealthyInterval: interval,
+		UnhealthyThreshold:       wrapperspb.UInt32(ProcessorUnhealthyThreshold),
+		HealthyThreshold:         wrapperspb.UInt32(1),
+		HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
+			ServiceName: wire.ExtProcHealthService,
+		}},
+	}
 }
 
 func upstreamTLS(t *TLS) *corev3.TransportSocket {
