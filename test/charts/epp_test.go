@@ -243,7 +243,7 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 		"--pool-name=" + want.pool, "--pool-namespace=" + ns,
 		"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090",
 		fmt.Sprintf("--secure-serving=%t", !want.plaintext),
-		"--max-request-body-bytes=16777216", "--drain-timeout=30s",
+		"--max-request-body-bytes=16777216", "--drain-timeout=30s", "--shutdown-delay=5s",
 	}
 	wantArgs = append(wantArgs, want.moreArgs...)
 	for _, a := range wantArgs {
@@ -275,8 +275,8 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	if c.Resources.Requests.Cpu().Cmp(resource.MustParse("500m")) != 0 || c.Resources.Limits.Memory().Cmp(resource.MustParse("2Gi")) != 0 {
 		t.Errorf("resources %+v, want the values' defaults", c.Resources)
 	}
-	if g := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 45 {
-		t.Errorf("terminationGracePeriodSeconds %v, want drain 30 + 15", g)
+	if g := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 50 {
+		t.Errorf("terminationGracePeriodSeconds %v, want drain 30 + shutdown delay 5 + 15", g)
 	}
 
 	// RBAC: exactly what the code says it needs, bound to the pods' account.

@@ -9,7 +9,9 @@
 // Istio's CRDs (DestinationRule, EnvoyFilter) are Istio's own, from the
 // istio.io/istio module (hack/istio.sh). Prometheus Operator's PodMonitor is
 // not available as a Go module here; testdata/crds holds a minimal stand-in,
-// marked as such.
+// marked as such. agentgateway's AgentgatewayPolicy CRD in testdata/crds is
+// agentgateway's own published schema (v1.4.0, the payload chart's minimum
+// release), trimmed to the parts the chart renders: its header says how.
 package charts
 
 import (

@@ -145,7 +145,7 @@ func checkPayload(t *testing.T, objs []*unstructured.Unstructured, ns, provider 
 	if len(c.Args) == 0 || c.Args[0] != "payload" {
 		t.Fatalf("args %v do not start with the payload subcommand", c.Args)
 	}
-	for _, a := range []string{"--config-file=/config/payload.yaml", "--grpc-port=9004", "--grpc-health-port=9005", "--metrics-port=9090", "--drain-timeout=30s"} {
+	for _, a := range []string{"--config-file=/config/payload.yaml", "--grpc-port=9004", "--grpc-health-port=9005", "--metrics-port=9090", "--drain-timeout=30s", "--shutdown-delay=5s"} {
 		if !slices.Contains(c.Args, a) {
 			t.Errorf("args %v lack %s", c.Args, a)
 		}
@@ -411,6 +411,15 @@ func checkAgentgatewayPolicies(t *testing.T, objs []*unstructured.Unstructured, 
 	if phase != "PreRouting" || name != svc || p != int64(port) || traffic.GetNamespace() != ns {
 		t.Errorf("traffic policy: phase %q, extProc to %s:%d in %s; want PreRouting to %s:%d", phase, name, p, traffic.GetNamespace(), svc, port)
 	}
+	// Without failOpen the extProc is agentgateway's default, as before
+	// failOpen learnt Buffered: FailClosed, bodies streamed, nothing else.
+	extProc, _, _ := unstructured.NestedMap(traffic.Object, "spec", "traffic", "extProc")
+	if len(extProc) != 1 {
+		t.Errorf("traffic policy extProc %v, want only its backendRef", extProc)
+	}
+	if spec, _, _ := unstructured.NestedMap(traffic.Object, "spec"); len(spec) != 2 {
+		t.Errorf("traffic policy spec %v, want only targetRefs and traffic", spec)
+	}
 	if (backend != nil) != tls {
 		t.Fatalf("backend TLS policy rendered %v, want %v", backend != nil, tls)
 	}
@@ -438,8 +447,9 @@ func TestAgentgatewayGatewayInAnotherNamespace(t *testing.T) {
 	}
 	refNS, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "backendRef", "namespace")
 	mode, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "failureMode")
-	if traffic.GetNamespace() != "gateways" || refNS != ns || mode != "FailOpen" {
-		t.Fatalf("policy in %q reaching namespace %q, failureMode %q", traffic.GetNamespace(), refNS, mode)
+	body, _, _ := unstructured.NestedString(traffic.Object, "spec", "traffic", "extProc", "processingOptions", "requestBodyMode")
+	if traffic.GetNamespace() != "gateways" || refNS != ns || mode != "FailOpen" || body != "Buffered" {
+		t.Fatalf("policy in %q reaching namespace %q, failureMode %q, requestBodyMode %q", traffic.GetNamespace(), refNS, mode, body)
 	}
 	grants := only(objs, "ReferenceGrant")
 	if len(grants) != 1 || grants[0].GetNamespace() != ns {
@@ -465,6 +475,14 @@ func TestPayloadBadValues(t *testing.T) {
 		{"unknown provider", `provider: {name: nginx}`, []string{"/provider/name", "must be one of"}},
 		{"istio without its gateway", `provider: {name: istio}`, []string{"/provider", "istio"}},
 		{"agentgateway without its gateway", `provider: {name: agentgateway}`, []string{"/provider", "agentgateway"}},
+		{"agentgateway buffer size without failOpen", `provider: {name: agentgateway, agentgateway: {gateway: {name: gw}, maxBufferSize: 1048576}}`,
+			[]string{"provider.agentgateway.maxBufferSize", "Buffered", "failOpen: true"}},
+		{"agentgateway buffer size not a number", `provider: {name: agentgateway, agentgateway: {gateway: {name: gw}, failOpen: true, maxBufferSize: 2Mi}}`,
+			[]string{"/provider/agentgateway/maxBufferSize"}},
+		{"agentgateway buffer size negative", `provider: {name: agentgateway, agentgateway: {gateway: {name: gw}, failOpen: true, maxBufferSize: -1}}`,
+			[]string{"/provider/agentgateway/maxBufferSize", "minimum"}},
+		{"agentgateway buffer past the processor's message limit", `provider: {name: agentgateway, agentgateway: {gateway: {name: gw}, failOpen: true, maxBufferSize: 4194304}}`,
+			[]string{"/provider/agentgateway/maxBufferSize", "maximum"}},
 		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
 		{"istio filter named as Istio's own", `provider: {name: istio, istio: {gateway: {name: gw}, filterName: envoy.filters.http.ext_proc}}`, []string{"/provider/istio/filterName"}},
 		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
