@@ -59,8 +59,8 @@ func TestLoadClientCert(t *testing.T) {
 }
 
 // TestClientCertOnProcessorClusters: the certificate goes to the picker's
-// and the payload processor's clusters, which Envoy validates, and not to
-// the extension's own EDS cluster, whose server asks for none.
+// and the payload processor's clusters, which Envoy validates; the
+// extension's EDS service is reached without a cluster (google_grpc).
 func TestClientCertOnProcessorClusters(t *testing.T) {
 	p, l, rc, nc := poolTranslation(t, "10.0.0.1:8000")
 	certFile, keyFile := writePair(t, testcert.NewCA(t, "processors"), "gateway")
@@ -73,7 +73,7 @@ func TestClientCertOnProcessorClusters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{EPPClusterName(p): true, PayloadClusterName: true, EDSClusterName: false}
+	want := map[string]bool{EPPClusterName(p): true, PayloadClusterName: true}
 	for _, c := range clusters[1:] {
 		presents, ok := want[c.GetName()]
 		if !ok {

@@ -24,15 +24,45 @@ import (
 )
 
 // EDSServer is where Envoy reaches the extension's EDS service: the
-// address of the extension's Service, and whether it serves TLS.
+// address of the extension's Service, and, when it serves TLS, the PEM
+// certificates Envoy verifies its certificate against.
+//
+// Envoy reaches it over a google_grpc channel, not through a cluster: an
+// api_config_source over envoy_grpc must name a static non-EDS cluster of
+// Envoy's bootstrap (source/common/config/utility.cc
+// checkApiConfigSourceSubscriptionBackingCluster, validateClusterName), and
+// the clusters an extension adds arrive over CDS, so Envoy would reject
+// every pool cluster ("must have a statically defined non-EDS cluster").
+// A google_grpc source names no cluster and is not checked; Envoy's Google
+// gRPC client connects to target_uri itself, in plaintext without
+// channel_credentials (google_grpc_creds_impl.cc
+// CredsUtility::defaultChannelCredentials) or over TLS that verifies the
+// server's certificate against RootCAs for the target's host name.
 type EDSServer struct {
 	Address string // host:port
 	TLS     bool
+	RootCAs []byte // PEM; with TLS
 }
 
-// EDSClusterName is the cluster through which Envoy reaches the extension's
-// EDS service for the pools' endpoints.
-const EDSClusterName = "infergate/eds"
+// edsStatPrefix names the EDS channel's statistics in Envoy.
+const edsStatPrefix = "infergate_eds"
+
+// configSource is where a pool cluster's endpoints come from.
+func (e *EDSServer) configSource() *corev3.ConfigSource {
+	g := &corev3.GrpcService_GoogleGrpc{TargetUri: e.Address, StatPrefix: edsStatPrefix}
+	if e.TLS {
+		g.ChannelCredentials = &corev3.GrpcService_GoogleGrpc_ChannelCredentials{CredentialSpecifier: &corev3.GrpcService_GoogleGrpc_ChannelCredentials_SslCredentials{
+			SslCredentials: &corev3.GrpcService_GoogleGrpc_SslCredentials{RootCerts: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: e.RootCAs}}},
+		}}
+	}
+	return &corev3.ConfigSource{
+		ResourceApiVersion: corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_GoogleGrpc_{GoogleGrpc: g}}},
+		}},
+	}
+}
 
 // EDSName is the load assignment of pool p: its ready pods × targetPorts.
 func EDSName(p *Pool) string { return "infergate/pool/" + p.Key() }

@@ -3,10 +3,13 @@ package envoygateway
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
@@ -102,6 +105,11 @@ func Run(ctx context.Context, o Options) error {
 	g := grpc.NewServer(opts...)
 	if o.EDSAddress != "" {
 		cfg.EDS = &EDSServer{Address: o.EDSAddress, TLS: o.CertFile != ""}
+		if cfg.EDS.TLS {
+			if cfg.EDS.RootCAs, err = edsRootCAs(o.CertFile); err != nil {
+				return fmt.Errorf("envoygateway: %w", err)
+			}
+		}
 		cache := newEndpointCache()
 		if err := setUpEndpoints(mgr, cache, o.Logger.WithName("eds")); err != nil {
 			return fmt.Errorf("envoygateway: endpoints controller: %w", err)
@@ -175,4 +183,26 @@ func LoadClientCert(certFile, keyFile string) (*ClientCert, error) {
 		return nil, fmt.Errorf("client certificate %s with key %s: %w", certFile, keyFile, err)
 	}
 	return &ClientCert{ChainPEM: chain, KeyPEM: key}, nil
+}
+
+// edsRootCAs is what Envoy verifies the extension's certificate against on
+// its EDS channel: ca.crt beside the certificate (a kubernetes.io/tls
+// Secret from cert-manager carries it), else the certificate itself (a
+// self-signed one is its own root). The certificate must name the host of
+// the EDS address.
+func edsRootCAs(certFile string) ([]byte, error) {
+	for _, f := range []string{filepath.Join(filepath.Dir(certFile), "ca.crt"), certFile} {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, fs.ErrNotExist) && f != certFile {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("EDS root certificates: %w", err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("EDS root certificates: %s holds no PEM certificate", f)
+		}
+		return b, nil
+	}
+	return nil, nil // unreachable: certFile is the last candidate
 }

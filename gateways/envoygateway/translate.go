@@ -191,18 +191,7 @@ func ModifyCluster(c *clusterv3.Cluster, p *Pool, endpoints []string, eds *EDSSe
 	out.LoadAssignment, out.EdsClusterConfig = nil, nil
 	if eds != nil {
 		out.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
-		out.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{
-			ServiceName: EDSName(p),
-			EdsConfig: &corev3.ConfigSource{
-				ResourceApiVersion: corev3.ApiVersion_V3,
-				ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
-					ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3,
-					GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-						EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: EDSClusterName},
-					}}},
-				}},
-			},
-		}
+		out.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: EDSName(p), EdsConfig: eds.configSource()}
 	} else {
 		cla, err := loadAssignment(c.GetName(), endpoints)
 		if err != nil {
@@ -307,20 +296,8 @@ func ModifyTranslation(ctx context.Context, clusters []*clusterv3.Cluster, liste
 	for _, k := range slices.Sorted(maps.Keys(pools)) {
 		outClusters = append(outClusters, eppCluster(pools[k], cfg.ClientCert))
 	}
-	for _, srv := range []struct {
-		name string
-		addr string
-		tls  bool
-		on   bool
-		cert *ClientCert // the extension's own EDS server asks for none
-	}{
-		{EDSClusterName, eds.address(), eds != nil && eds.TLS, eds != nil, nil},
-		{PayloadClusterName, payload.address(), payload != nil && payload.TLS, payload != nil, cfg.ClientCert},
-	} {
-		if !srv.on {
-			continue
-		}
-		c, err := serverCluster(srv.name, srv.addr, srv.tls, srv.cert)
+	if payload != nil {
+		c, err := serverCluster(PayloadClusterName, payload.Address, payload.TLS, cfg.ClientCert)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -438,8 +415,8 @@ func eppHost(p *Pool) string {
 	return strings.Join([]string{p.EPPService, p.Namespace, "svc", ClusterDomain}, ".")
 }
 
-// serverCluster reaches a gRPC server of the extension's setup (its own
-// EDS service, the payload processor) at host:port over HTTP/2.
+// serverCluster reaches a gRPC server of the extension's setup (the
+// payload processor) at host:port over HTTP/2.
 func serverCluster(name, addr string, useTLS bool, cert *ClientCert) (*clusterv3.Cluster, error) {
 	host, port, err := xdsbuild.HostPort(addr)
 	if err != nil {
@@ -458,20 +435,6 @@ type Payload struct {
 	Address  string // host:port, e.g. its Service
 	TLS      bool   // TLS that accepts its self-signed certificate
 	FailOpen bool
-}
-
-func (p *Payload) address() string {
-	if p == nil {
-		return ""
-	}
-	return p.Address
-}
-
-func (e *EDSServer) address() string {
-	if e == nil {
-		return ""
-	}
-	return e.Address
 }
 
 // eppCluster reaches the picker Service by its DNS name over HTTP/2, with

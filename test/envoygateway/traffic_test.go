@@ -72,11 +72,12 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 		XDS: xdsclient.Config{
 			Server: gatewaytest.EnvoyGatewayXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: gatewaytest.EnvoyGatewayTLS(t, c.Cluster),
 		},
-		FreePorts:     true,
-		Resolve:       resolve,
-		ResolveOnly:   true,
-		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
-		DebugMetadata: true,
+		BootstrapClusters: gatewaytest.EnvoyGatewayBootstrap(t).GetStaticResources().GetClusters(),
+		FreePorts:         true,
+		Resolve:           resolve,
+		ResolveOnly:       true,
+		Timeouts:          devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		DebugMetadata:     true,
 	})
 }
 

@@ -42,7 +42,8 @@ func listenerHCM(l *listenerv3.Listener) *hcmv3.HttpConnectionManager {
 // change to the live pool.
 func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	c := startCluster(t)
-	c.startEG(t, c.startExtension(t))
+	edsAddr := c.startExtension(t)
+	c.startEG(t, edsAddr)
 	ns := "xds"
 	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	c.create(t, gatewayObjects(ns)...)
@@ -81,7 +82,7 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	x.Mu.Lock()
 	cl := x.Clusters[routeCluster]
 	if cl.GetType() != clusterv3.Cluster_EDS || cl.GetEdsClusterConfig().GetServiceName() != envoygateway.EDSName(pool) ||
-		cl.GetEdsClusterConfig().GetEdsConfig().GetApiConfigSource().GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName() != envoygateway.EDSClusterName {
+		cl.GetEdsClusterConfig().GetEdsConfig().GetApiConfigSource().GetGrpcServices()[0].GetGoogleGrpc().GetTargetUri() != edsAddr {
 		t.Errorf("pool cluster %v", cl)
 	}
 	oh := &overridehostv3.OverrideHost{}
@@ -89,11 +90,14 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 		oh.GetOverrideHostSources()[0].GetMetadata().GetKey() != wire.LBNamespace {
 		t.Errorf("pool cluster's override_host: %v %v", oh, err)
 	}
-	if epp := x.Clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil {
+	if epp := x.Clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil ||
+		len(epp.GetHealthChecks()) != 1 || epp.GetCommonLbConfig().GetHealthyPanicThreshold() == nil || epp.GetCommonLbConfig().GetHealthyPanicThreshold().GetValue() != 0 {
 		t.Errorf("picker cluster %v", epp)
 	}
-	if x.Clusters[envoygateway.EDSClusterName] == nil {
-		t.Error("no cluster for the extension's EDS")
+	// Every config source Envoy would subscribe through is one Envoy
+	// accepts beside Envoy Gateway's own bootstrap.
+	if err := gatewaytest.CheckConfigSources(gatewaytest.EnvoyGatewayBootstrap(t), x); err != nil {
+		t.Error(err)
 	}
 	x.Mu.Unlock()
 

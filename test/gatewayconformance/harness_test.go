@@ -98,10 +98,11 @@ func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode
 		xds := gatewaytest.EnvoyGatewayProxyXDS(t, l.Cluster, p, gatewayNamespaceMode)
 		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
 		gatewaytest.StandIn(t, devproxy.NodeConfig{
-			XDS:      xds,
-			Address:  p.Status.PodIP,
-			Lookup:   l.Lookup,
-			Timeouts: standInTimeouts,
+			XDS:               xds,
+			BootstrapClusters: gatewaytest.EnvoyGatewayBootstrap(t).GetStaticResources().GetClusters(),
+			Address:           p.Status.PodIP,
+			Lookup:            l.Lookup,
+			Timeouts:          standInTimeouts,
 		})
 	})
 }

@@ -4,13 +4,22 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -18,7 +27,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/infergate/infergate/extproc/devproxy"
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+
+	// Types of Envoy Gateway's bootstrap that the stand-in does not link.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	"github.com/infergate/infergate/test/controlplane"
 )
 
@@ -237,3 +251,97 @@ func EnvoyGatewayProxyXDS(t *testing.T, c *Cluster, pod *corev1.Pod, gatewayName
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// EnvoyGatewayBootstrap is the bootstrap Envoy Gateway v1.9.1 gives the
+// Envoy of a Gateway by default: its own rendering, kept in its module
+// (internal/xds/bootstrap/testdata/render/enable-prometheus.yaml, what
+// TestGetRenderedBootstrapConfig renders from the default ProxyMetrics).
+// Its static clusters are the only ones an api_config_source may name.
+func EnvoyGatewayBootstrap(t testing.TB) *bootstrapv3.Bootstrap {
+	t.Helper()
+	dir, err := controlplane.ModuleDir(context.Background(), "github.com/envoyproxy/gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs, err := devproxy.LoadBootstrap(filepath.Join(dir, "internal", "xds", "bootstrap", "testdata", "render", "enable-prometheus.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bs
+}
+
+// CheckConfigSources walks every ConfigSource in the listeners, routes
+// and clusters x holds and checks each api_config_source as Envoy does
+// against bs (source/common/config/utility.cc
+// checkApiConfigSourceSubscriptionBackingCluster): an envoy_grpc cluster
+// must be a static cluster of the bootstrap, not of type EDS; a
+// google_grpc channel names none. Callers hold x.Mu.
+func CheckConfigSources(bs *bootstrapv3.Bootstrap, x *XDS) error {
+	primary := map[string]bool{}
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if c.GetType() != clusterv3.Cluster_EDS {
+			primary[c.GetName()] = true
+		}
+	}
+	var errs []error
+	check := func(where string, m proto.Message) {
+		walkMessages(m.ProtoReflect(), func(acs *corev3.ApiConfigSource) {
+			if acs.GetApiType() == corev3.ApiConfigSource_AGGREGATED_GRPC || acs.GetApiType() == corev3.ApiConfigSource_AGGREGATED_DELTA_GRPC {
+				return
+			}
+			names := slices.Clone(acs.GetClusterNames())
+			for _, gs := range acs.GetGrpcServices() {
+				if eg := gs.GetEnvoyGrpc(); eg != nil {
+					names = append(names, eg.GetClusterName())
+				}
+			}
+			for _, n := range names {
+				if !primary[n] {
+					errs = append(errs, fmt.Errorf("%s: api_config_source names cluster %q, which is not a static non-EDS cluster of the bootstrap: Envoy rejects it", where, n))
+				}
+			}
+		})
+	}
+	for name, l := range x.Listeners {
+		check("listener "+name, l)
+	}
+	for name, r := range x.Routes {
+		check("route configuration "+name, r)
+	}
+	for name, c := range x.Clusters {
+		check("cluster "+name, c)
+	}
+	return errors.Join(errs...)
+}
+
+// walkMessages calls f on every ApiConfigSource within m, typed_config
+// payloads (Any) included.
+func walkMessages(m protoreflect.Message, f func(*corev3.ApiConfigSource)) {
+	if acs, ok := m.Interface().(*corev3.ApiConfigSource); ok {
+		f(acs)
+		return
+	}
+	if a, ok := m.Interface().(*anypb.Any); ok {
+		if inner, err := a.UnmarshalNew(); err == nil {
+			walkMessages(inner.ProtoReflect(), f)
+		}
+		return
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool { walkMessages(mv.Message(), f); return true })
+			}
+		case fd.IsList():
+			if fd.Message() != nil {
+				for i := range v.List().Len() {
+					walkMessages(v.List().Get(i).Message(), f)
+				}
+			}
+		case fd.Message() != nil:
+			walkMessages(v.Message(), f)
+		}
+		return true
+	})
+}

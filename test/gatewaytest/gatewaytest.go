@@ -371,7 +371,10 @@ func Built(t *testing.T, env, script string) string {
 }
 
 // StartPicker runs infergate's endpoint picker at addr over TLS, fed a
-// pool file of servers (address → name), until the test ends or stop.
+// pool file of servers (address → name), until the test ends or stop. It
+// stops as its chart stops it (shutdownDelaySeconds: 5): serving on with
+// its health NOT_SERVING, which a gateway's health check sees, then
+// draining; it returns once the picker reports ready.
 func StartPicker(t *testing.T, addr string, servers map[string]string) (stop func()) {
 	t.Helper()
 	var sb strings.Builder
@@ -385,7 +388,7 @@ func StartPicker(t *testing.T, addr string, servers map[string]string) (stop fun
 	}
 	s, err := epp.NewService(epp.Config{
 		Server: server.Options{GRPCAddr: addr, HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second},
+			TLS: server.TLSOptions{Enabled: true}, DrainTimeout: time.Second, ShutdownDelay: 5 * time.Second},
 		PoolFile: pool, MetricsStaleness: 2 * time.Second, Logger: logr.Discard(),
 	})
 	if err != nil {
@@ -397,6 +400,9 @@ func StartPicker(t *testing.T, addr string, servers map[string]string) (stop fun
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
+	if err := childproc.WaitReady(context.Background(), s.HealthAddr(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	return stop
 }
 

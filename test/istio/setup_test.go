@@ -180,3 +180,20 @@ func (c *cluster) endpoints(t *testing.T, ns, service, portName string, port int
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	})
 }
+
+// notReady marks every endpoint of a Service's EndpointSlice not ready, as
+// the EndpointSlice controller does when its pods go (terminating, or
+// failing readiness): istiod then pushes the outbound cluster without them.
+func (c *cluster) notReady(t *testing.T, ns, service string) {
+	t.Helper()
+	var s discoveryv1.EndpointSlice
+	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: service + "-test"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	for i := range s.Endpoints {
+		s.Endpoints[i].Conditions.Ready = ptr.To(false)
+	}
+	if err := c.Client.Update(gatewaytest.Ctx(t), &s); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -142,16 +142,30 @@ func TestTrafficThroughIstio(t *testing.T) {
 			if r.status != 403 || r.reason != "denied" || r.pod != "" {
 				t.Fatalf("guardrail: %d %q reason %q from %q, want 403 denied from the processor", r.status, r.body, r.reason, r.pod)
 			}
+			// The picker's pod goes: its endpoint turns not ready (istiod
+			// pushes the picker's cluster without it), then it stops.
+			// Istio's outbound cluster is not health checked, so only the
+			// push takes it out; until then a request whose body reached
+			// the filter gets a 500 even with FailOpen (Envoy's canFailOpen).
+			c.notReady(t, modelsNS, "llama-epp")
 			stopPicker()
-			r = post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"after","max_tokens":2}`)
+			after := func() reply {
+				return post(t, base, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"after","max_tokens":2}`)
+			}
 			switch mode {
 			case "FailClose":
-				if r.status < 500 || r.pod != "" {
+				if r = after(); r.status < 500 || r.pod != "" {
 					t.Fatalf("FailClose, picker down: %d from %q, want 5xx from the gateway", r.status, r.pod)
 				}
 			case "FailOpen":
-				if r.status != 200 || servers[r.upstream] == "" {
-					t.Fatalf("FailOpen, picker down: %d from %q, want 200 from a pool endpoint", r.status, r.upstream)
+				gatewaytest.WaitFor(t, "FailOpen once istiod pushed the picker's cluster without its endpoint", testTimeout, func() bool {
+					r = after()
+					return r.status == 200
+				})
+				for range 5 {
+					if r = after(); r.status != 200 || servers[r.upstream] == "" {
+						t.Fatalf("FailOpen, picker down: %d from %q, want 200 from a pool endpoint", r.status, r.upstream)
+					}
 				}
 			}
 		})
