@@ -173,6 +173,68 @@ func TestRouteRematchedAfterClearRouteCache(t *testing.T) {
 	}
 }
 
+// TestClearRouteCacheNeedsAHeaderMutation: Envoy clears the route cache
+// only for an answer that carries a header mutation as well
+// (DecodingProcessorState::clearRouteCache). One filter sets the model
+// header without asking; a second asks with nothing to mutate: the route
+// matched before both stays. With the second's answer carrying an (empty)
+// mutation, the route is matched again.
+func TestClearRouteCacheNeedsAHeaderMutation(t *testing.T) {
+	setter := fakeproc.Start(t, func(c *fakeproc.Conn) error {
+		for {
+			req, err := c.Recv()
+			if err != nil {
+				return nil
+			}
+			if req.GetRequestHeaders() != nil {
+				if err := c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: fakeproc.SetHeaders("x-gateway-model-name", "llama")})); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	clearer := func(mutation *extprocv3.HeaderMutation) *fakeproc.Server {
+		return fakeproc.Start(t, func(c *fakeproc.Conn) error {
+			for {
+				req, err := c.Recv()
+				if err != nil {
+					return nil
+				}
+				if req.GetRequestHeaders() != nil {
+					if err := c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: mutation, ClearRouteCache: true})); err != nil {
+						return err
+					}
+				}
+			}
+		})
+	}
+	llama, other := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	for _, tc := range []struct {
+		name string
+		clr  *fakeproc.Server
+		want *fakeproc.Upstream
+	}{
+		{"clear_route_cache alone", clearer(nil), other},
+		{"with an empty header mutation", clearer(&extprocv3.HeaderMutation{}), llama},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := xdstest.Start(t)
+			srv.Set(t, "1",
+				xdstest.Listener("l", 80, "r",
+					xdstest.HTTPFilter("setter", xdstest.ExtProc("setter", headersOnly(), false), false),
+					xdstest.HTTPFilter("clearer", xdstest.ExtProc("clearer", headersOnly(), false), false)),
+				modelRoutes(),
+				xdstest.StaticCluster("setter", setter.Addr), xdstest.StaticCluster("clearer", tc.clr.Addr),
+				xdstest.StaticCluster("llama", llama.Addr), xdstest.StaticCluster("default", other.Addr))
+			n := testNode(t, srv)
+			resp, body := get(t, listenerURL(t, n, "l")+"/v1/chat/completions")
+			if resp.StatusCode != 200 || body != "hello from "+tc.want.Addr {
+				t.Fatalf("got %d %q, want the answer of %s", resp.StatusCode, body, tc.want.Addr)
+			}
+		})
+	}
+}
+
 // TestServedEndpointReachesThePicker: override_host's selected_host_key puts
 // the served host in envoy.lb, which the filter forwards on the response
 // path (Istio); an ORIGINAL_DST cluster reports nothing (Envoy Gateway).

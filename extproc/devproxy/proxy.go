@@ -389,7 +389,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rq.stale = true
-		if f.alwaysRematch || (f.rematch && ex.ClearRouteCache()) {
+		if (f.alwaysRematch && ex.HeaderMutated()) || (f.rematch && ex.ClearRouteCache()) {
 			rt = t.match(hdrs, rv)
 		}
 	}

@@ -59,6 +59,7 @@ type Exchange struct {
 	log             []*extprocv3.ProcessingResponse
 	metadata        map[string]*structpb.Struct
 	clearRouteCache bool
+	headerMutated   bool
 }
 
 // direction is the state of one path (request or response) of an exchange.
@@ -599,9 +600,14 @@ func (e *Exchange) onHeaders(d *direction, cr *extprocv3.CommonResponse) error {
 	if err := applyHeaderMutation(&d.headers, cr.GetHeaderMutation(), d.response); err != nil {
 		return err
 	}
-	// Envoy ignores clear_route_cache on the response path.
-	if cr.GetClearRouteCache() && !d.response {
-		e.clearRouteCache = true
+	// Envoy looks at the route cache only on the request path, and only
+	// for an answer that carries a header mutation, empty or not
+	// (processor_state.cc DecodingProcessorState::clearRouteCache).
+	if !d.response && cr.GetHeaderMutation() != nil {
+		e.headerMutated = true
+		if cr.GetClearRouteCache() {
+			e.clearRouteCache = true
+		}
 	}
 	e.headersAnswered(d)
 	return nil
@@ -879,7 +885,17 @@ func (e *Exchange) DynamicMetadata() map[string]*structpb.Struct {
 	return out
 }
 
-// ClearRouteCache reports whether a request-path response asked for it.
+// HeaderMutated reports whether a request-path headers response carried a
+// header mutation: with route_cache_action CLEAR, Envoy clears the route
+// cache then, and only then.
+func (e *Exchange) HeaderMutated() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.headerMutated
+}
+
+// ClearRouteCache reports whether a request-path headers response asked
+// for it along with a header mutation, the only case Envoy honours.
 func (e *Exchange) ClearRouteCache() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -47,7 +47,7 @@ import (
 const (
 	DefaultListen       = "0.0.0.0:8080"
 	DefaultAdmin        = "127.0.0.1:9901"
-	DefaultRouteTimeout = 10 * time.Minute
+	DefaultRouteTimeout = xdsbuild.RouteTimeout
 )
 
 // Names in the rendered configuration.
@@ -174,6 +174,11 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 			Name: RouteConfigName, VirtualHosts: []*routev3.VirtualHost{vh},
 		}},
 		HttpFilters: filters,
+		// Envoy's default, 300 s, would end a response that is silent for
+		// that long (a long generation that is not streamed) before the
+		// route timeout does (http_connection_manager.proto
+		// stream_idle_timeout).
+		StreamIdleTimeout: durationpb.New(c.RouteTimeout),
 	}
 	return &bootstrapv3.Bootstrap{
 		Node:  &corev3.Node{Id: "infergate-gateway", Cluster: "infergate"},

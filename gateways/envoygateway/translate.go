@@ -18,6 +18,7 @@ import (
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -73,7 +74,7 @@ func ModifyRoute(route *routev3.Route, p *Pool, perr error) (*routev3.Route, err
 		out.TypedPerFilterConfig = map[string]*anypb.Any{}
 	}
 	out.TypedPerFilterConfig[FilterName(p)] = xdsbuild.Any(xdsbuild.PickerOnRoute(p.ResponseBody))
-	fallbackRetries(out)
+	poolRouteDefaults(out)
 	return out, setRouteMetadata(out, []*Pool{p}, "")
 }
 
@@ -105,16 +106,28 @@ func SplitRoute(route *routev3.Route, pools []*Pool, weights []uint32) (*routev3
 	}
 	out := proto.Clone(route).(*routev3.Route)
 	out.GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
-	fallbackRetries(out)
+	poolRouteDefaults(out)
 	return out, setRouteMetadata(out, pools, base)
 }
 
-// fallbackRetries gives a pool's route xdsbuild.FallbackRetries, so that
-// Envoy walks the picker's fallback list, unless Envoy Gateway rendered a
-// retry policy of its own (a BackendTrafficPolicy's), which then decides.
-func fallbackRetries(r *routev3.Route) {
-	if ra := r.GetRoute(); ra != nil && ra.RetryPolicy == nil {
+// poolRouteDefaults gives a pool's route what Envoy Gateway leaves unset
+// when nothing asks for it: xdsbuild.FallbackRetries, so that Envoy walks
+// the picker's fallback list, and a route timeout for generations,
+// xdsbuild.RouteTimeout, instead of Envoy's 15 s. Envoy Gateway renders
+// RouteAction.timeout only from the HTTPRoute rule's timeouts.request or a
+// BackendTrafficPolicy's timeout.http.requestTimeout
+// (internal/xds/translator/route.go getEffectiveRequestTimeout), and a
+// retry policy only from a BackendTrafficPolicy: either, when set, decides.
+func poolRouteDefaults(r *routev3.Route) {
+	ra := r.GetRoute()
+	if ra == nil {
+		return
+	}
+	if ra.RetryPolicy == nil {
 		ra.RetryPolicy = xdsbuild.FallbackRetries()
+	}
+	if ra.Timeout == nil {
+		ra.Timeout = durationpb.New(xdsbuild.RouteTimeout)
 	}
 }
 

@@ -370,27 +370,33 @@ func TestParseRouteName(t *testing.T) {
 	}
 }
 
-// TestFallbackRetries: a pool's route retries what never reached a model
-// server, so that Envoy walks the picker's fallback list, unless Envoy
-// Gateway rendered a retry policy of its own, which is kept as it is.
-func TestFallbackRetries(t *testing.T) {
+// TestPoolRouteDefaults: a pool's route retries what never reached a model
+// server, so that Envoy walks the picker's fallback list, and has a route
+// timeout for generations instead of Envoy's 15 s, unless Envoy Gateway
+// rendered its own (a BackendTrafficPolicy's retries, an HTTPRoute's
+// timeouts.request), which are kept as they are.
+func TestPoolRouteDefaults(t *testing.T) {
 	p, err := ParsePool(poolJSON(t, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	own := &routev3.RetryPolicy{RetryOn: "5xx", NumRetries: wrapperspb.UInt32(7)}
 	for _, tc := range []struct {
-		name  string
-		given *routev3.RetryPolicy
-		want  *routev3.RetryPolicy
+		name        string
+		given       *routev3.RetryPolicy
+		want        *routev3.RetryPolicy
+		timeout     *durationpb.Duration
+		wantTimeout time.Duration
 	}{
-		{"none of its own", nil, xdsbuild.FallbackRetries()},
-		{"a BackendTrafficPolicy's", own, own},
+		{"none of its own", nil, xdsbuild.FallbackRetries(), nil, xdsbuild.RouteTimeout},
+		{"a BackendTrafficPolicy's retries, an HTTPRoute's timeout", own, own, durationpb.New(30 * time.Second), 30 * time.Second},
+		{"timeouts.request 0: none", nil, xdsbuild.FallbackRetries(), durationpb.New(0), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, rc, _ := egInput()
 			in := rc.VirtualHosts[0].Routes[0]
 			in.GetRoute().RetryPolicy = tc.given
+			in.GetRoute().Timeout = tc.timeout
 			single, err := ModifyRoute(in, p, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -402,6 +408,9 @@ func TestFallbackRetries(t *testing.T) {
 			for _, r := range []*routev3.Route{single, split} {
 				if got := r.GetRoute().GetRetryPolicy(); !proto.Equal(got, tc.want) {
 					t.Errorf("route %s: retry policy %v, want %v", r.GetName(), got, tc.want)
+				}
+				if got := r.GetRoute().GetTimeout(); got == nil || got.AsDuration() != tc.wantTimeout {
+					t.Errorf("route %s: timeout %v, want %s", r.GetName(), got, tc.wantTimeout)
 				}
 			}
 		})

@@ -263,6 +263,12 @@ func FallbackRetries() *routev3.RetryPolicy {
 // fallbacks.
 const FallbackRetryCount = 2
 
+// RouteTimeout bounds a request to a pool, its streamed answer included,
+// where nothing else sets a bound: Envoy's default route timeout, 15 s
+// (RouteAction.timeout; config_impl.cc RouteEntryImplBase), cuts
+// generations that run longer, which long prompts and outputs do.
+const RouteTimeout = 10 * time.Minute
+
 // PickerOnRoute is the per-route configuration that turns an IdlePicker
 // filter on for a pool's route.
 func PickerOnRoute(responseBody bool) *extprocv3.ExtProcPerRoute {
