@@ -17,7 +17,10 @@
 //     falls back to round robin over FallbackEndpoints. A client's own
 //     x-gateway-destination-endpoint* headers are removed before the first
 //     filter (Config.KeepClientDestination keeps them), so a picker failing
-//     open never lets the client choose its upstream;
+//     open never lets the client choose its upstream. Each filter's
+//     processor is a cluster of one host, health checked as infergate's
+//     integrations render a processor's cluster (gRPC, every 2 s, no panic),
+//     so a processor that dies fails open once it is taken out;
 //   - over xDS (Node): an Envoy node on an ADS stream (package xdsclient)
 //     taking listeners, routes, clusters and endpoints from a real control
 //     plane. Every field of every message it reads is either interpreted
@@ -37,8 +40,11 @@
 //
 // # Faithfulness in xDS mode
 //
-// Each row: the Envoy behaviour, the proto fields or Envoy source it
-// follows, and the test that shows it (xdsclient, devproxy or test/e2e).
+// Each row: the Envoy behaviour, the proto fields and the Envoy source it
+// follows ("Envoy:", paths in envoyproxy/envoy, read at main f73fdf90,
+// 1.39.0-dev, and checked against the 1.39.0 and 1.39.1 changelogs: Envoy
+// Gateway v1.9.1 deploys 1.39.1), and the test that shows it (xdsclient,
+// devproxy or test/e2e).
 //
 //	ADS state of the world: CDS and LDS as wildcards, RDS and EDS by the
 //	names listeners and clusters reference; ACK with version_info and
@@ -50,17 +56,25 @@
 //	them.
 //	  DiscoveryRequest.{version_info,response_nonce,error_detail,resource_names};
 //	  xDS protocol "Grouping resources into responses"
+//	  Envoy: source/extensions/config_subscription/grpc/grpc_mux_impl.cc
+//	  GrpcMuxImpl::onDiscoveryResponse, processDiscoveryResources, onStreamEstablished
 //	  xdsclient: TestFollowsListenersAndClustersToRoutesAndEndpoints,
 //	  TestHandlerErrorNACKs, TestReconnectResumes; TestPartialRDSAndEDSResponses
 //
 //	A set field the stand-in does not reproduce is a NACK naming it; the
-//	node keeps serving its last good configuration.
+//	node keeps serving its last good configuration. (Envoy accepts the good
+//	clusters and listeners of a CDS or LDS update and rejects the rest;
+//	the stand-in rejects the whole update.)
+//	  Envoy: grpc_mux_impl.cc GrpcMuxImpl::onDiscoveryResponse;
+//	  source/common/upstream/cds_api_helper.cc CdsApiHelper::onConfigUpdate
 //	  TestBuildNACKsWhatItDoesNotReproduce, TestUnsupportedUpdateKeepsTheLastGoodConfig,
 //	  e2e TestXDSUnsupportedFieldIsNACKed
 //
 //	Updates apply live: a request keeps the table it started with; a
 //	listener that leaves LDS drains; a listener waiting for its RDS holds
 //	its socket without serving, or keeps serving its previous table.
+//	  Envoy: source/common/listener_manager/listener_manager_impl.cc
+//	  addOrUpdateListenerInternal, drainListener, onListenerWarmed
 //	  e2e TestXDSLiveUpdate, TestListenersFollowUpdates, TestWarmingListener
 //
 //	Listener: one plaintext filter chain (filter_chains[0], or
@@ -71,6 +85,7 @@
 //	accepted (they only feed filter chain matching), and so is the chain's
 //	transport_socket_connect_timeout (no handshake on a plaintext chain).
 //	  Listener.{address,filter_chains,listener_filters}; TestListenerThatCannotBindIsNACKed
+//	  Envoy: listener_manager_impl.cc createListenSocketFactory
 //
 //	Connection manager: without proxy_100_continue, "Expect: 100-continue"
 //	is answered by the stand-in and removed before the filters (with it,
@@ -79,7 +94,9 @@
 //	before the filters unless forward_client_cert_details is
 //	ALWAYS_FORWARD_ONLY (the connection has no client certificate).
 //	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details};
-//	  conn_manager_utility.cc mutateXfccRequestHeader
+//	  Envoy: source/common/http/conn_manager_impl.cc ActiveStream::decodeHeaders
+//	  (encode1xxHeaders before the filters; the stand-in sends the 100 when
+//	  the body is first read); conn_manager_utility.cc mutateXfccRequestHeader
 //	  TestProxy100Continue, TestForwardClientCertDetails
 //
 //	HTTP filters in order, the router last; ext_proc filters run, and so
@@ -94,6 +111,10 @@
 //	leaves a filter off except on routes whose per-filter config enables
 //	it. Istio's configs in TypedStructs (udpa or xds) are unwrapped.
 //	  HttpConnectionManager.http_filters, HttpFilter.disabled
+//	  Envoy: source/extensions/filters/http/health_check/health_check.cc
+//	  HealthCheckFilter::decodeHeaders; header_mutation/header_mutation.cc
+//	  HeaderMutation::decodeHeaders; source/common/http/filter_chain_helper.cc
+//	  FilterChainUtility::createFilterChainForFactories
 //	  TestRouterLocalReplies, TestPerRouteFilterConfig, TestHealthCheckFilter, TestHeaderMutationFilter,
 //	  TestPassThroughFilters
 //
@@ -112,17 +133,30 @@
 //	  TestPeerMetadataFilter, TestPeerMetadataValue, TestIstioGatewayTraffic
 //
 //	ext_proc: grpc_service.envoy_grpc.cluster_name (the cluster's first
-//	host, TLS from its transport socket, one channel per address, TLS
-//	and client certificate), failure_mode_allow,
+//	host, its first healthy one when health checked, chosen as each stream
+//	starts; TLS from its transport socket, one channel per address, TLS
+//	and client certificate), failure_mode_allow (with a
+//	FULL_DUPLEX_STREAMED body, only until body data has reached the filter:
+//	the body is read while the stream connects, and a connection failure
+//	counts after that first read; a stream whose start fails at once, the
+//	cluster missing or without a healthy host, fails open with or without a
+//	body),
 //	processing_mode (bodies NONE, BUFFERED, FULL_DUPLEX_STREAMED),
 //	message_timeout, metadata_options (untyped receiving namespaces kept,
 //	forwarding namespaces sent from the stream's metadata), status_on_error,
 //	disable_immediate_response (an immediate response is then a spurious
 //	message), route_cache_action / disable_clear_route_cache; mutation_rules
 //	only at Envoy's defaults; allow_mode_override only where Envoy ignores it.
-//	  ExternalProcessor.*; extproctest: TestMetadataOptions, TestStatusOnError,
-//	  TestFailureModes;
-//	  TestRouteRematchedAfterClearRouteCache, TestServedEndpointReachesThePicker
+//	  ExternalProcessor.*
+//	  Envoy: source/extensions/filters/http/ext_proc/ext_proc.cc Filter::openStream,
+//	  Filter::onData (bodyReceived), Filter::failureModeAllow, Filter::onGrpcError;
+//	  processor_state.cc ProcessorState::canFailOpen, DecodingProcessorState::
+//	  clearRouteCache (only with a header mutation in the same answer); config.cc;
+//	  source/common/grpc/async_client_impl.cc AsyncStreamImpl::initialize (a
+//	  start that fails at once)
+//	  extproctest: TestMetadataOptions, TestStatusOnError, TestFailureModes;
+//	  TestRouteRematchedAfterClearRouteCache, TestClearRouteCacheNeedsAHeaderMutation,
+//	  TestServedEndpointReachesThePicker, TestFailOpenNeedsNoBodyYet
 //
 //	Per-route filter config: which filters run is decided by the route a
 //	request starts on (the most specific typed_per_filter_config entry: any
@@ -133,7 +167,9 @@
 //	specific; processing_mode, grpc_service, each metadata namespace list
 //	and failure_mode_allow from the most specific level that sets them).
 //	Per-route configs of pass-through filters are NACKed.
-//	  ext_proc.cc FilterConfigPerRoute; per_filter_config.cc
+//	  Envoy: ext_proc.cc FilterConfigPerRoute, Filter::mergePerRouteConfig;
+//	  source/common/router/per_filter_config.cc PerFilterConfigs::disabled;
+//	  config_impl.cc RouteEntryImplBase::filterDisabled
 //	  TestPerRouteFilterConfig, TestPerRouteConfigsMerge, TestFilterConfigWrapper,
 //	  TestFilterChainFromTheFirstRoute, e2e TestXDSRequestsReachThePickersChoice (Istio)
 //
@@ -149,6 +185,12 @@
 //	id) for runtime fractions and weighted clusters, so a re-match takes
 //	the same share and cluster.
 //	  RouteConfiguration, VirtualHost.domains, RouteMatch, HeaderMatcher
+//	  Envoy: source/common/router/config_impl.cc RouteMatcher::findVirtualHost,
+//	  RouteEntryImplBase::matchRoute; conn_manager_impl.cc
+//	  ActiveStream::refreshCachedRoute (stream_id_ as the random value);
+//	  source/common/http/header_utility.h HeaderDataBaseImpl::matchesHeaders
+//	  (1.39 matches repeated headers value by value,
+//	  match_headers_individually; the stand-in joins them)
 //	  TestRouteMatching, TestVirtualHostSelection, TestRouteRematchedAfterClearRouteCache
 //
 //	Route actions: cluster, weighted_clusters (by weight per request; a
@@ -160,10 +202,13 @@
 //	none meaning none, capped at the maximum unless it is 0),
 //	cluster_not_found_response_code, host_rewrite_literal, prefix_rewrite.
 //	request_headers_to_remove of the route, virtual host and route
-//	configuration is applied after the host is chosen, as Envoy's router
-//	chooses it (createConnPool) before finalizeRequestHeaders.
-//	  RouteAction, Route.request_headers_to_remove; router.cc, FilterUtility::finalTimeout
-//	  TestHeadersRemovedAfterTheHostChoice, TestRouterLocalReplies,
+//	configuration is applied before the host is chosen, so a header the
+//	route removes is gone for the load balancer too.
+//	  RouteAction, Route.request_headers_to_remove
+//	  Envoy: source/common/router/router.cc Filter::decodeHeaders
+//	  (finalizeRequestHeaders, then chooseHost and createConnPool),
+//	  FilterUtility::finalTimeout; config_impl.h DEFAULT_ROUTE_TIMEOUT_MS
+//	  TestHeadersRemovedBeforeTheHostChoice, TestRouterLocalReplies,
 //	  TestDirectResponseBodySources, TestMaxGrpcTimeout, TestIstioGatewayTraffic
 //
 //	Retries: the route's retry_policy, else its virtual host's. After a
@@ -187,13 +232,19 @@
 //	virtual host's include_request_attempt_count, each attempt carries
 //	x-envoy-attempt-count. The last attempt's response or failure
 //	answers ("retried and the latest reset reason").
-//	  RetryPolicy, VirtualHost.include_request_attempt_count;
-//	  retry_state_impl.cc, retry_policy_impl.cc, router.cc
+//	  RetryPolicy, VirtualHost.include_request_attempt_count
+//	  Envoy: source/common/router/retry_state_impl.cc RetryStateImpl::
+//	  wouldRetryFromHeaders, wouldRetryFromReset, enableBackoffTimer;
+//	  source/common/common/backoff_strategy.cc JitteredExponentialBackOffStrategy;
+//	  router.cc Filter::decodeData (retry_or_shadow_abandoned_)
 //	  TestRetryPolicyRules, TestHostPicker, TestReplayBody, TestIstioGatewayTraffic
 //
 //	Local replies of the router: no route 404 (empty), cluster not found
 //	503 (empty), "no healthy upstream" 503, connection failure 503, upstream
 //	timeout 504; they pass through the filters' response path.
+//	  Envoy: router.cc Filter::decodeHeaders, sendNoHealthyUpstreamResponse,
+//	  onUpstreamReset, onResponseTimeout; source/common/http/filter_manager.cc
+//	  DownstreamFilterManager::sendLocalReply
 //	  TestRouterLocalReplies, e2e TestXDSRequestsReachThePickersChoice
 //
 //	Clusters: STATIC, STRICT_DNS and LOGICAL_DNS (host names resolved when
@@ -203,7 +254,36 @@
 //	TIMEOUT hosts left out); connect_timeout; lb_policy ROUND_ROBIN,
 //	LEAST_REQUEST and RANDOM all pick round robin.
 //	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
+//	  Envoy: source/extensions/clusters/dns/dns_cluster.cc (the stand-in
+//	  resolves once, Envoy every dns_refresh_rate); upstream_impl.cc
+//	  ClusterImplBase::partitionHostList, HostImplBase::coarseHealth
 //	  TestClusterEndpoints
+//
+//	Active health checks (health_checks, gRPC only) and
+//	common_lb_config.healthy_panic_threshold: a host starts unhealthy and
+//	the cluster warms until each host had its first check; the first
+//	success makes a host healthy, later ones after healthy_threshold; an
+//	answer other than SERVING takes a host out at once, a connection
+//	failure or timeout after unhealthy_threshold in a row; checks every
+//	interval, every no_traffic_interval (60 s by default) until the
+//	cluster carried traffic; the grpc.health.v1 service_name with the
+//	:authority of grpc_health_check.authority, else the cluster's name.
+//	Below the panic threshold (50% by default, 0 never) every host is used;
+//	otherwise only the healthy ones, and with none a routed request gets
+//	"no healthy upstream" and an ext_proc stream fails at its start.
+//	Sessions outlive updates that keep the cluster, host and check.
+//	  HealthCheck.{timeout,interval,unhealthy_threshold,healthy_threshold,
+//	  unhealthy_interval,no_traffic_interval,no_traffic_healthy_interval,
+//	  grpc_health_check}, Cluster.CommonLbConfig.healthy_panic_threshold
+//	  Envoy: source/common/upstream/health_checker_impl.cc
+//	  HealthCheckerImplBase::interval, ActiveHealthCheckSession::handleSuccess,
+//	  setUnhealthy; source/extensions/health_checkers/grpc/health_checker_impl.cc
+//	  GrpcActiveHealthCheckSession::onInterval, isHealthCheckSucceeded;
+//	  upstream_impl.cc BaseDynamicClusterImpl::updateDynamicHostList
+//	  (FAILED_ACTIVE_HC), ClusterImplBase::onInitDone; load_balancing_policies/
+//	  common/load_balancer_impl.cc LoadBalancerBase::isHostSetInPanic
+//	  TestFailOpenNeedsNoBodyYet, e2e TestPlainEnvoyBootstrap,
+//	  TestFailureModeWhenThePickerStops, TestEnvoyGatewayExtensionConfigRoutes
 //
 //	Transport sockets per host: the first of transport_socket_matches whose
 //	match criteria are all in the host's envoy.transport_socket_match
@@ -219,24 +299,42 @@
 //	servers). Cluster.filters: only Istio's TCP metadata exchange, with a
 //	protocol other than h2, which stays inert on connections that do not
 //	negotiate that ALPN, as all the stand-in's are.
-//	  Cluster.{transport_socket_matches,transport_socket,filters};
-//	  TransportSocketMatcherImpl::resolve; NotReadySslSocket; metadata_exchange.cc
+//	  Cluster.{transport_socket_matches,transport_socket,filters}
+//	  Envoy: source/common/upstream/transport_socket_match_impl.cc
+//	  TransportSocketMatcherImpl::resolve; source/common/tls/ssl_socket.cc
+//	  NotReadySslSocket; istio/proxy metadata_exchange.cc
 //	  TestTransportSocketMatches, TestTransportSocketsInBuild, TestClusterFilters,
 //	  TestIstioGatewayTraffic
 //
 //	EDS clusters warm: an update that names one whose first load assignment
-//	has not arrived is accepted but not put in use (listeners keep their
-//	tables, new ones do not serve) until it arrives, or for at most
-//	initial_fetch_timeout's default, 15s.
+//	has not arrived, or a health-checked cluster whose hosts have not had
+//	their first check, is accepted but not put in use (listeners keep their
+//	tables, new ones do not serve) until it is ready, or for at most
+//	initial_fetch_timeout's default, 15s. (Envoy warms cluster by cluster.)
+//	  Envoy: cluster_manager_impl.cc ClusterManagerImpl::addOrUpdateCluster
+//	  (warming_clusters_); source/common/config/utility.cc
+//	  Utility::configSourceInitialFetchTimeout
 //	  TestEDSClusterWarms
 //
 //	EDS from ADS, or, for a cluster whose eds_config is an api_config_source
-//	(GRPC, one envoy_grpc cluster), over an EDS stream of its own to that
-//	cluster's server (with the cluster's TLS and client certificate);
-//	routes only over ADS.
-//	  ConfigSource, ApiConfigSource; TestEndpointsFromAnotherEDSServer,
-//	  TestEDSStreamPresentsTheClientCertificate,
-//	  test/envoygateway TestTrafficThroughEnvoyGatewayXDS (scale-out)
+//	(GRPC, one grpc_services entry), over an EDS stream of its own: to an
+//	envoy_grpc cluster, which must be a static non-EDS cluster of the
+//	node's bootstrap (NodeConfig.BootstrapClusters; any other is NACKed
+//	with Envoy's message, "must have a statically defined non-EDS
+//	cluster"), with the cluster's TLS and client certificate; or to a
+//	google_grpc target_uri, which names no cluster, in plaintext without
+//	channel_credentials or with ssl_credentials over TLS verified against
+//	root_certs for the target's host. Routes only over ADS.
+//	  ConfigSource, ApiConfigSource, GrpcService.GoogleGrpc
+//	  Envoy: source/common/config/utility.cc
+//	  Utility::checkApiConfigSourceSubscriptionBackingCluster, validateClusterName;
+//	  cluster_manager_impl.cc (primary_clusters_ from bootstrap static_resources);
+//	  subscription_factory_impl.cc subscriptionFromConfigSource;
+//	  source/common/grpc/google_grpc_creds_impl.cc CredsUtility::defaultChannelCredentials
+//	  TestEndpointsFromAnotherEDSServer, TestEDSStreamPresentsTheClientCertificate,
+//	  test/envoygateway TestTrafficThroughEnvoyGatewayXDS (scale-out),
+//	  TestEnvoyGatewayServesTheExtensionsXDS (every config source checked
+//	  against Envoy Gateway's bootstrap)
 //
 //	Upstream TLS to ext_proc and EDS clusters: UpstreamTlsContext with an
 //	empty validation context (any server certificate accepted, sni
@@ -247,8 +345,10 @@
 //	the update is built), presented when the server asks for one (mutual
 //	TLS, e.g. a processor run with --client-ca-file). A file that cannot
 //	be read or a pair that does not parse NACKs the update.
-//	  UpstreamTlsContext, CommonTlsContext.tls_certificates, TlsCertificate,
-//	  DataSource; TestMutualTLSToProcessors, TestClusterClientCertificate,
+//	  UpstreamTlsContext, CommonTlsContext.tls_certificates, TlsCertificate, DataSource
+//	  Envoy: source/common/tls/context_config_impl.cc ClientContextConfigImpl
+//	  (Envoy's client default is TLS 1.2 only; the stand-in also offers 1.3)
+//	  TestMutualTLSToProcessors, TestClusterClientCertificate,
 //	  TestConnPoolKeysByCertificate, TestBuildNACKsWhatItDoesNotReproduce,
 //	  extproctest TestTLS
 //
@@ -256,7 +356,9 @@
 //	the first element of a list), then the first instance of
 //	use_http_header's header (x-envoy-original-dst-host unless
 //	http_header_name); without either, no host: 503.
-//	  Cluster.original_dst_lb_config; original_dst_cluster.cc
+//	  Cluster.original_dst_lb_config
+//	  Envoy: source/extensions/clusters/original_dst/original_dst_cluster.cc
+//	  OriginalDstCluster::LoadBalancer::chooseHost, metadataOverrideHost, requestOverrideHost
 //	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, e2e (Envoy Gateway shape)
 //
 //	load_balancing_policy: the first policy must be override_host,
@@ -267,6 +369,8 @@
 //	fallback_policy (round robin); selected_host_key written with each
 //	host chosen, for the filters' response path.
 //	  OverrideHost.{override_host_sources,selected_host_key,fallback_policy}
+//	  Envoy: source/extensions/load_balancing_policies/override_host/load_balancer.cc
+//	  OverrideHostLoadBalancer::LoadBalancerImpl::chooseHostInternal, getSelectedHosts
 //	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, TestLoadBalancingPolicyFirstWins,
 //	  TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
 //
@@ -289,13 +393,16 @@
 // directories; DataSource environment_variable; ext_proc body modes
 // STREAMED, BUFFERED_PARTIAL and GRPC, observability_mode, request and
 // response attributes, forward_rules, non-default mutation_rules,
-// google_grpc and http_service; upstream network filters but Istio's
-// metadata exchange; any HTTP filter type not listed above (wasm, lua,
-// rbac, ...), and fault or cors filters configured to act.
+// google_grpc and http_service for ext_proc (google_grpc only as an EDS
+// source), google_grpc channel credentials but ssl_credentials; TCP, HTTP
+// and custom health checks, more than one health check per cluster;
+// upstream network filters but Istio's metadata exchange; any HTTP filter
+// type not listed above (wasm, lua, rbac, ...), and fault or cors filters
+// configured to act.
 //
 // Accepted and ignored, each with its reason in xdsfields.go (and, for
-// filters, istio.go and transport.go): health checks and outlier detection
-// (every host is healthy), circuit breakers, buffer limits but the retry
+// filters, istio.go and transport.go): outlier detection (no host is
+// ejected), circuit breakers, buffer limits but the retry
 // buffer's, statistics, logging, tracing, x-forwarded-for and x-request-id
 // handling, response header changes, path normalisation (normalize_path,
 // merge_slashes: the stand-in matches the path as sent), the downstream
@@ -312,7 +419,8 @@
 //     header sanitising but x-forwarded-client-cert's, the x-envoy-*
 //     request headers that adjust the router (x-envoy-retry-on,
 //     x-envoy-max-retries, x-envoy-upstream-rq-timeout-ms, ...), HTTP/2,
-//     health checks, outlier detection, panic thresholds. The proxy adds a
+//     TCP and HTTP health checks, outlier detection, HCM
+//     stream_idle_timeout. The proxy adds a
 //     response header x-infergate-upstream naming the endpoint that served,
 //     which Envoy does not.
 package devproxy

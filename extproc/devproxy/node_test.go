@@ -266,27 +266,40 @@ func TestServedEndpointReachesThePicker(t *testing.T) {
 	}
 }
 
-// TestHeadersRemovedAfterTheHostChoice: the route removes the picker's
-// header on the way upstream; Envoy chooses the ORIGINAL_DST host before it
-// applies the route's header changes, so the request still goes there.
-func TestHeadersRemovedAfterTheHostChoice(t *testing.T) {
+// TestHeadersRemovedBeforeTheHostChoice: Envoy's router applies the
+// route's header changes before it chooses the host (router.cc
+// Filter::decodeHeaders, Envoy ≥ 1.35): a route that removes the header an
+// ORIGINAL_DST cluster reads leaves it no host (503), and the upstream never
+// sees the header either way.
+func TestHeadersRemovedBeforeTheHostChoice(t *testing.T) {
 	a, b := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
 	epp := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: b.Addr}))
-	rs := xdstest.EnvoyGateway(xdstest.Pool{Endpoints: []string{a.Addr, b.Addr}, EPP: epp.Addr, ListenerPort: 80}, a.Addr)
-	for _, m := range rs {
-		if rc, ok := m.(*routev3.RouteConfiguration); ok {
-			rc.VirtualHosts[0].Routes[1].RequestHeadersToRemove = []string{wire.DestinationEndpointKey}
-		}
-	}
-	srv := xdstest.Start(t)
-	srv.Set(t, "1", rs...)
-	n := testNode(t, srv)
-	resp, body := get(t, listenerURL(t, n, xdstest.EGListener)+"/v1/completions")
-	if resp.StatusCode != 200 || body != "hello from "+b.Addr {
-		t.Fatalf("%d %q, want the picker's choice %s", resp.StatusCode, body, b.Addr)
-	}
-	if h, _ := b.Last(); h.Get(wire.DestinationEndpointKey) != "" {
-		t.Fatalf("upstream still got %s: %v", wire.DestinationEndpointKey, h)
+	for _, tc := range []struct {
+		name   string
+		remove []string
+		want   int
+	}{
+		{"the header kept", nil, 200},
+		{"the header removed", []string{wire.DestinationEndpointKey}, 503},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := xdstest.EnvoyGateway(xdstest.Pool{Endpoints: []string{a.Addr, b.Addr}, EPP: epp.Addr, ListenerPort: 80}, a.Addr)
+			for _, m := range rs {
+				if rc, ok := m.(*routev3.RouteConfiguration); ok {
+					rc.VirtualHosts[0].Routes[1].RequestHeadersToRemove = tc.remove
+				}
+			}
+			srv := xdstest.Start(t)
+			srv.Set(t, "1", rs...)
+			n := testNode(t, srv)
+			resp, body := get(t, listenerURL(t, n, xdstest.EGListener)+"/v1/completions")
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d %q, want %d", resp.StatusCode, body, tc.want)
+			}
+			if tc.want == 200 && body != "hello from "+b.Addr {
+				t.Fatalf("%q, want the picker's choice %s", body, b.Addr)
+			}
+		})
 	}
 }
 

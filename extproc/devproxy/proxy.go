@@ -485,6 +485,11 @@ func selectHost(cl *cluster, rq *request, host string) {
 // failure, is the answer.
 func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, rt *route, cl *cluster, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
 	rp := rt.retry
+	// Envoy's router applies the route's header changes before it chooses
+	// the host (router.cc Filter::decodeHeaders: finalizeRequestHeaders,
+	// then chooseHost and createConnPool, since Envoy 1.35), so a header
+	// the route removes is gone for the load balancer too.
+	hdrs = rt.finalizeHeaders(hdrs)
 	hp := newHostPicker(cl, hdrs, rq.metadata())
 	host, err := hp.pick(rp, false)
 	if err != nil {
@@ -494,10 +499,6 @@ func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, r
 		return
 	}
 	selectHost(cl, rq, host)
-	// Envoy's router chooses the host before it applies the route's header
-	// changes (router.cc: createConnPool, then finalizeRequestHeaders), so a
-	// header the host came from may be removed on its way upstream.
-	hdrs = rt.finalizeHeaders(hdrs)
 	var (
 		br *extproctest.BodyReader
 		rb *replayBody
@@ -611,6 +612,7 @@ func (p *Proxy) send(ctx context.Context, cl *cluster, host string, hdrs extproc
 // routeList is flag mode's router: the hosts of an override list tried in
 // turn while connections are refused, with no retry policy.
 func (p *Proxy) routeList(ctx context.Context, w http.ResponseWriter, rt *route, cl *cluster, rq *request, hdrs extproctest.Headers, body extproctest.Body) {
+	hdrs = rt.finalizeHeaders(hdrs)
 	targets, err := cl.targets(hdrs, rq.metadata())
 	if err != nil {
 		closeBody(body)
@@ -618,7 +620,6 @@ func (p *Proxy) routeList(ctx context.Context, w http.ResponseWriter, rt *route,
 		p.routerReply(ctx, w, rq, err, false)
 		return
 	}
-	hdrs = rt.finalizeHeaders(hdrs)
 	var br *extproctest.BodyReader
 	if body != nil {
 		br = extproctest.NewBodyReader(ctx, body)
