@@ -51,8 +51,9 @@
 //     rules (:method, :scheme, :authority, host and x-envoy-* are not
 //     changed, system headers are not removed, :path may change on requests
 //     and :status on responses), invalid names or values rejected;
-//   - clear_route_cache recorded (request path only, as Envoy ignores it on
-//     responses); dynamic_metadata merged by namespace into the stream's
+//   - clear_route_cache recorded on the request path only, and only with a
+//     header mutation in the same answer (DecodingProcessorState::
+//     clearRouteCache); dynamic_metadata merged by namespace into the stream's
 //     metadata shared by all filters;
 //   - immediate_response ends the request with that local reply (status, 200
 //     when missing or below 200; header mutation; body; details).
@@ -70,8 +71,17 @@
 //     stream error: with failure_mode_allow false a 500 local reply, a
 //     message timeout a 504, or status_on_error for both when it is set;
 //   - with failure_mode_allow true the filter is skipped and the request
-//     continues unmodified, but only while no body message has been sent to
-//     the server (Envoy PR #41276); after that the failure is a 500;
+//     continues unmodified, but in FULL_DUPLEX_STREAMED only until body
+//     data has reached the filter (ext_proc.cc Filter::onData,
+//     Filter::failureModeAllow, processor_state.cc canFailOpen; Envoy PR
+//     #41276); after that the failure is a 500. The body is read while the
+//     stream connects, and a connection failure counts only after that
+//     first read (bounded by 100 ms), as in Envoy the body that came with
+//     the headers reaches the filter before a failed connection is known.
+//     A stream whose start fails at once (NewClientStarting: no cluster, no
+//     healthy host; async_client_impl.cc AsyncStreamImpl::initialize) fails
+//     open with or without a body. A BUFFERED body stays in the filter and
+//     fails open at any time;
 //   - a rejected mutation is a 500 whatever failure_mode_allow says;
 //   - a server that ends its stream cleanly with nothing owed is left out for
 //     the rest of the request.
