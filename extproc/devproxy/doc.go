@@ -93,11 +93,15 @@
 //	the body is first read); a client's x-forwarded-client-cert is removed
 //	before the filters unless forward_client_cert_details is
 //	ALWAYS_FORWARD_ONLY (the connection has no client certificate).
-//	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details};
+//	stream_idle_timeout (300 s unless set, 0 none): a request with no
+//	activity (body read, response written) for that long ends, with a 408
+//	"stream timeout" before the response started and a reset after.
+//	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details,stream_idle_timeout};
 //	  Envoy: source/common/http/conn_manager_impl.cc ActiveStream::decodeHeaders
 //	  (encode1xxHeaders before the filters; the stand-in sends the 100 when
 //	  the body is first read); conn_manager_utility.cc mutateXfccRequestHeader
-//	  TestProxy100Continue, TestForwardClientCertDetails
+//	  conn_manager_impl.cc ActiveStream::onIdleTimeout
+//	  TestProxy100Continue, TestForwardClientCertDetails, TestStreamIdleTimeout
 //
 //	HTTP filters in order, the router last; ext_proc filters run, and so
 //	do health_check (non-pass-through: a request matching its headers is
@@ -419,8 +423,7 @@
 //     header sanitising but x-forwarded-client-cert's, the x-envoy-*
 //     request headers that adjust the router (x-envoy-retry-on,
 //     x-envoy-max-retries, x-envoy-upstream-rq-timeout-ms, ...), HTTP/2,
-//     TCP and HTTP health checks, outlier detection, HCM
-//     stream_idle_timeout. The proxy adds a
+//     TCP and HTTP health checks, outlier detection. The proxy adds a
 //     response header x-infergate-upstream naming the endpoint that served,
 //     which Envoy does not.
 package devproxy

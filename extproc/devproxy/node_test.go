@@ -11,13 +11,16 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
@@ -691,5 +694,68 @@ func TestEDSClusterWarms(t *testing.T) {
 	apply(xdsclient.EndpointType, xdstest.Assignment("pool", a.Addr))
 	if _, body := get(t, listenerURL(t, n, "l")+"/"); body != "hello from "+a.Addr {
 		t.Fatalf("after EDS: %q", body)
+	}
+}
+
+// TestStreamIdleTimeout: the connection manager's stream_idle_timeout ends
+// a request with no activity for that long: before the response started
+// with Envoy's 408 "stream timeout", after it by resetting the stream; a
+// response that keeps sending is not idle however long it runs
+// (conn_manager_impl.cc ActiveStream::onIdleTimeout).
+func TestStreamIdleTimeout(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		upstream http.HandlerFunc
+		want     int  // status; 0: the stream is reset
+		wantBody bool // the whole body arrives
+	}{
+		{name: "silent before the response", want: http.StatusRequestTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(3 * idle)
+		}},
+		{name: "silent after the response started", want: 0, upstream: func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte("data: 1\n\n"))
+			w.(http.Flusher).Flush()
+			time.Sleep(3 * idle)
+		}},
+		{name: "streaming longer than the timeout", want: http.StatusOK, wantBody: true, upstream: func(w http.ResponseWriter, r *http.Request) {
+			for range 8 {
+				_, _ = w.Write([]byte("data: x\n\n"))
+				w.(http.Flusher).Flush()
+				time.Sleep(idle / 3)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := fakeproc.StartUpstream(t, tc.upstream)
+			l := xdstest.Listener("l", 80, "r")
+			hcm := &hcmv3.HttpConnectionManager{}
+			if err := l.FilterChains[0].Filters[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+				t.Fatal(err)
+			}
+			hcm.StreamIdleTimeout = durationpb.New(idle)
+			l.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: xdstest.Any(hcm)}
+			srv := xdstest.Start(t)
+			srv.Set(t, "1", l, xdstest.CatchAllRoutes("r", "up"), xdstest.StaticCluster("up", up.Addr))
+			n := testNode(t, srv)
+			resp, err := http.Get(listenerURL(t, n, "l") + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, readErr := io.ReadAll(resp.Body)
+			switch {
+			case tc.want == 0:
+				if readErr == nil {
+					t.Fatalf("the stream was not reset: %d %q", resp.StatusCode, body)
+				}
+			case resp.StatusCode != tc.want:
+				t.Fatalf("status %d (%q), want %d", resp.StatusCode, body, tc.want)
+			case tc.want == http.StatusRequestTimeout && string(body) != "stream timeout":
+				t.Fatalf("body %q, want Envoy's \"stream timeout\"", body)
+			case tc.wantBody && (readErr != nil || strings.Count(string(body), "data: x") != 8):
+				t.Fatalf("body %q (%v), want all 8 events", body, readErr)
+			}
+		})
 	}
 }

@@ -127,7 +127,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := newProxy(cfg.Timeouts, cfg.DebugMetadata, cfg.Logger)
 	cl.connectTimeout = p.timeouts.Connect
-	t := &table{clusters: map[string]*cluster{flagCluster: cl}}
+	t := &table{clusters: map[string]*cluster{flagCluster: cl}, streamIdle: defaultStreamIdleTimeout}
 	var clients []*extproctest.Client
 	if !cfg.KeepClientDestination {
 		t.filters = append(t.filters, &httpFilter{name: "strip-client-destination", removeRequestHeaders: clientDestinationHeaders})
@@ -306,6 +306,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.tbl.Load()
 	ctx, cancel := context.WithTimeoutCause(r.Context(), p.timeouts.Route, errTimeout)
 	defer cancel()
+	idleCtx, idleCancel := context.WithCancelCause(ctx)
+	defer idleCancel(nil)
+	if idle := newIdleStream(w, t.streamIdle, idleCancel); idle != nil {
+		ctx, w = idleCtx, idle
+		r.Body = idle.body(r.Body)
+		defer idle.finish()
+	}
 	// The streams get their own context so that, when the request ends
 	// normally, they can be half-closed gracefully after the handler returns;
 	// a client that leaves or a route timeout still cancels them at once.

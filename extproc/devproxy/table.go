@@ -29,6 +29,9 @@ type table struct {
 	// x-forwarded-client-cert from a connection without a client
 	// certificate, as all the stand-in's are (mutateXfccRequestHeader).
 	keepXFCC bool
+	// streamIdle is HttpConnectionManager.stream_idle_timeout (Envoy's
+	// default, 300 s, when unset; 0 none).
+	streamIdle time.Duration
 	// bufferLimit is Listener.per_connection_buffer_limit_bytes (default
 	// 1 MiB): how much request body a retry may replay, unless the route
 	// sets its own limit.

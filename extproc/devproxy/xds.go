@@ -449,7 +449,11 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	if !routerSeen {
 		return nil, "", false, errors.New("http_filters: no envoy.filters.http.router")
 	}
-	t := &table{clusters: clusters, proxy100Continue: hcm.GetProxy_100Continue(), bufferLimit: bufferLimit,
+	streamIdle := defaultStreamIdleTimeout
+	if d := hcm.GetStreamIdleTimeout(); d != nil {
+		streamIdle = d.AsDuration()
+	}
+	t := &table{clusters: clusters, proxy100Continue: hcm.GetProxy_100Continue(), bufferLimit: bufferLimit, streamIdle: streamIdle,
 		keepXFCC: hcm.GetForwardClientCertDetails() == hcmv3.HttpConnectionManager_ALWAYS_FORWARD_ONLY}
 	for _, p := range procs {
 		if p.proto == nil {

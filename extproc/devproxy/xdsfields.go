@@ -86,7 +86,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"ipv4_compat": "dual-stack socket option"},
 	},
 	"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager": {
-		reads: []string{"route_config", "rds", "http_filters", "codec_type", "proxy_100_continue", "forward_client_cert_details"},
+		reads: []string{"stream_idle_timeout", "route_config", "rds", "http_filters", "codec_type", "proxy_100_continue", "forward_client_cert_details"},
 		ignores: map[string]string{
 			"stat_prefix":                          "statistics",
 			"access_log":                           "logging",
@@ -101,7 +101,6 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"common_http_protocol_options":         "connection limits (idle timeout, header count)",
 			"http_protocol_options":                "HTTP/1 codec options",
 			"http2_protocol_options":               "HTTP/2 codec options; the stand-in serves HTTP/1.1",
-			"stream_idle_timeout":                  "bounds idle streams; the stand-in bounds every request by Timeouts.Route",
 			"request_timeout":                      "bounds receiving the request; requests in tests arrive at once",
 			"request_headers_timeout":              "bounds receiving the headers; requests in tests arrive at once",
 			"drain_timeout":                        "drain behaviour on shutdown",
