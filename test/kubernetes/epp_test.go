@@ -216,10 +216,19 @@ func wantAddresses(p *picker, want ...string) func() error {
 	}
 }
 
-func proxy(t *testing.T, eppAddr string) string {
+// proxy runs the stand-in in front of the picker once it is ready: the
+// stand-in health-checks the picker as a gateway does, and one that finds
+// it not ready yet takes it in only at its next check, 2 s on.
+func proxy(t *testing.T, picker *picker) string {
 	t.Helper()
+	eventually(t, "the picker ready", func() error {
+		if !picker.ready() {
+			return errors.New("not ready")
+		}
+		return nil
+	})
 	p, err := devproxy.New(devproxy.Config{
-		Filters:  []extproctest.FilterConfig{{Name: "epp", Target: eppAddr}},
+		Filters:  []extproctest.FilterConfig{{Name: "epp", Target: picker.GRPCAddr()}},
 		Timeouts: devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		Logger:   logr.Discard(),
 	})
@@ -274,7 +283,7 @@ func TestPoolLifecycle(t *testing.T) {
 	ep := func(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
 
 	p := startPicker(t, fx.env.Config, ns, "pool", false)
-	base := proxy(t, p.GRPCAddr())
+	base := proxy(t, p)
 
 	// No pool yet: ready (synced) with no endpoints, and requests get 503.
 	eventually(t, "ready without a pool", func() error {
@@ -398,7 +407,7 @@ func TestObjectivesSetPriorities(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startPicker(t, fx.env.Config, ns, "pool", false)
-	base := proxy(t, p.GRPCAddr())
+	base := proxy(t, p)
 	eventually(t, "sheddable objective refused when saturated", func() error {
 		if status, _ := chat(t, base, "x-llm-d-inference-objective", "batch"); status != http.StatusTooManyRequests {
 			return fmt.Errorf("batch: status %d, want 429", status)
@@ -440,7 +449,7 @@ func TestModelRewrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startPicker(t, fx.env.Config, ns, "pool", false)
-	base := proxy(t, p.GRPCAddr())
+	base := proxy(t, p)
 	eventually(t, "pool synced", wantAddresses(p, net.JoinHostPort(ip, strconv.Itoa(port))))
 	if status, _, _ := chatModel(t, base, "sql-lora"); status != http.StatusNotFound {
 		t.Fatalf("without a rewrite: status %d, want the server's 404 for an adapter it lacks", status)
@@ -600,7 +609,7 @@ func TestRoleIsEnough(t *testing.T) {
 		}
 		return nil
 	})
-	base := proxy(t, p.GRPCAddr())
+	base := proxy(t, p)
 	if status, pod := chat(t, base); status != 200 || pod != "rbac-pod" {
 		t.Fatalf("status %d from %q", status, pod)
 	}
