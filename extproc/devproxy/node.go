@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -233,6 +234,40 @@ func (n *Node) ListenerAddr(name string) (string, bool) {
 		return "", false
 	}
 	return ll.bound, true
+}
+
+// ClusterHosts describes, for diagnostics, the hosts of every cluster the
+// node's listeners serve with now: each cluster's name, then its hosts the
+// load balancer uses, and those only override_host may take (unhealthy,
+// other priorities) in brackets.
+func (n *Node) ClusterHosts() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, ll := range n.listeners {
+		t := ll.proxy.tbl.Load()
+		if t == nil {
+			continue
+		}
+		for name, c := range t.clusters {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			usable := c.health.usable(c.endpoints)
+			var others []string
+			for m := range c.members {
+				if !slices.Contains(usable, m) {
+					others = append(others, m)
+				}
+			}
+			slices.Sort(others)
+			out = append(out, fmt.Sprintf("%s: %v %v", name, usable, others))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Apply takes one state-of-the-world update (xdsclient.Handler). The whole

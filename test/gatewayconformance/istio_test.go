@@ -94,10 +94,12 @@ func pickerTLS(t *testing.T, l *livecluster.Live) {
 // istiod. It stops when the returned function is called.
 func istioProxies(t *testing.T, l *livecluster.Live) (stop func()) {
 	t.Helper()
+	tl := startTimeline(t, l)
 	return eachRunningPod(t, l, client.MatchingLabels{"gateway.istio.io/managed": "istio.io-gateway-controller"}, func(p *corev1.Pod) {
 		xds := gatewaytest.IstioNode(p.Status.PodIP, p.Name, p.Namespace, p.Labels["service.istio.io/canonical-name"], p.Labels)
 		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", p.Labels["gateway.networking.k8s.io/gateway-name"], p.Status.PodIP, p.Namespace, p.Name)
 		n := gatewaytest.StandIn(t, devproxy.NodeConfig{XDS: xds, Address: p.Status.PodIP, Lookup: l.Lookup, Timeouts: standInTimeouts})
+		tl.watch(p.Name, n)
 		// Ready once it has listeners, as pilot-agent reports Envoy ready
 		// once it has its configuration.
 		gatewaytest.IstioAgentPorts(t, p.Status.PodIP, func() bool {

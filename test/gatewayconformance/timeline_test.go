@@ -1,0 +1,112 @@
+package gatewayconformance
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
+
+	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/test/livecluster"
+)
+
+// timeline records, once a second while a run goes, each change in what
+// decides where a pool's requests can go: the app namespace's Pods (IP,
+// readiness), its EndpointSlices (ready addresses), and each stand-in's
+// hosts per cluster. When the test fails it prints the changes, so a
+// request that did not reach the picker's choice shows which layer lagged:
+// the pod's readiness, the EndpointSlice controller, istiod's push, or the
+// stand-in.
+type timeline struct {
+	start time.Time
+
+	mu     sync.Mutex
+	nodes  map[string]*devproxy.Node
+	last   map[string]string // by source
+	events []string
+}
+
+func startTimeline(t *testing.T, l *livecluster.Live) *timeline {
+	tl := &timeline{start: time.Now(), nodes: map[string]*devproxy.Node{}, last: map[string]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			tl.sample(ctx, l)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			t.Logf("timeline of the app namespace's pods, EndpointSlices and the stand-ins' hosts (seconds since the run began; last 400 changes):\n%s",
+				strings.Join(tl.events[max(0, len(tl.events)-400):], "\n"))
+		}
+	})
+	return tl
+}
+
+func (tl *timeline) watch(name string, n *devproxy.Node) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.nodes[name] = n
+}
+
+func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
+	state := map[string]string{}
+	var pods corev1.PodList
+	if err := l.Client.List(ctx, &pods, client.InNamespace(resources.AppBackendNamespace)); err == nil {
+		var ps []string
+		for _, p := range pods.Items {
+			ready := false
+			for _, c := range p.Status.Conditions {
+				ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+			}
+			ps = append(ps, fmt.Sprintf("%s=%s ready=%t", p.Name, p.Status.PodIP, ready))
+		}
+		slices.Sort(ps)
+		state["pods"] = strings.Join(ps, " ")
+	}
+	var slicesList discoveryv1.EndpointSliceList
+	if err := l.Client.List(ctx, &slicesList, client.InNamespace(resources.AppBackendNamespace)); err == nil {
+		for _, s := range slicesList.Items {
+			var eps []string
+			for _, e := range s.Endpoints {
+				eps = append(eps, fmt.Sprintf("%v ready=%t", e.Addresses, e.Conditions.Ready != nil && *e.Conditions.Ready))
+			}
+			state["slice "+s.Name] = strings.Join(eps, ", ")
+		}
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for name, n := range tl.nodes {
+		for _, h := range n.ClusterHosts() {
+			if cl, hosts, ok := strings.Cut(h, ": "); ok && strings.Contains(cl, resources.AppBackendNamespace) {
+				state["stand-in "+name+" "+cl] = hosts
+			}
+		}
+	}
+	at := time.Since(tl.start).Seconds()
+	for _, k := range slices.Sorted(maps.Keys(state)) {
+		if tl.last[k] != state[k] {
+			tl.events = append(tl.events, fmt.Sprintf("%7.1f %s: %s", at, k, state[k]))
+			tl.last[k] = state[k]
+		}
+	}
+}
