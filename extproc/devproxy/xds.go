@@ -1299,19 +1299,11 @@ func googleGrpcTarget(where string, g *corev3.GrpcService_GoogleGrpc) (grpcTarge
 		return tgt, fmt.Errorf("%s.channel_credentials.ssl_credentials.root_certs: no PEM certificate", where)
 	}
 	if ssl.GetCertChain() != nil || ssl.GetPrivateKey() != nil {
-		chain, err := dataSource(where+".channel_credentials.ssl_credentials.cert_chain", ssl.GetCertChain())
+		cert, err := keyPair(where+".channel_credentials.ssl_credentials", ".cert_chain", ssl.GetCertChain(), ".private_key", ssl.GetPrivateKey())
 		if err != nil {
 			return tgt, err
 		}
-		key, err := dataSource(where+".channel_credentials.ssl_credentials.private_key", ssl.GetPrivateKey())
-		if err != nil {
-			return tgt, err
-		}
-		cert, err := tls.X509KeyPair(chain, key)
-		if err != nil {
-			return tgt, fmt.Errorf("%s.channel_credentials.ssl_credentials: %w", where, err)
-		}
-		tgt.cert, tgt.certID = &cert, certID(&cert)
+		tgt.cert, tgt.certID = cert, certID(cert)
 	}
 	tgt.tls, tgt.verify, tgt.roots, tgt.serverName = true, true, string(roots), host
 	return tgt, nil
@@ -1448,20 +1440,26 @@ func clientCertificate(where string, tcs []*tlsv3.TlsCertificate) (*tls.Certific
 	if err := checkFields(where, tc); err != nil {
 		return nil, err
 	}
-	chain, err := dataSource(where+".certificate_chain", tc.GetCertificateChain())
+	return keyPair(where, ".certificate_chain", tc.GetCertificateChain(), ".private_key", tc.GetPrivateKey())
+}
+
+// keyPair reads a certificate chain and its private key from two
+// DataSources (named chainField and keyField under where), both required.
+func keyPair(where, chainField string, chainDS *corev3.DataSource, keyField string, keyDS *corev3.DataSource) (*tls.Certificate, error) {
+	chain, err := dataSource(where+chainField, chainDS)
 	if err != nil {
 		return nil, err
 	}
-	key, err := dataSource(where+".private_key", tc.GetPrivateKey())
+	key, err := dataSource(where+keyField, keyDS)
 	if err != nil {
 		return nil, err
 	}
 	if len(chain) == 0 || len(key) == 0 {
-		return nil, fmt.Errorf("%s: certificate_chain and private_key are both required", where)
+		return nil, fmt.Errorf("%s: %s and %s are both required", where, chainField[1:], keyField[1:])
 	}
 	cert, err := tls.X509KeyPair(chain, key)
 	if err != nil {
-		return nil, fmt.Errorf("%s: certificate_chain and private_key: %w", where, err)
+		return nil, fmt.Errorf("%s: %s and %s: %w", where, chainField[1:], keyField[1:], err)
 	}
 	return &cert, nil
 }
