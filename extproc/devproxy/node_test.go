@@ -11,12 +11,14 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -755,6 +757,52 @@ func TestStreamIdleTimeout(t *testing.T) {
 				t.Fatalf("body %q, want Envoy's \"stream timeout\"", body)
 			case tc.wantBody && (readErr != nil || strings.Count(string(body), "data: x") != 8):
 				t.Fatalf("body %q (%v), want all 8 events", body, readErr)
+			}
+		})
+	}
+}
+
+// TestHealthCheckedProcessorCluster: a picker's cluster with gRPC health
+// checks whose one host is down. With healthy_panic_threshold 0 the
+// cluster has no healthy host, the stream fails at its start and FailOpen
+// lets a POST through to the pool; with Envoy's default threshold (50%)
+// the cluster is in panic, the dead host is used, the connection fails
+// after the body reached the filter and the answer is 500. A host that
+// answers SERVING is used.
+func TestHealthCheckedProcessorCluster(t *testing.T) {
+	up := fakeproc.StartUpstream(t, nil)
+	live := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: up.Addr}))
+	for _, tc := range []struct {
+		name   string
+		picker string
+		panic  *typev3.Percent
+		want   int
+	}{
+		{"down, panic 0", fakeproc.ClosedAddr(t), &typev3.Percent{Value: 0}, 200},
+		{"down, Envoy's default panic threshold", fakeproc.ClosedAddr(t), nil, 500},
+		{"up", live.Addr, &typev3.Percent{Value: 0}, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			epp := xdstest.StaticCluster("epp", tc.picker)
+			epp.HealthChecks = []*corev3.HealthCheck{{
+				Timeout: durationpb.New(time.Second), Interval: durationpb.New(time.Second),
+				UnhealthyThreshold: wrapperspb.UInt32(2), HealthyThreshold: wrapperspb.UInt32(1),
+				HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{ServiceName: wire.ExtProcHealthService}},
+			}}
+			epp.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: tc.panic}
+			srv := xdstest.Start(t)
+			srv.Set(t, "1",
+				xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("epp", xdstest.ExtProc("epp", xdstest.DuplexMode(), true), false)),
+				xdstest.CatchAllRoutes("r", "pool"), xdstest.StaticCluster("pool", up.Addr), epp)
+			n := testNode(t, srv)
+			resp, err := http.Post(listenerURL(t, n, "l")+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d %q, want %d", resp.StatusCode, body, tc.want)
 			}
 		})
 	}
