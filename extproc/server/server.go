@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/infergate/infergate/inference/wire"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/extproc/h2server"
 )
 
