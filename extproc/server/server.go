@@ -23,8 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
-	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/extproc/h2server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Health service names, as the endpoint picker protocol requires.
