@@ -45,9 +45,11 @@
 //     FULL_DUPLEX_STREAMED fails with Envoy's text "spurious message: Normal
 //     body mutation response is received while body_mode_ is
 //     FULL_DUPLEX_STREAMED";
-//   - header_mutation with Envoy's rules: raw_value only (a value-only
-//     header is set empty; both set is an error), append_action with the
-//     deprecated append flag defaulting to overwrite, the default mutation
+//   - header_mutation with Envoy's rules (mutation_utils.cc
+//     MutationUtils::applyHeaderMutations): raw_value only (a value-only
+//     header is set empty, value beside raw_value is not read), the
+//     deprecated append flag only (false: overwrite; append_action is
+//     ignored), the default mutation
 //     rules (:method, :scheme, :authority, host and x-envoy-* are not
 //     changed, system headers are not removed, :path may change on requests
 //     and :status on responses), invalid names or values rejected;

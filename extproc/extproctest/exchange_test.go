@@ -86,7 +86,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 		{":method", []string{"POST"}},         // system headers cannot be removed
 		{"x-envoy-foo", nil},
 		{"x-added", []string{"one", "two"}},
-		{"x-absent", []string{"old"}},
+		{"x-absent", []string{"new"}}, // ext_proc ignores append_action (ADD_IF_ABSENT)
 		{"x-value-only", []string{""}}, // Envoy reads raw_value only
 		{"x-remove-me", nil},
 		{"content-length", nil}, // dropped in FULL_DUPLEX_STREAMED
@@ -284,7 +284,7 @@ func TestFailureModes(t *testing.T) {
 	}
 	badMutation := func(c *fakeproc.Conn) error {
 		_, _ = c.Recv()
-		m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x", Value: "a", RawValue: []byte("b")}}}}
+		m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x", RawValue: []byte("a\r\nb")}}}}
 		_ = c.Send(fakeproc.HeadersResp(false, &extprocv3.CommonResponse{HeaderMutation: m}))
 		_, _ = c.Recv()
 		return nil
@@ -639,7 +639,10 @@ func TestApplyHeaderMutation(t *testing.T) {
 	}{
 		{name: "default overwrites", set: opt("a", "new", 0), want: []string{"new"}},
 		{name: "append flag", set: &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "a", RawValue: []byte("new")}, Append: wrapperspb.Bool(true)}, want: []string{"old", "new"}},
-		{name: "add if absent, present", set: opt("a", "new", corev3.HeaderValueOption_ADD_IF_ABSENT), want: []string{"old"}},
+		// ext_proc reads the append flag only; append_action is ignored.
+		{name: "append_action ADD_IF_ABSENT ignored: overwrites", set: opt("a", "new", corev3.HeaderValueOption_ADD_IF_ABSENT), want: []string{"new"}},
+		{name: "append_action APPEND_IF_EXISTS_OR_ADD ignored: overwrites", set: opt("a", "new", corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD), want: []string{"new"}},
+		{name: "value beside raw_value: raw_value wins", set: &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "a", Value: "v", RawValue: []byte("raw")}}, want: []string{"raw"}},
 		{name: "overwrite if exists", set: opt("a", "new", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS), want: []string{"new"}},
 		{name: "overwrite if exists, absent", set: opt("b", "new", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS), want: []string{"old"}},
 		{name: "upper-case key", set: opt("A", "new", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD), want: []string{"new"}},

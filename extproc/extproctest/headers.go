@@ -149,11 +149,9 @@ func applyHeaderMutation(h *Headers, m *extprocv3.HeaderMutation, response bool)
 		if hv == nil {
 			continue
 		}
-		if hv.GetValue() != "" && len(hv.GetRawValue()) != 0 {
-			return fmt.Errorf("%w: only one of value or raw_value may be set (%q)", ErrInvalidMutation, hv.GetKey())
-		}
-		// Envoy reads only raw_value (send_header_raw_value is on by default),
-		// so a server that fills value alone sets an empty header.
+		// Envoy reads only raw_value (send_header_raw_value is on by
+		// default): a server that fills value alone sets an empty header,
+		// and value beside raw_value is not looked at.
 		key, value := strings.ToLower(hv.GetKey()), string(hv.GetRawValue())
 		if !validHeaderName(key) || strings.ContainsAny(value, "\r\n\x00") {
 			return fmt.Errorf("%w: invalid character in set_headers %q", ErrInvalidMutation, key)
@@ -161,28 +159,13 @@ func applyHeaderMutation(h *Headers, m *extprocv3.HeaderMutation, response bool)
 		if !mutable(key, value, response) {
 			continue
 		}
-		exists := h.Has(key)
-		switch opt.GetAppendAction() {
-		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
-			// The zero value: Envoy then falls back to the deprecated append
-			// flag, which defaults to false (overwrite) in ext_proc.
-			if opt.GetAppend().GetValue() {
-				h.Add(key, value)
-			} else {
-				h.Set(key, value)
-			}
-		case corev3.HeaderValueOption_ADD_IF_ABSENT:
-			if !exists {
-				h.Add(key, value)
-			}
-		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD:
+		// ext_proc reads the deprecated append flag only (false unless
+		// set) and ignores append_action (mutation_utils.cc
+		// MutationUtils::applyHeaderMutations).
+		if opt.GetAppend().GetValue() && h.Has(key) {
+			h.Add(key, value)
+		} else {
 			h.Set(key, value)
-		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
-			if exists {
-				h.Set(key, value)
-			}
-		default:
-			return fmt.Errorf("%w: invalid append_action %d for %q", ErrInvalidMutation, opt.GetAppendAction(), key)
 		}
 	}
 	return nil
