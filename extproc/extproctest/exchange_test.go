@@ -86,7 +86,7 @@ func TestHeaderMutationAndMetadata(t *testing.T) {
 		{":method", []string{"POST"}},         // system headers cannot be removed
 		{"x-envoy-foo", nil},
 		{"x-added", []string{"one", "two"}},
-		{"x-absent", []string{"new"}}, // ext_proc ignores append_action (ADD_IF_ABSENT)
+		{"x-absent", []string{"new"}},  // ext_proc ignores append_action (ADD_IF_ABSENT)
 		{"x-value-only", []string{""}}, // Envoy reads raw_value only
 		{"x-remove-me", nil},
 		{"content-length", nil}, // dropped in FULL_DUPLEX_STREAMED
