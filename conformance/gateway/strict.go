@@ -113,7 +113,11 @@ var failClose = strictTest(TestFailClose, "failclose.yaml",
 		restore := scaleToZero(t, s, resources.PrimaryEppDeploymentNN, resources.PrimaryEppServiceNN)
 		t.Cleanup(restore)
 		req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
-		require.NoError(t, refusedByGateway(t, s, req, "a FailClose pool's request reached a pod while its picker was down",
+		// Held for failureDetection: a gateway that fails open once it has
+		// taken the dead picker out must not pass on the 500s it answers
+		// before (Envoy, with a streamed body, cannot fail open while the
+		// picker is listed: a broken FailOpen looks like FailClose then).
+		require.NoError(t, refusedByGateway(t, s, failureDetection, req, "a FailClose pool's request reached a pod while its picker was down",
 			func(code int, _ http.Header) error {
 				if code < 500 || code > 599 {
 					return fmt.Errorf("status %d, want a 5xx: a FailClose pool whose picker is down must refuse its requests", code)
@@ -191,7 +195,7 @@ var refusals = strictTest(TestRefusals, "refusals.yaml",
 				exp.Request.Headers = tc.headers
 				req := gwhttp.MakeRequest(t, &exp, addr, "HTTP", "http")
 				why := fmt.Sprintf("the picker refused the request (%d), the gateway sent it on", tc.status)
-				require.NoError(t, refusedByGateway(t, s, req, why, func(code int, h http.Header) error {
+				require.NoError(t, refusedByGateway(t, s, 0, req, why, func(code int, h http.Header) error {
 					switch {
 					case code != tc.status:
 						return fmt.Errorf("status %d, want the picker's %d", code, tc.status)
@@ -225,12 +229,13 @@ var fallback = strictTest(TestFallback, "fallback.yaml",
 		gwhttp.MakeRequestAndExpectEventuallyConsistentResponse(t, s.RoundTripper, s.TimeoutConfig, addr, exp)
 	})
 
-// refusedByGateway waits (as consistently does) for req to be answered
-// by the gateway itself, never by a pod (a pod's echo names it; why says
-// what reaching one means), with an answer check accepts.
-func refusedByGateway(t *testing.T, s *confsuite.ConformanceTestSuite, req roundtripper.Request, why string, check func(status int, h http.Header) error) error {
+// refusedByGateway waits (as consistently does, the answers holding for at
+// least hold) for req to be answered by the gateway itself, never by a pod
+// (a pod's echo names it; why says what reaching one means), with an
+// answer check accepts.
+func refusedByGateway(t *testing.T, s *confsuite.ConformanceTestSuite, hold time.Duration, req roundtripper.Request, why string, check func(status int, h http.Header) error) error {
 	t.Helper()
-	return consistently(t, s, func() error {
+	return consistently(t, s, hold, func() error {
 		cReq, cRes, err := s.RoundTripper.CaptureRoundTrip(req)
 		switch {
 		case err != nil:
@@ -297,19 +302,33 @@ func toPod(host, path string, pod *corev1.Pod) gwhttp.ExpectedResponse {
 // inferenceBody is the request the tests send.
 const inferenceBody = `{"model": "conformance-fake-model", "prompt": "Write as if you were a critic: San Francisco"}`
 
-// consistently waits (up to the suite's MaxTimeToConsistency) for check to
-// hold RequiredConsecutiveSuccesses times in a row, one second apart after
-// a failure, and returns check's last error if it never does.
-func consistently(t *testing.T, s *confsuite.ConformanceTestSuite, check func() error) error {
+// failureDetection is how long a failure-mode answer must hold: longer
+// than a gateway takes to notice a picker is gone. Envoy, health checking
+// the picker as infergate renders its clusters (2 s apart, out after two
+// missed checks), takes about 5 s.
+const failureDetection = 10 * time.Second
+
+// consistently waits (up to the suite's MaxTimeToConsistency, plus hold)
+// for check to hold RequiredConsecutiveSuccesses times in a row and, with
+// hold, for hold as well (checks half a second apart then), one second
+// apart after a failure, and returns check's last error if it never does.
+func consistently(t *testing.T, s *confsuite.ConformanceTestSuite, hold time.Duration, check func() error) error {
 	t.Helper()
-	deadline := time.Now().Add(s.TimeoutConfig.MaxTimeToConsistency)
+	deadline := time.Now().Add(s.TimeoutConfig.MaxTimeToConsistency + hold)
 	need := max(s.TimeoutConfig.RequiredConsecutiveSuccesses, 3)
 	ok := 0
+	var since time.Time
 	for {
 		err := check()
 		if err == nil {
-			if ok++; ok >= need {
+			if ok++; ok == 1 {
+				since = time.Now()
+			}
+			if ok >= need && time.Since(since) >= hold {
 				return nil
+			}
+			if hold > 0 {
+				time.Sleep(500 * time.Millisecond)
 			}
 			continue
 		}

@@ -80,6 +80,9 @@ type direction struct {
 	// closed once the first read of a FULL_DUPLEX_STREAMED body returned.
 	headersSent chan struct{}
 	firstRead   chan struct{}
+	// sentAll: the whole body went to the server; handedOff: the consumer
+	// got what follows the processed part (handOff).
+	sentAll, handedOff bool
 
 	headersOwed   bool
 	headersDone   bool
@@ -229,10 +232,11 @@ func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]
 	}
 	e.mu.Unlock()
 
-	// The body is read as it arrives, while the stream connects: in Envoy
-	// the data that came with the headers reaches the filter in the same
-	// dispatch, before a connection failure can be known (a later turn
-	// of the event loop, source/common/network/connection_impl.cc).
+	// The body is read as it arrives, from once the headers are on the
+	// stream: in Envoy the data that came with the headers reaches the
+	// filter in the same dispatch, before a connection failure can be known
+	// (a later turn of the event loop, source/common/network/
+	// connection_impl.cc).
 	if sendBody {
 		go e.sendBody(d)
 	}
@@ -309,6 +313,16 @@ func (e *Exchange) sendBody(d *direction) {
 	}
 	var held []Chunk
 	first := !buffered
+	if first {
+		// The body is read once the headers message is on the stream, or
+		// the stream failed to connect: then failAfterSend waits for this
+		// first read, as Envoy hands the data that came with the headers to
+		// the filter before a failed connection is known.
+		select {
+		case <-d.headersSent:
+		case <-e.streamCtx.Done():
+		}
+	}
 	for {
 		if term := e.terminated(); term != nil {
 			if first {
@@ -354,10 +368,30 @@ func (e *Exchange) sendBody(d *direction) {
 		e.mu.Unlock()
 
 		if err := e.send(msgs...); err != nil {
+			e.mu.Lock()
+			if errors.Is(e.term, errSkipped) {
+				// Skipped while this send was under way (the stream was
+				// cancelled under it): what was sent is the server's.
+				if c.EndOfStream {
+					d.sentAll = true
+					e.skippedAfterSending(d)
+				} else {
+					e.handOff(d, &prefixBody{rest: d.input})
+				}
+				e.mu.Unlock()
+				return
+			}
+			e.mu.Unlock()
 			e.failAfterSend(d, err)
 			return
 		}
 		if c.EndOfStream {
+			e.mu.Lock()
+			d.sentAll = true
+			if errors.Is(e.term, errSkipped) {
+				e.skippedAfterSending(d)
+			}
+			e.mu.Unlock()
 			return
 		}
 		held = nil
@@ -398,10 +432,21 @@ func (e *Exchange) bodyMessages(d *direction, held []Chunk, buffered bool) []*ex
 // rest of the body.
 func (e *Exchange) stopSending(d *direction, term error, held []Chunk) {
 	if errors.Is(term, errSkipped) {
-		d.handoff <- &prefixBody{held: held, rest: d.input}
+		e.mu.Lock()
+		e.handOff(d, &prefixBody{held: held, rest: d.input})
+		e.mu.Unlock()
 		return
 	}
 	_ = d.input.Close()
+}
+
+// handOff gives the consumer of a skipped filter's output the body that
+// follows what the server processed, once. Callers hold e.mu.
+func (e *Exchange) handOff(d *direction, b Body) {
+	if d.handoff != nil && !d.handedOff {
+		d.handedOff = true
+		d.handoff <- b
+	}
 }
 
 func (e *Exchange) terminated() error {
@@ -513,18 +558,17 @@ func (e *Exchange) streamEnded(err error) {
 		e.mu.Unlock()
 		return
 	}
-	if errors.Is(err, io.EOF) && !e.req.owed() && !e.resp.owed() {
-		// The server ended the stream with nothing left to answer. Envoy then
-		// stops calling it for the rest of the request; not an error.
+	if errors.Is(err, io.EOF) {
+		// The server ended the stream (grpc-status OK). Envoy then leaves
+		// it out for the rest of the request, whatever was still owed and
+		// whatever failure_mode_allow says (ext_proc.cc
+		// Filter::onGrpcCloseWithStatus, clearAsyncState); body data the
+		// server held is lost.
 		e.terminate(errSkipped)
 		e.mu.Unlock()
 		return
 	}
 	e.mu.Unlock()
-	if errors.Is(err, io.EOF) {
-		e.fail(fmt.Errorf("%w: server closed the stream while a response was owed", ErrStream))
-		return
-	}
 	e.fail(fmt.Errorf("%w: %w", ErrStream, err))
 }
 
@@ -770,18 +814,22 @@ func (e *Exchange) fail(err error) {
 	if e.term != nil {
 		return
 	}
+	status := http.StatusInternalServerError
+	if e.cfg.StatusOnError != 0 {
+		status = e.cfg.StatusOnError
+	}
 	switch {
 	case errors.Is(err, ErrInvalidMutation):
-		e.terminate(e.errorReply(http.StatusInternalServerError, err))
+		// Filter::handleErrorResponse: status_on_error, never failing open.
+		e.terminate(e.errorReply(status, err))
 	case e.cfg.FailureModeAllow && !e.bodyReceived:
 		e.failedOpen = err
 		e.terminate(errSkipped)
-	case e.cfg.StatusOnError != 0:
-		e.terminate(e.errorReply(e.cfg.StatusOnError, err))
 	case errors.Is(err, ErrMessageTimeout):
+		// Filter::onMessageTimeout: always 504, status_on_error aside.
 		e.terminate(e.errorReply(http.StatusGatewayTimeout, err))
 	default:
-		e.terminate(e.errorReply(http.StatusInternalServerError, err))
+		e.terminate(e.errorReply(status, err))
 	}
 }
 
@@ -813,6 +861,19 @@ func immediateReply(ir *extprocv3.ImmediateResponse) *LocalReply {
 	return &LocalReply{Status: status, Headers: h, Body: ir.GetBody(), Details: ir.GetDetails()}
 }
 
+// skippedAfterSending hands on what is left of a body the server got whole
+// when the filter is skipped: a BUFFERED body is still the filter's and
+// goes on as it was; of a FULL_DUPLEX_STREAMED one the server held the
+// rest, which is lost, so the body ends there (Envoy's clearAsyncState
+// continues with what it still has). Callers hold e.mu.
+func (e *Exchange) skippedAfterSending(d *direction) {
+	if d.bodyMode == filterv3.ProcessingMode_BUFFERED {
+		e.handOff(d, BodyFromChunks(d.buffered))
+		return
+	}
+	e.handOff(d, BodyFromChunks())
+}
+
 // terminate ends the exchange with term (errSkipped: continue without the
 // filter), resolving everything that waits on it. Callers hold e.mu.
 func (e *Exchange) terminate(term error) {
@@ -829,9 +890,8 @@ func (e *Exchange) terminate(term error) {
 			if d.out != nil {
 				body = &outBody{p: d.out, handoff: d.handoff}
 			}
-			if d.bufferedOwed {
-				// The sender is done: the body continues as it was sent.
-				d.handoff <- BodyFromChunks(d.buffered)
+			if d.sentAll {
+				e.skippedAfterSending(d)
 			}
 			e.deliver(d, outcome{headers: d.headers.Clone(), body: body})
 		} else {
