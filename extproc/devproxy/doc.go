@@ -286,7 +286,7 @@
 //	  upstream_impl.cc BaseDynamicClusterImpl::updateDynamicHostList
 //	  (FAILED_ACTIVE_HC), ClusterImplBase::onInitDone; load_balancing_policies/
 //	  common/load_balancer_impl.cc LoadBalancerBase::isHostSetInPanic
-//	  TestFailOpenNeedsNoBodyYet, e2e TestPlainEnvoyBootstrap,
+//	  TestFailOpenNeedsNoBodyYet, TestHealthCheckedProcessorCluster, e2e TestPlainEnvoyBootstrap,
 //	  TestFailureModeWhenThePickerStops, TestEnvoyGatewayExtensionConfigRoutes
 //
 //	Transport sockets per host: the first of transport_socket_matches whose

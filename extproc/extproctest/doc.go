@@ -69,9 +69,10 @@
 //
 // Failures:
 //   - a gRPC error, a server that cannot be reached when the stream opens,
-//     a stream closed while a response is owed, or a spurious message is a
-//     stream error: with failure_mode_allow false a 500 local reply, a
-//     message timeout a 504, or status_on_error for both when it is set;
+//     or a spurious message is a stream error: with failure_mode_allow
+//     false a 500 local reply, or status_on_error when it is set; a message
+//     timeout is a 504 whatever status_on_error says (ext_proc.cc
+//     Filter::onGrpcError, onMessageTimeout);
 //   - with failure_mode_allow true the filter is skipped and the request
 //     continues unmodified, but in FULL_DUPLEX_STREAMED only until body
 //     data has reached the filter (ext_proc.cc Filter::onData,
@@ -85,8 +86,9 @@
 //     open with or without a body. A BUFFERED body stays in the filter and
 //     fails open at any time;
 //   - a rejected mutation is a 500 whatever failure_mode_allow says;
-//   - a server that ends its stream cleanly with nothing owed is left out for
-//     the rest of the request.
+//   - a server that ends its stream cleanly (grpc-status OK) is left out for
+//     the rest of the request, even with answers still owed (body data it
+//     held is lost) (Filter::onGrpcCloseWithStatus).
 //
 // # Not reproduced
 //
