@@ -77,15 +77,17 @@
 //     continues unmodified, but in FULL_DUPLEX_STREAMED only until body
 //     data has reached the filter (ext_proc.cc Filter::onData,
 //     Filter::failureModeAllow, processor_state.cc canFailOpen; Envoy PR
-//     #41276); after that the failure is a 500. The body is read while the
-//     stream connects, and a connection failure counts only after that
-//     first read (bounded by 100 ms), as in Envoy the body that came with
-//     the headers reaches the filter before a failed connection is known.
+//     #41276); after that the failure is a 500. The body is read from once
+//     the headers are on the stream (or the stream failed to connect), and
+//     a connection failure counts only after that first read (bounded by
+//     100 ms), as in Envoy the body that came with the headers reaches the
+//     filter before a failed connection is known.
 //     A stream whose start fails at once (NewClientStarting: no cluster, no
 //     healthy host; async_client_impl.cc AsyncStreamImpl::initialize) fails
 //     open with or without a body. A BUFFERED body stays in the filter and
 //     fails open at any time;
-//   - a rejected mutation is a 500 whatever failure_mode_allow says;
+//   - a rejected mutation is a 500 (status_on_error when set) whatever
+//     failure_mode_allow says (Filter::handleErrorResponse);
 //   - a server that ends its stream cleanly (grpc-status OK) is left out for
 //     the rest of the request, even with answers still owed (body data it
 //     held is lost) (Filter::onGrpcCloseWithStatus).
