@@ -299,9 +299,9 @@ func (e *Exchange) trailersMessage(d *direction, t Headers) *extprocv3.Processin
 
 // sendBody feeds d's body to the server: in FULL_DUPLEX_STREAMED each chunk
 // as it arrives without waiting for any response (the first one counts as
-// received by the filter as soon as it is read, even while the stream is
-// still connecting); in BUFFERED the whole body in one message once the
-// headers response has arrived.
+// received by the filter as soon as it is read, whether or not the stream
+// connected); in BUFFERED the whole body in one message once the headers
+// response has arrived.
 func (e *Exchange) sendBody(d *direction) {
 	buffered := d.bodyMode == filterv3.ProcessingMode_BUFFERED
 	if buffered {
