@@ -22,10 +22,10 @@ import (
 // timeline records, once a second while a run goes, each change in what
 // decides where a pool's requests can go: the app namespace's Pods (IP,
 // readiness), its EndpointSlices (ready addresses), and each stand-in's
-// hosts per cluster. When the test fails it prints the changes, so a
-// request that did not reach the picker's choice shows which layer lagged:
-// the pod's readiness, the EndpointSlice controller, istiod's push, or the
-// stand-in.
+// hosts per cluster and its NACKs. When the test fails it prints the
+// changes, so a request that did not reach the picker's choice shows which
+// layer lagged: the pod's readiness, the EndpointSlice controller, istiod's
+// push, or the stand-in (a NACKed update).
 type timeline struct {
 	start time.Time
 
@@ -96,6 +96,14 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	for name, n := range tl.nodes {
+		// A NACK keeps every later update of that type out too (the
+		// stand-in rejects a whole update where Envoy rejects only the bad
+		// resources), the pool's load assignments included.
+		for typ, st := range n.XDS().Status() {
+			if st.NACKs > 0 {
+				state["stand-in "+name+" NACK "+typ[strings.LastIndex(typ, ".")+1:]] = fmt.Sprintf("%d NACKs, last of version %q: %s", st.NACKs, st.RejectedVersion, st.LastError)
+			}
+		}
 		for _, h := range n.ClusterHosts() {
 			if cl, hosts, ok := strings.Cut(h, ": "); ok && strings.Contains(cl, resources.AppBackendNamespace) {
 				state["stand-in "+name+" "+cl] = hosts
