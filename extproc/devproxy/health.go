@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -82,7 +83,7 @@ func parseHealthChecks(c *clusterv3.Cluster) (*healthCheck, error) {
 		// Required by the proto's validation rules.
 		return nil, errors.New("health_checks[0]: timeout, interval, unhealthy_threshold and healthy_threshold are required")
 	}
-	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(h)
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(h)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +95,7 @@ func parseHealthChecks(c *clusterv3.Cluster) (*healthCheck, error) {
 		service:            g.GetServiceName(),
 		authority:          g.GetAuthority(),
 		noTraffic:          defaultNoTrafficInterval,
-		id:                 string(wire),
+		id:                 string(raw),
 	}
 	if hc.authority == "" {
 		hc.authority = c.GetName()
@@ -132,8 +133,8 @@ func panicThreshold(c *clusterv3.Cluster) (float64, error) {
 // health: nil when nothing checks them (every host healthy).
 type clusterHealth struct {
 	sessions map[string]*hcSession // by host
-	panic    float64
-	traffic  *atomic.Bool // the cluster carried traffic
+	panicAt  float64               // healthy_panic_threshold, percent
+	traffic  *atomic.Bool          // the cluster carried traffic
 }
 
 // usable narrows hosts to those the load balancer may use: the healthy
@@ -146,7 +147,7 @@ func (h *clusterHealth) usable(hosts []string) []string {
 		s := h.sessions[ep]
 		return s != nil && !s.isHealthy()
 	})
-	if h.panic > 0 && float64(len(healthy))*100 < h.panic*float64(len(hosts)) {
+	if h.panicAt > 0 && float64(len(healthy))*100 < h.panicAt*float64(len(hosts)) {
 		return hosts
 	}
 	return healthy
@@ -174,7 +175,6 @@ type hcKey struct {
 // hcSession checks one host until it is stopped.
 type hcSession struct {
 	cfg     *healthCheck
-	target  grpcTarget
 	traffic *atomic.Bool
 
 	mu        sync.Mutex
@@ -289,7 +289,6 @@ func (s *hcSession) run(ctx context.Context, conn *grpc.ClientConn, settled func
 type healthChecks struct {
 	ctx     func() context.Context // the node's run context
 	settled func()                 // a session completed its first check
-	log     func(error, string, ...any)
 
 	mu       sync.Mutex
 	sessions map[hcKey]*hcSession
@@ -298,14 +297,14 @@ type healthChecks struct {
 	live     map[hcKey]bool
 }
 
-func newHealthChecks(ctx func() context.Context, settled func(), log func(error, string, ...any)) *healthChecks {
-	return &healthChecks{ctx: ctx, settled: settled, log: log, sessions: map[hcKey]*hcSession{}, traffic: map[string]*atomic.Bool{},
+func newHealthChecks(ctx func() context.Context, settled func()) *healthChecks {
+	return &healthChecks{ctx: ctx, settled: settled, sessions: map[hcKey]*hcSession{}, traffic: map[string]*atomic.Bool{},
 		used: map[hcKey]bool{}, live: map[hcKey]bool{}}
 }
 
 // forCluster returns the health of cluster name's hosts under cfg,
 // starting sessions for hosts it has none for.
-func (r *healthChecks) forCluster(name string, cfg *healthCheck, panic float64, hosts []string, target func(host string) grpcTarget) (*clusterHealth, error) {
+func (r *healthChecks) forCluster(name string, cfg *healthCheck, panicAt float64, hosts []string, target func(host string) grpcTarget) (*clusterHealth, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	tk := name + "\x00" + cfg.id
@@ -314,7 +313,7 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panic float64, 
 		traffic = &atomic.Bool{}
 		r.traffic[tk] = traffic
 	}
-	h := &clusterHealth{sessions: make(map[string]*hcSession, len(hosts)), panic: panic, traffic: traffic}
+	h := &clusterHealth{sessions: make(map[string]*hcSession, len(hosts)), panicAt: panicAt, traffic: traffic}
 	for _, host := range hosts {
 		t := target(host)
 		k := hcKey{cluster: name, config: cfg.id, host: host, transport: fmt.Sprint(t.addr, t.tls, t.certID)}
@@ -325,7 +324,7 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panic float64, 
 				return nil, fmt.Errorf("health check of %s: %w", host, err)
 			}
 			ctx, cancel := context.WithCancel(r.ctx())
-			s = &hcSession{cfg: cfg, target: t, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel}
+			s = &hcSession{cfg: cfg, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel}
 			r.sessions[k] = s
 			go s.run(ctx, conn, r.settled)
 		}
@@ -343,12 +342,16 @@ func (r *healthChecks) endBuild(accepted bool) {
 		r.live = r.used
 	}
 	r.used = map[hcKey]bool{}
+	inUse := map[string]bool{}
 	for k, s := range r.sessions {
 		if !r.live[k] {
 			s.cancel()
 			delete(r.sessions, k)
+			continue
 		}
+		inUse[k.cluster+"\x00"+k.config] = true
 	}
+	maps.DeleteFunc(r.traffic, func(k string, _ *atomic.Bool) bool { return !inUse[k] })
 }
 
 func (r *healthChecks) closeAll() {

@@ -137,7 +137,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
 	}
-	n.health = newHealthChecks(n.runContext, n.healthSettled, n.log.Error)
+	n.health = newHealthChecks(n.runContext, n.healthSettled)
 	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
 		return nil, errors.New("devproxy node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
 	}
