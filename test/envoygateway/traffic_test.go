@@ -72,7 +72,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 		XDS: xdsclient.Config{
 			Server: gatewaytest.EnvoyGatewayXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: gatewaytest.EnvoyGatewayTLS(t, c.Cluster),
 		},
-		BootstrapClusters: gatewaytest.EnvoyGatewayBootstrap(t).GetStaticResources().GetClusters(),
+		BootstrapClusters: gatewaytest.EnvoyGatewayBootstrapClusters(t),
 		FreePorts:         true,
 		Resolve:           resolve,
 		ResolveOnly:       true,

@@ -99,7 +99,7 @@ func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode
 		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
 		gatewaytest.StandIn(t, devproxy.NodeConfig{
 			XDS:               xds,
-			BootstrapClusters: gatewaytest.EnvoyGatewayBootstrap(t).GetStaticResources().GetClusters(),
+			BootstrapClusters: gatewaytest.EnvoyGatewayBootstrapClusters(t),
 			Address:           p.Status.PodIP,
 			Lookup:            l.Lookup,
 			Timeouts:          standInTimeouts,

@@ -270,6 +270,25 @@ func EnvoyGatewayBootstrap(t testing.TB) *bootstrapv3.Bootstrap {
 	return bs
 }
 
+// EnvoyGatewayBootstrapClusters are the clusters of EnvoyGatewayBootstrap
+// a stand-in playing Envoy Gateway's Envoy runs with beside its ADS stream:
+// the static ones (xds_cluster, prometheus_stats), which are also the only
+// ones an api_config_source may name. local_cluster is left out: an EDS
+// cluster of the Envoy's own Service for zone-aware balancing, which no
+// route here uses, named in the rendering Envoy Gateway keeps (its
+// default, "local_cluster") as nothing serves it, so the stand-in would
+// hold its tables for the 15 s initial_fetch_timeout at every start.
+func EnvoyGatewayBootstrapClusters(t testing.TB) []*clusterv3.Cluster {
+	t.Helper()
+	var out []*clusterv3.Cluster
+	for _, c := range EnvoyGatewayBootstrap(t).GetStaticResources().GetClusters() {
+		if c.GetType() != clusterv3.Cluster_EDS {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // CheckConfigSources walks every ConfigSource in the listeners, routes
 // and clusters x holds and checks each api_config_source as Envoy does
 // against bs (source/common/config/utility.cc
