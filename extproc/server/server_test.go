@@ -334,6 +334,32 @@ func testBufferedModeAnswersHeadersFirst(t *testing.T, transport string) {
 	}
 }
 
+// TestBufferedBodyWithTrailers: a BUFFERED body followed by trailers comes
+// in one message without end_of_stream, and the proxy sends the trailers
+// only once the body is answered: the body is answered at once, then the
+// trailers.
+func TestBufferedBodyWithTrailers(t *testing.T) {
+	eachTransport(t, func(t *testing.T, transport string) {
+		rec := &recorder{}
+		srv, _, _ := start(t, transport, rec, server.Options{})
+		st := openStream(t, dial(t, srv.GRPCAddr(), nil))
+		h := reqHeaders(false, ":method", "POST")
+		h.ProtocolConfig.RequestBodyMode = filterv3.ProcessingMode_BUFFERED
+		mustSend(t, st, h)
+		if mustRecv(t, st).GetRequestHeaders() == nil {
+			t.Fatal("BUFFERED: headers must be answered before the body is sent")
+		}
+		mustSend(t, st, reqBody([]byte(`{"model":"m"}`), false))
+		if mustRecv(t, st).GetRequestBody() == nil {
+			t.Fatal("the body, trailers to follow, was not answered")
+		}
+		mustSend(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}})
+		if mustRecv(t, st).GetRequestTrailers() == nil {
+			t.Fatal("the trailers were not answered")
+		}
+	})
+}
+
 // gatedRecorder refuses requests whose x-refuse header is set from their
 // headers alone.
 type gatedRecorder struct{ recorder }

@@ -281,13 +281,17 @@ func (s *stream) onRequestBody(ctx context.Context, chunk []byte, endOfStream bo
 	} else {
 		s.body = append(s.body, chunk...)
 	}
+	if s.reqMode == filterv3.ProcessingMode_BUFFERED {
+		// A BUFFERED body comes whole in one message, which ends the
+		// stream only when no trailers follow; the proxy sends those after
+		// the body's answer (Envoy: processor_state.cc handleBodyResponse;
+		// agentgateway's Buffered mode alike), so answer it now.
+		return s.answerRequest(ctx, requestPhaseBufferedBody)
+	}
 	if !endOfStream {
 		return nil
 	}
-	if s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return s.answerRequest(ctx, requestPhaseDuplexEnd)
-	}
-	return s.answerRequest(ctx, requestPhaseBufferedBody)
+	return s.answerRequest(ctx, requestPhaseDuplexEnd)
 }
 
 func (s *stream) onRequestTrailers(ctx context.Context) error {
