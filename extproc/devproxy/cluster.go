@@ -147,12 +147,9 @@ func (c *cluster) usable(list []string) []string {
 		return list
 	}
 	list = slices.DeleteFunc(list, func(ep string) bool { return !c.members[ep] })
-	if c.health != nil && len(list) > 0 {
-		// Hosts failing their health checks are skipped too (override_host
-		// takes only hosts of override_host_status, healthy by default).
-		list = slices.DeleteFunc(list, func(ep string) bool { s := c.health.sessions[ep]; return s != nil && !s.isHealthy() })
-	}
-	return list
+	// Hosts failing their health checks are skipped too (override_host
+	// takes only hosts of override_host_status, healthy by default).
+	return c.health.healthyOf(list)
 }
 
 func (c *cluster) roundRobin() ([]string, error) {

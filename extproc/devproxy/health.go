@@ -143,14 +143,35 @@ func (h *clusterHealth) usable(hosts []string) []string {
 	if h == nil || len(hosts) == 0 {
 		return hosts
 	}
-	healthy := slices.DeleteFunc(slices.Clone(hosts), func(ep string) bool {
-		s := h.sessions[ep]
-		return s != nil && !s.isHealthy()
-	})
+	healthy := h.healthyOf(hosts)
 	if h.panicAt > 0 && float64(len(healthy))*100 < h.panicAt*float64(len(hosts)) {
 		return hosts
 	}
 	return healthy
+}
+
+// healthyOf is hosts without those failing their checks (h may be nil).
+func (h *clusterHealth) healthyOf(hosts []string) []string {
+	if h == nil {
+		return hosts
+	}
+	return slices.DeleteFunc(slices.Clone(hosts), func(ep string) bool {
+		s := h.sessions[ep]
+		return s != nil && !s.isHealthy()
+	})
+}
+
+// start is what an ext_proc stream to cluster name does as it starts: it
+// counts as traffic, and goes to the first usable host's channel (conn),
+// or, with none, fails at once.
+func (h *clusterHealth) start(name string, hosts []string, conn func(host string) *grpc.ClientConn) func() (*grpc.ClientConn, error) {
+	return func() (*grpc.ClientConn, error) {
+		h.traffic.Store(true)
+		if usable := h.usable(hosts); len(usable) > 0 {
+			return conn(usable[0]), nil
+		}
+		return nil, fmt.Errorf("cluster %q has no healthy host (no healthy upstream)", name)
+	}
 }
 
 // warming reports whether a host has not had its first check yet.
@@ -387,13 +408,7 @@ func healthAwareClient(cfg extproctest.FilterConfig, name string, cl *cluster, e
 		}
 		conns[host] = conn
 	}
-	return extproctest.NewClientStarting(cfg, func() (*grpc.ClientConn, error) {
-		cl.health.traffic.Store(true)
-		if hosts := cl.health.usable(cl.endpoints); len(hosts) > 0 {
-			return conns[hosts[0]], nil
-		}
-		return nil, fmt.Errorf("cluster %q has no healthy host (no healthy upstream)", name)
-	})
+	return extproctest.NewClientStarting(cfg, cl.health.start(name, cl.endpoints, func(host string) *grpc.ClientConn { return conns[host] }))
 }
 
 // keep ends a build that is accepted but held back while its clusters
@@ -438,13 +453,7 @@ func flagFilterClient(fc extproctest.FilterConfig, checks *healthChecks) (*extpr
 	case <-cl.health.sessions[fc.Target].firstDone:
 	case <-time.After(hc.timeout + time.Second):
 	}
-	c, err := extproctest.NewClientStarting(fc, func() (*grpc.ClientConn, error) {
-		cl.health.traffic.Store(true)
-		if len(cl.health.usable(cl.endpoints)) == 0 {
-			return nil, fmt.Errorf("processor %s fails its health checks (no healthy upstream)", fc.Target)
-		}
-		return conn, nil
-	})
+	c, err := extproctest.NewClientStarting(fc, cl.health.start(fc.Name, cl.endpoints, func(string) *grpc.ClientConn { return conn }))
 	if err != nil {
 		_ = conn.Close()
 		return nil, nil, err
