@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -1079,6 +1080,16 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		return nil, tgt, edsRef{}, err
 	}
 	out := &cluster{name: c.GetName(), connectTimeout: 5 * time.Second}
+	// Round robin starts at a random host of a new cluster, so proxies (and
+	// rebuilds) do not all send their first request to the same host:
+	// RoundRobinLoadBalancer::refreshHostSource starts each host source's
+	// index at seed_, which the EdfLoadBalancerBase constructor draws from
+	// the random generator (Envoy 1.39, source/extensions/
+	// load_balancing_policies/round_robin/round_robin_lb.h, common/
+	// load_balancer_impl.cc). The stand-in builds every cluster anew on
+	// each update, so without it a fallback would always take the first
+	// endpoint.
+	out.next.Store(rand.Uint64())
 	if d := c.GetConnectTimeout(); d != nil {
 		out.connectTimeout = d.AsDuration()
 	}

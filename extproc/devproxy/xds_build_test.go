@@ -1780,6 +1780,35 @@ func TestPerRouteFilterConfig(t *testing.T) {
 	}
 }
 
+// TestRoundRobinStartsAtRandom: each build of a cluster starts round robin
+// at a random endpoint, as Envoy seeds a new load balancer, so a fallback
+// does not send every first request to the first endpoint. 30 builds of a
+// three-endpoint cluster all starting at one endpoint would happen with
+// probability 3^-29.
+func TestRoundRobinStartsAtRandom(t *testing.T) {
+	env := xbEnv(t, xbResolve)
+	firsts := map[string]bool{}
+	for range 30 {
+		cl, _, _, err := buildCluster(xdstest.StaticCluster("s", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"), &resources{}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := cl.roundRobin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, _ := cl.roundRobin()
+		third, _ := cl.roundRobin()
+		if first[0] == second[0] || second[0] == third[0] || first[0] == third[0] {
+			t.Fatalf("round robin took %v %v %v: not a rotation", first, second, third)
+		}
+		firsts[first[0]] = true
+	}
+	if len(firsts) < 2 {
+		t.Errorf("30 builds all started round robin at %v", firsts)
+	}
+}
+
 func TestHostChoice(t *testing.T) {
 	env := xbEnv(t, xbResolve)
 	const (
@@ -1792,6 +1821,10 @@ func TestHostChoice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Round robin from the first endpoint, so the cases can list the
+		// order (a built cluster starts at a random one:
+		// TestRoundRobinStartsAtRandom).
+		out.next.Store(0)
 		return out
 	}
 	odCluster := func(oc *clusterv3.Cluster_OriginalDstLbConfig) func(t *testing.T) *cluster {
