@@ -16,6 +16,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -265,6 +266,33 @@ func (n *Node) ClusterHosts() []string {
 			slices.Sort(others)
 			out = append(out, fmt.Sprintf("%s: %v %v", name, usable, others))
 		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// AssignedHosts describes, for diagnostics, the load assignments the node
+// has accepted over ADS, which warming may not have put in use yet: each
+// assignment's cluster name, then its endpoints' addresses with their EDS
+// health status where one is set.
+func (n *Node) AssignedHosts() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.res.endpoints))
+	for name, cla := range n.res.endpoints {
+		var hosts []string
+		for _, lle := range cla.GetEndpoints() {
+			for _, le := range lle.GetLbEndpoints() {
+				sa := le.GetEndpoint().GetAddress().GetSocketAddress()
+				h := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+				if st := le.GetHealthStatus(); st != corev3.HealthStatus_UNKNOWN {
+					h += "(" + st.String() + ")"
+				}
+				hosts = append(hosts, h)
+			}
+		}
+		slices.Sort(hosts)
+		out = append(out, fmt.Sprintf("%s: %v", name, hosts))
 	}
 	slices.Sort(out)
 	return out

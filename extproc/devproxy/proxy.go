@@ -326,6 +326,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			defer p.closers.Done()
 			for _, ex := range rq.exs {
 				_ = ex.Close()
+				if err := ex.FailedOpen(); err != nil {
+					// Envoy counts these (ext_proc stat failure_mode_allowed,
+					// ext_proc.cc Filter::logFailOpen); the stand-in names
+					// them, as a request that skipped its picker went
+					// wherever the fallback sent it.
+					p.log.Info("ext_proc failed open", "filter", ex.client.Config().Name, "path", r.URL.Path, "reason", err.Error())
+				}
 			}
 			exCancel()
 		}()
@@ -504,6 +511,12 @@ func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, r
 		p.log.Info("no upstream", "path", hdrs.Get(":path"), "cluster", cl.name, "reason", err.Error())
 		p.routerReply(ctx, w, rq, err, false)
 		return
+	}
+	if len(hp.notMembers) > 0 {
+		// Envoy says this at trace level only (override_host
+		// load_balancer.cc LoadBalancerImpl::getEndpoint); here it names a
+		// picker's choice that the cluster's endpoints lack.
+		p.log.Info("override host not in the cluster: fallback policy", "cluster", cl.name, "hosts", hp.notMembers, "chosen", host)
 	}
 	selectHost(cl, rq, host)
 	var (

@@ -220,6 +220,9 @@ type hostPicker struct {
 	list      []string
 	listed    bool
 	attempted map[string]bool
+	// notMembers are the override hosts passed over for not being in the
+	// cluster (for the log: a picker's choice the cluster does not hold).
+	notMembers []string
 }
 
 func newHostPicker(c *cluster, h extproctest.Headers, md map[string]*structpb.Struct) *hostPicker {
@@ -262,6 +265,7 @@ func (hp *hostPicker) choose(rp *retryPolicy, retry bool) (string, error) {
 			if c.anyHost || c.members[host] {
 				return host, nil
 			}
+			hp.notMembers = append(hp.notMembers, host)
 		}
 	}
 	tries := 1

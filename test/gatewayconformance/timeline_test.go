@@ -2,8 +2,10 @@ package gatewayconformance
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -16,16 +18,20 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
 
 	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/livecluster"
 )
 
 // timeline records, once a second while a run goes, each change in what
-// decides where a pool's requests can go: the app namespace's Pods (IP,
-// readiness), its EndpointSlices (ready addresses), and each stand-in's
-// hosts per cluster and its NACKs. When the test fails it prints the
-// changes, so a request that did not reach the picker's choice shows which
-// layer lagged: the pod's readiness, the EndpointSlice controller, istiod's
-// push, or the stand-in (a NACKed update).
+// decides where a pool's requests can go, layer by layer: the app
+// namespace's Pods (IP, readiness), its EndpointSlices (ready addresses),
+// istiod's endpoint shards for its services (what istiod pushes from), the
+// load assignments each stand-in accepted, the hosts per cluster it serves
+// with, and its NACKs. When the test fails it prints the changes, so a
+// request that did not reach the picker's choice shows which layer lagged:
+// the pod's readiness, the EndpointSlice controller, istiod's registry,
+// istiod's push, or the stand-in (a NACK, or warming that held an
+// accepted assignment back).
 type timeline struct {
 	start time.Time
 
@@ -93,6 +99,7 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 			state["slice "+s.Name] = strings.Join(eps, ", ")
 		}
 	}
+	maps.Copy(state, istiodShards(ctx))
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	for name, n := range tl.nodes {
@@ -109,6 +116,11 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 				state["stand-in "+name+" "+cl] = hosts
 			}
 		}
+		for _, h := range n.AssignedHosts() {
+			if cl, hosts, ok := strings.Cut(h, ": "); ok && strings.Contains(cl, resources.AppBackendNamespace) {
+				state["stand-in "+name+" accepted "+cl] = hosts
+			}
+		}
 	}
 	at := time.Since(tl.start).Seconds()
 	for _, k := range slices.Sorted(maps.Keys(state)) {
@@ -117,4 +129,50 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 			tl.last[k] = state[k]
 		}
 	}
+}
+
+// istiodShards is istiod's endpoint registry for the app namespace's
+// services (its /debug/endpointShardz): the endpoints it builds load
+// assignments from, by service host. Empty when istiod does not answer
+// (not started yet, or the Envoy Gateway runs).
+func istiodShards(ctx context.Context) map[string]string {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+gatewaytest.IstioHTTP+"/debug/endpointShardz", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	// service host -> namespace -> {Shards: shard -> endpoints}
+	var shards map[string]map[string]struct {
+		Shards map[string][]struct {
+			Addresses    []string
+			EndpointPort uint32
+			HealthStatus int
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&shards); err != nil {
+		return map[string]string{"istiod shards": "unreadable: " + err.Error()}
+	}
+	out := map[string]string{}
+	for host, byNS := range shards {
+		for ns, es := range byNS {
+			if ns != resources.AppBackendNamespace {
+				continue
+			}
+			var eps []string
+			for _, list := range es.Shards {
+				for _, e := range list {
+					eps = append(eps, fmt.Sprintf("%v:%d health=%d", e.Addresses, e.EndpointPort, e.HealthStatus))
+				}
+			}
+			slices.Sort(eps)
+			out["istiod shards "+host] = strings.Join(eps, ", ")
+		}
+	}
+	return out
 }

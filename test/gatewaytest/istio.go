@@ -29,7 +29,9 @@ const (
 	IstioXDS = "127.0.0.1:15010"
 	// IstioVersion is what the stand-ins report as their ISTIO_VERSION.
 	IstioVersion = "1.30.0"
-	istioReady   = "http://127.0.0.1:8080/ready"
+	// IstioHTTP is istiod's HTTP address: readiness and /debug.
+	IstioHTTP  = "127.0.0.1:8080"
+	istioReady = "http://" + IstioHTTP + "/ready"
 )
 
 // IstioDir holds pilot-discovery, Istio's CRDs (crds/) and the
@@ -60,7 +62,7 @@ func StartIstiod(t *testing.T, c *Cluster, dir string, o Istiod) {
 		"PILOT_ENABLE_ANALYSIS=false", "VALIDATION_WEBHOOK_CONFIG_NAME=", "INJECTION_WEBHOOK_CONFIG_NAME=", "ISTIOD_CUSTOM_HOST=istiod.istio-system.svc",
 	}, filepath.Join(dir, "pilot-discovery"), "discovery",
 		"--kubeconfig", c.Kubeconfig, "--domain", "cluster.local",
-		"--grpcAddr", IstioXDS, "--httpAddr", "127.0.0.1:8080", "--monitoringAddr", "127.0.0.1:15014",
+		"--grpcAddr", IstioXDS, "--httpAddr", IstioHTTP, "--monitoringAddr", "127.0.0.1:15014",
 		"--secureGRPCAddr", "127.0.0.1:15012", "--httpsAddr", "127.0.0.1:15017")
 	WaitFor(t, "istiod ready", 90*time.Second, func() bool {
 		resp, err := http.Get(istioReady)
