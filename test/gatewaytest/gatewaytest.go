@@ -202,6 +202,9 @@ func (c *Cluster) Run(t *testing.T, name string, env []string, bin string, args 
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 10 * time.Second
+	// A test binary killed from outside (a go test -timeout, a CI cancel)
+	// runs no cleanup: the kernel ends its control planes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
