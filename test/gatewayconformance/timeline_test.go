@@ -31,7 +31,7 @@ import (
 // request that did not reach the picker's choice shows which layer lagged:
 // the pod's readiness, the EndpointSlice controller, istiod's registry,
 // istiod's push, or the stand-in (a NACK, or warming that held an
-// accepted assignment back).
+// accepted assignment back). With -v it prints them always.
 type timeline struct {
 	start time.Time
 
@@ -58,7 +58,7 @@ func startTimeline(t *testing.T, l *livecluster.Live) *timeline {
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		if t.Failed() {
+		if t.Failed() || testing.Verbose() {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
 			t.Logf("timeline of the app namespace's pods, EndpointSlices and the stand-ins' hosts (seconds since the run began; last 400 changes):\n%s",
