@@ -61,14 +61,17 @@
 //	  xdsclient: TestFollowsListenersAndClustersToRoutesAndEndpoints,
 //	  TestHandlerErrorNACKs, TestReconnectResumes; TestPartialRDSAndEDSResponses
 //
-//	A set field the stand-in does not reproduce is a NACK naming it; the
-//	node keeps serving its last good configuration. (Envoy accepts the good
-//	clusters and listeners of a CDS or LDS update and rejects the rest;
-//	the stand-in rejects the whole update.)
+//	A set field the stand-in does not reproduce is a NACK naming it. A
+//	cluster or listener of a CDS or LDS update that cannot be built (or
+//	bound) is rejected alone and keeps the version the node had of it (or
+//	stays out); the rest of the update is applied, and the update is
+//	NACKed naming each rejected resource. Anything else rejects the update
+//	whole and the node keeps its last good configuration.
 //	  Envoy: grpc_mux_impl.cc GrpcMuxImpl::onDiscoveryResponse;
-//	  source/common/upstream/cds_api_helper.cc CdsApiHelper::onConfigUpdate
+//	  source/common/upstream/cds_api_helper.cc CdsApiHelper::onConfigUpdate;
+//	  source/common/listener_manager/lds_api.cc LdsApiImpl::onConfigUpdate
 //	  TestBuildNACKsWhatItDoesNotReproduce, TestUnsupportedUpdateKeepsTheLastGoodConfig,
-//	  e2e TestXDSUnsupportedFieldIsNACKed
+//	  TestUpdateAppliedInPart, e2e TestXDSUnsupportedFieldIsNACKed
 //
 //	Updates apply live: a request keeps the table it started with; a
 //	listener that leaves LDS drains; a listener waiting for its RDS holds

@@ -328,7 +328,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 	if err != nil {
 		return err
 	}
-	b, err := n.rebuild(&next, typeURL, version)
+	b, rejected, err := n.rebuildAccepting(&next, typeURL, version)
 	if err != nil {
 		return err
 	}
@@ -342,8 +342,70 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 		n.res.endpoints = keepNamed(n.res.endpoints, b.eds)
 	}
 	n.syncSide(b.side)
+	if rejected != nil {
+		n.log.Info("xDS update applied in part", "type", typeURL, "version", version, "rejected", rejected.Error())
+		return rejected
+	}
 	n.log.V(1).Info("xDS update applied", "type", typeURL, "version", version, "resources", len(rs))
 	return nil
+}
+
+// rebuildAccepting rebuilds with next as Envoy applies a CDS or LDS
+// update: a cluster or listener of the update that cannot be built is
+// rejected alone, keeping the version the node had of it (or none), and
+// the rest is applied; the update is still NACKed, naming each rejected
+// resource (Envoy 1.39: source/common/upstream/cds_api_helper.cc
+// CdsApiHelper::onConfigUpdate, source/common/listener_manager/lds_api.cc
+// LdsApiImpl::onConfigUpdate). rejected is that NACK; err is an update
+// rejected whole: any other failure, or one of another type's resources.
+// Callers hold n.mu.
+func (n *Node) rebuildAccepting(next *resources, typeURL, version string) (b *built, rejected, err error) {
+	var errs []error
+	for {
+		b, err = n.rebuild(next, typeURL, version)
+		var re *resourceError
+		if err == nil || !errors.As(err, &re) || !n.keepPrevious(next, typeURL, re) {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, errors.Join(errs...), nil
+}
+
+// keepPrevious puts back, in next, the version the node has of the
+// resource re names, if re is of the kind typeURL carries and next has the
+// update's own version of it; false when it is not (the update is then
+// rejected whole).
+func (n *Node) keepPrevious(next *resources, typeURL string, re *resourceError) bool {
+	switch {
+	case typeURL == xdsclient.ClusterType && re.kind == clusterKind:
+		return keepOne(next.clusters, n.res.clusters, re.name)
+	case typeURL == xdsclient.ListenerType && re.kind == listenerKind:
+		return keepOne(next.listeners, n.res.listeners, re.name)
+	}
+	return false
+}
+
+// keepOne replaces next's name with held's, or drops it when held has none;
+// false when next's version already is held's (nothing left to undo).
+func keepOne[T proto.Message](next, held map[string]T, name string) bool {
+	cur, ok := next[name]
+	if !ok {
+		return false
+	}
+	old, had := held[name]
+	if had && proto.Equal(cur, old) {
+		return false
+	}
+	if had {
+		next[name] = old
+	} else {
+		delete(next, name)
+	}
+	return true
 }
 
 // rebuild translates next and, if it is accepted, makes it the node's
@@ -670,7 +732,7 @@ func (n *Node) activate(built []*builtListener) error {
 			for _, s := range sockets {
 				_ = s.Close()
 			}
-			return fmt.Errorf("listener %q: binding port %d: %w", bl.name, port, err)
+			return &resourceError{kind: listenerKind, name: bl.name, err: fmt.Errorf("binding port %d: %w", port, err)}
 		}
 		sockets[bl.name] = ln
 	}

@@ -155,7 +155,7 @@ func build(res *resources, env buildEnv) (*built, error) {
 	for name, c := range all {
 		cl, tgt, eds, err := buildCluster(c, res, env)
 		if err != nil {
-			return nil, fmt.Errorf("cluster %q: %w", name, err)
+			return nil, &resourceError{kind: clusterKind, name: name, err: err}
 		}
 		clusters[name], grpcTargets[name] = cl, tgt
 		if (eds.name != "" && !hasAssignment(res, eds)) || cl.health.warming() {
@@ -187,7 +187,7 @@ func build(res *resources, env buildEnv) (*built, error) {
 	for name, l := range res.listeners {
 		bl, err := buildListener(l, res, clusters, grpcTargets, env)
 		if err != nil {
-			return nil, fmt.Errorf("listener %q: %w", name, err)
+			return nil, &resourceError{kind: listenerKind, name: name, err: err}
 		}
 		if bl.rds != "" {
 			out.rds = append(out.rds, bl.rds)
@@ -196,6 +196,23 @@ func build(res *resources, env buildEnv) (*built, error) {
 	}
 	return out, nil
 }
+
+// Kinds of resourceError.
+const (
+	clusterKind  = "cluster"
+	listenerKind = "listener"
+)
+
+// resourceError is a cluster or listener that cannot be built (or bound).
+// Envoy rejects such a resource alone and applies the rest of its update
+// (Node.Apply).
+type resourceError struct {
+	kind, name string
+	err        error
+}
+
+func (e *resourceError) Error() string { return fmt.Sprintf("%s %q: %v", e.kind, e.name, e.err) }
+func (e *resourceError) Unwrap() error { return e.err }
 
 // grpcTarget is where an ext_proc filter (or an EDS stream) naming a
 // cluster connects, and how.

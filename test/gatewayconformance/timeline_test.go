@@ -103,9 +103,8 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	for name, n := range tl.nodes {
-		// A NACK keeps every later update of that type out too (the
-		// stand-in rejects a whole update where Envoy rejects only the bad
-		// resources), the pool's load assignments included.
+		// A NACK keeps the rejected resources at their last version (a
+		// whole update, when it is not one cluster or listener at fault).
 		for typ, st := range n.XDS().Status() {
 			if st.NACKs > 0 {
 				state["stand-in "+name+" NACK "+typ[strings.LastIndex(typ, ".")+1:]] = fmt.Sprintf("%d NACKs, last of version %q: %s", st.NACKs, st.RejectedVersion, st.LastError)
