@@ -566,7 +566,13 @@ func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, r
 				_ = resp.Body.Close()
 			}
 			retriesLeft--
-			p.log.V(1).Info("retrying", "endpoint", host, "cluster", cl.name, "attempt", attempt, "error", fmt.Sprint(err))
+			// Envoy counts these (upstream_rq_retry); named here, as a retry
+			// moves the request off the host the picker chose.
+			status := 0
+			if resp != nil {
+				status = resp.StatusCode
+			}
+			p.log.Info("retrying", "endpoint", host, "cluster", cl.name, "attempt", attempt, "status", status, "error", fmt.Sprint(err))
 			if !sleepCtx(ctx, rp.backoff(attempt)) {
 				err = errTimeout
 			} else if host, err = hp.pick(rp, true); err == nil {
