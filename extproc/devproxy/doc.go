@@ -313,15 +313,21 @@
 //	  TestTransportSocketMatches, TestTransportSocketsInBuild, TestClusterFilters,
 //	  TestIstioGatewayTraffic
 //
-//	EDS clusters warm: an update that names one whose first load assignment
-//	has not arrived, or a health-checked cluster whose hosts have not had
-//	their first check, is accepted but not put in use (listeners keep their
-//	tables, new ones do not serve) until it is ready, or for at most
-//	initial_fetch_timeout's default, 15s. (Envoy warms cluster by cluster.)
+//	Clusters warm: an EDS cluster whose first load assignment has not
+//	arrived, or a health-checked cluster whose hosts have not had their
+//	first check. While the node initializes (until a CDS update is in use
+//	with none warming) the whole update waits, listeners included, for at
+//	most 15s, as Envoy's cluster manager initializes before LDS starts.
+//	After that each warming cluster waits alone: a new one is not there
+//	(its routes answer 503 cluster_not_found, a filter naming it fails at
+//	stream start), an updated one serves at its version in use, and every
+//	other change applies at once; it is put in use when ready, or when its
+//	EDS source's initial_fetch_timeout has passed (15s unset; 0, as Istio
+//	sends, waits for ever).
 //	  Envoy: cluster_manager_impl.cc ClusterManagerImpl::addOrUpdateCluster
-//	  (warming_clusters_); source/common/config/utility.cc
+//	  (warming_clusters_), ClusterManagerInitHelper; source/common/config/utility.cc
 //	  Utility::configSourceInitialFetchTimeout
-//	  TestEDSClusterWarms
+//	  TestEDSClusterWarms, TestClusterWarmsAlone
 //
 //	EDS from ADS, or, for a cluster whose eds_config is an api_config_source
 //	(GRPC, one grpc_services entry), over an EDS stream of its own: to an

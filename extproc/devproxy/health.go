@@ -135,6 +135,7 @@ type clusterHealth struct {
 	sessions map[string]*hcSession // by host
 	panicAt  float64               // healthy_panic_threshold, percent
 	traffic  *atomic.Bool          // the cluster carried traffic
+	keys     []hcKey               // the sessions', for healthChecks.reuse
 }
 
 // usable narrows hosts to those the load balancer may use: the healthy
@@ -351,6 +352,7 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panicAt float64
 		}
 		r.used[k] = true
 		h.sessions[host] = s
+		h.keys = append(h.keys, k)
 	}
 	return h, nil
 }
@@ -409,6 +411,19 @@ func healthAwareClient(cfg extproctest.FilterConfig, name string, cl *cluster, e
 		conns[host] = conn
 	}
 	return extproctest.NewClientStarting(cfg, cl.health.start(name, cl.endpoints, func(host string) *grpc.ClientConn { return conns[host] }))
+}
+
+// reuse keeps the sessions of h, the health of a cluster version that
+// serves on while its update warms, as if this build had asked for them.
+func (r *healthChecks) reuse(h *clusterHealth) {
+	if h == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range h.keys {
+		r.used[k] = true
+	}
 }
 
 // keep ends a build that is accepted but held back while its clusters

@@ -97,7 +97,23 @@ type Node struct {
 	side      map[string]*sideStream // by the cluster that reaches the EDS server
 	runCtx    context.Context        // Run's, for the side streams
 	sideRuns  sync.WaitGroup
-	warmSince time.Time // when EDS clusters started warming; zero when none are
+	// warmSince is when clusters started warming during initialization;
+	// zero when none are.
+	warmSince time.Time
+	// Initialization ends when a CDS update has been put in use with no
+	// cluster warming (or past its fetch timeout), as Envoy's cluster
+	// manager initializes before LDS starts. After it, clusters warm one
+	// by one: active holds each cluster in use (by name), warmStart when
+	// each warming cluster began to.
+	cdsSeen, initialized bool
+	active               map[string]activeCluster
+	warmStart            map[string]time.Time
+}
+
+// activeCluster is a cluster in use and how gRPC clients reach it.
+type activeCluster struct {
+	cl  *cluster
+	tgt grpcTarget
 }
 
 // liveListener is a bound listener and its server.
@@ -318,6 +334,7 @@ func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any
 		next.routes = mergeNamed(n.res.routes, got)
 	case xdsclient.ClusterType:
 		next.clusters, err = decodeAll(rs, func() *clusterv3.Cluster { return &clusterv3.Cluster{} }, (*clusterv3.Cluster).GetName)
+		n.cdsSeen = n.cdsSeen || err == nil
 	case xdsclient.EndpointType:
 		var got map[string]*endpointv3.ClusterLoadAssignment
 		got, err = decodeAll(rs, func() *endpointv3.ClusterLoadAssignment { return &endpointv3.ClusterLoadAssignment{} }, (*endpointv3.ClusterLoadAssignment).GetClusterName)
@@ -411,9 +428,16 @@ func keepOne[T proto.Message](next, held map[string]T, name string) bool {
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	b, err := build(next, buildEnv{resolve: n.resolve, clientFor: n.conns.client, connFor: n.conns.conn, health: n.health,
-		log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap})
-	if err == nil && n.clustersWarming(b.pending) {
+	env := buildEnv{resolve: n.resolve, clientFor: n.conns.client, connFor: n.conns.conn, health: n.health,
+		log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap}
+	if n.initialized {
+		env.hold = n.holdWarming
+	}
+	b, err := build(next, env)
+	if err == nil {
+		n.trimWarming(b.pending)
+	}
+	if err == nil && !n.initialized && n.clustersWarming(b.pending) {
 		// Accepted, but clusters are warming (EDS endpoints or first
 		// health checks to come): the tables in use stay until they are
 		// done or the fetch times out. The health checks already started
@@ -428,6 +452,10 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 	}
 	n.conns.endBuild(err == nil)
 	n.health.endBuild(err == nil)
+	if err == nil {
+		n.active = b.active
+		n.initialized = n.initialized || (n.cdsSeen && n.client != nil)
+	}
 	if err != nil {
 		msg := "xDS update rejected"
 		if n.static != nil {
@@ -470,6 +498,58 @@ func (n *Node) clustersWarming(pending []string) bool {
 	return time.Since(n.warmSince) < initialFetchTimeout
 }
 
+// holdWarming is buildEnv.hold after initialization: a warming cluster
+// stays at the version in use, or out if it is new, until it is ready or
+// its initial_fetch_timeout has passed (then it is used as it is). Callers
+// hold n.mu.
+func (n *Node) holdWarming(name string, c *clusterv3.Cluster) (*activeCluster, bool) {
+	d := fetchTimeout(c)
+	start, ok := n.warmStart[name]
+	if !ok {
+		start = time.Now()
+		if n.warmStart == nil {
+			n.warmStart = map[string]time.Time{}
+		}
+		n.warmStart[name] = start
+		if d > 0 {
+			time.AfterFunc(d, n.warmTimedOut)
+		}
+		n.log.V(1).Info("cluster warming", "cluster", name, "timeout", d)
+	}
+	if d > 0 && time.Since(start) >= d {
+		return nil, false
+	}
+	if old, ok := n.active[name]; ok {
+		return &old, true
+	}
+	return nil, true
+}
+
+// trimWarming forgets the clusters no longer warming. Callers hold n.mu.
+func (n *Node) trimWarming(pending []string) {
+	for name := range n.warmStart {
+		if !slices.Contains(pending, name) {
+			delete(n.warmStart, name)
+		}
+	}
+}
+
+// fetchTimeout is how long cluster c may warm: its EDS source's
+// initial_fetch_timeout (15 s unset; 0, as Istio sets it, no limit), 15 s
+// for a cluster warming on its first health checks (Envoy 1.39:
+// source/common/config/utility.cc Utility::configSourceInitialFetchTimeout,
+// used by the EDS subscription in source/extensions/clusters/eds/eds.cc).
+func fetchTimeout(c *clusterv3.Cluster) time.Duration {
+	if c.GetType() != clusterv3.Cluster_EDS {
+		return initialFetchTimeout
+	}
+	t := c.GetEdsClusterConfig().GetEdsConfig().GetInitialFetchTimeout()
+	if t == nil {
+		return initialFetchTimeout
+	}
+	return t.AsDuration()
+}
+
 // runContext is Run's context, which health check sessions live in.
 func (n *Node) runContext() context.Context {
 	return n.runCtx // read under n.mu by the callers (build)
@@ -481,7 +561,7 @@ func (n *Node) healthSettled() {
 	go func() {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		if n.warmSince.IsZero() || n.runCtx.Err() != nil {
+		if (n.warmSince.IsZero() && len(n.warmStart) == 0) || n.runCtx.Err() != nil {
 			return
 		}
 		if _, err := n.rebuild(n.res, "health_check", ""); err != nil {
@@ -495,7 +575,8 @@ func (n *Node) healthSettled() {
 func (n *Node) warmTimedOut() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.warmSince.IsZero() || time.Since(n.warmSince) < initialFetchTimeout || n.runCtx.Err() != nil {
+	initWaits := !n.warmSince.IsZero() && time.Since(n.warmSince) >= initialFetchTimeout
+	if (!initWaits && len(n.warmStart) == 0) || n.runCtx.Err() != nil {
 		return
 	}
 	n.log.Info("initial fetch timeout: using clusters without their endpoints")

@@ -760,6 +760,56 @@ func TestEDSClusterWarms(t *testing.T) {
 	}
 }
 
+// TestClusterWarmsAlone: once the node has initialized, a cluster that
+// warms holds back only itself, as Envoy warms cluster by cluster: a new
+// one is not there (its routes answer 503 cluster_not_found) while the
+// rest of the node takes updates, an updated one serves at its old
+// version, and each is put in use when its load assignment arrives.
+func TestClusterWarmsAlone(t *testing.T) {
+	up1, up2, up3 := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	n, apply := offlineNode(t)
+	prefix := func(p, cluster string) *routev3.Route {
+		return &routev3.Route{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: p}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}}}
+	}
+	apply(xdsclient.ClusterType, xdstest.EDSCluster("a"))
+	apply(xdsclient.ListenerType, xdstest.Listener("l", 80, "r"))
+	apply(xdsclient.RouteType, &routev3.RouteConfiguration{Name: "r", VirtualHosts: []*routev3.VirtualHost{{
+		Name: "vh", Domains: []string{"*"}, Routes: []*routev3.Route{prefix("/a", "a"), prefix("/b", "b")}}}})
+	apply(xdsclient.EndpointType, xdstest.Assignment("a", up1.Addr))
+	base := listenerURL(t, n, "l")
+	expect := func(path string, status int, from *fakeproc.Upstream) {
+		t.Helper()
+		resp, body := get(t, base+path)
+		want := "any body"
+		if from != nil {
+			want = "hello from " + from.Addr
+		}
+		if resp.StatusCode != status || (from != nil && body != want) {
+			t.Fatalf("%s: %d %q, want %d %q", path, resp.StatusCode, body, status, want)
+		}
+	}
+	expect("/a", 200, up1)
+
+	// b is new and warms: /b finds no cluster, and a's new endpoint is in
+	// use at once.
+	apply(xdsclient.ClusterType, xdstest.EDSCluster("a"), xdstest.EDSCluster("b"))
+	apply(xdsclient.EndpointType, xdstest.Assignment("a", up2.Addr))
+	expect("/a", 200, up2)
+	expect("/b", 503, nil)
+	apply(xdsclient.EndpointType, xdstest.Assignment("b", up3.Addr))
+	expect("/b", 200, up3)
+
+	// a changes to a load assignment that has not come: it serves at its
+	// version in use until that arrives.
+	a2 := xdstest.EDSCluster("a")
+	a2.EdsClusterConfig.ServiceName = "a2"
+	apply(xdsclient.ClusterType, a2, xdstest.EDSCluster("b"))
+	expect("/a", 200, up2)
+	apply(xdsclient.EndpointType, xdstest.Assignment("a2", up1.Addr))
+	expect("/a", 200, up1)
+}
+
 // TestStreamIdleTimeout: the connection manager's stream_idle_timeout ends
 // a request with no activity for that long: before the response started
 // with Envoy's 408 "stream timeout", after it by resetting the stream; a

@@ -109,6 +109,12 @@ type buildEnv struct {
 	// beside those CDS sends. Only its non-EDS ones may back an
 	// api_config_source (Envoy's primary clusters).
 	bootstrap map[string]*clusterv3.Cluster
+	// hold, once the node has initialized, decides for a warming cluster
+	// whether it is held back (held) and what serves meanwhile: the
+	// version in use (old), or nothing (a new cluster: its routes find no
+	// cluster). nil: every cluster is used as built (initialization, whose
+	// warming holds the whole update back instead).
+	hold func(name string, c *clusterv3.Cluster) (old *activeCluster, held bool)
 }
 
 // built is a translated state: the listeners, and the names the node must
@@ -123,8 +129,11 @@ type built struct {
 	// api_config_source).
 	side map[string]*sideSource
 	// pending are the EDS clusters whose first load assignment has not
-	// arrived (Envoy keeps them warming).
+	// arrived, and the health-checked ones whose hosts have not had their
+	// first check (Envoy keeps them warming).
 	pending []string
+	// active are the clusters the listeners were built with.
+	active map[string]activeCluster
 }
 
 func hasAssignment(res *resources, eds edsRef) bool {
@@ -157,9 +166,25 @@ func build(res *resources, env buildEnv) (*built, error) {
 		if err != nil {
 			return nil, &resourceError{kind: clusterKind, name: name, err: err}
 		}
-		clusters[name], grpcTargets[name] = cl, tgt
-		if (eds.name != "" && !hasAssignment(res, eds)) || cl.health.warming() {
+		warming := (eds.name != "" && !hasAssignment(res, eds)) || cl.health.warming()
+		if warming {
 			out.pending = append(out.pending, name)
+		}
+		// A warming cluster is held back cluster by cluster once the node
+		// has initialized: the version in use serves on, a new one is not
+		// there yet (ClusterManagerImpl::addOrUpdateCluster keeps it in
+		// warming_clusters_ until its init completes).
+		if old, held := (*activeCluster)(nil), false; warming && env.hold != nil {
+			if old, held = env.hold(name, c); held && old != nil {
+				clusters[name], grpcTargets[name] = old.cl, old.tgt
+				env.health.reuse(old.cl.health)
+			}
+			if held {
+				cl = nil
+			}
+		}
+		if cl != nil {
+			clusters[name], grpcTargets[name] = cl, tgt
 		}
 		switch {
 		case eds.name == "":
@@ -183,6 +208,10 @@ func build(res *resources, env buildEnv) (*built, error) {
 			return nil, fmt.Errorf("eds_config names cluster %q, which has no endpoint", src)
 		}
 		s.target = tgt
+	}
+	out.active = make(map[string]activeCluster, len(clusters))
+	for name, cl := range clusters {
+		out.active[name] = activeCluster{cl: cl, tgt: grpcTargets[name]}
 	}
 	for name, l := range res.listeners {
 		bl, err := buildListener(l, res, clusters, grpcTargets, env)
