@@ -51,7 +51,7 @@ func main() {
 	flag.StringVar(&o.trace, "trace", "", "write an execution trace of infergate during its first round of each comparison to this path, suffixed -epp.trace or -payload.trace (go tool trace reads it): what waited, and for what")
 	flag.StringVar(&o.driverProfile, "driver-cpu-profile", "", "write the driver's own CPU profile during infergate's first round of each comparison to this path, suffixed as --cpu-profile")
 	flag.StringVar(&o.env, "processor-env", "", "environment both processors run with, as KEY=VALUE pairs separated by spaces (e.g. GOGC=800), to see how a runtime setting changes both")
-	flag.StringVar(&o.transport, "transport", "auto", "what serves ext_proc in infergate's processors (--extproc-transport): auto (the processors' default: h2 for both here), grpc or h2")
+	flag.StringVar(&o.transport, "transport", "auto", "what serves ext_proc in infergate's processors (--extproc-transport): auto (the processors' default: grpc), grpc or h2")
 	flag.BoolVar(&o.pin, "pin", false, "pin the driver (and the API server and model servers) to CPU 0 and the processor under load to CPU 1, so that neither takes the other's core")
 	flag.Parse()
 	if !gatewaytest.InNamespace() {

@@ -47,7 +47,7 @@ func (l *serverFlags) register(fs *pflag.FlagSet, grpcPort, healthPort int) {
 	fs.DurationVar(&l.drain, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.DurationVar(&l.shutdownDelay, "shutdown-delay", 0, "on stop, how long to go on serving new streams with the health service NOT_SERVING before draining, so gateways' health checks take this processor out first (the charts set 5s); 0 = none")
 	fs.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
-	fs.StringVar(&l.transport, "extproc-transport", server.TransportAuto, "what serves ext_proc: h2 (infergate's own HTTP/2, each connection's requests on one goroutine: less CPU per request and a shorter tail), grpc (grpc-go, a goroutine per request; the picker's flow control needs it), or auto (h2 unless flow control is on)")
+	fs.StringVar(&l.transport, "extproc-transport", server.TransportAuto, "what serves ext_proc: grpc (grpc-go, a goroutine per request), h2 (infergate's own HTTP/2, opt-in: each connection's requests on one goroutine, less CPU per request and a shorter tail; not yet proven against a gateway's HTTP/2 codec; refused with the picker's flow control), or auto (grpc)")
 }
 
 // options validates the flags and returns the server options (an empty

@@ -14,14 +14,17 @@ import (
 
 // Transports the ext_proc listener can serve with (Options.Transport).
 const (
-	// TransportAuto is TransportH2, or TransportGRPC for a handler that
-	// may block.
+	// TransportAuto is what the processors serve by default: TransportGRPC.
+	// TransportH2 has met only grpc-go clients and the project's own
+	// driver, not the HTTP/2 codec of a gateway (Envoy's nghttp2/oghttp2,
+	// agentgateway's hyper), nor an HTTP/2 conformance or attack suite;
+	// until it has, it is opt-in.
 	TransportAuto = "auto"
 	// TransportGRPC is grpc-go.
 	TransportGRPC = "grpc"
-	// TransportH2 is extproc/h2server: each connection's streams are
-	// served on its one goroutine, for less CPU per request than grpc-go
-	// and a shorter tail (README "Against the reference
+	// TransportH2 is extproc/h2server, opt-in: each connection's streams
+	// are served on its one goroutine, for less CPU per request than
+	// grpc-go and a shorter tail (README "Against the reference
 	// implementations"). A handler that may block (Blocker) cannot use it.
 	TransportH2 = "h2"
 )

@@ -71,7 +71,7 @@ type Options struct {
 	ShutdownDelay time.Duration
 	// Transport serves the ext_proc listener with grpc-go (TransportGRPC)
 	// or extproc/h2server (TransportH2); TransportAuto, the default when
-	// empty, picks h2 unless the handler may block.
+	// empty, is grpc-go.
 	Transport string
 	// Gatherer is served on the metrics listener.
 	Gatherer prometheus.Gatherer
@@ -129,10 +129,7 @@ func New(handler Handler, opts Options) (*Server, error) {
 	}
 	switch opts.Transport {
 	case "", TransportAuto:
-		opts.Transport = TransportH2
-		if blocks {
-			opts.Transport = TransportGRPC
-		}
+		opts.Transport = TransportGRPC
 	case TransportGRPC:
 	case TransportH2:
 		if blocks {

@@ -518,16 +518,18 @@ type blocker struct{ recorder }
 
 func (*blocker) MayBlock() bool { return true }
 
-// TestTransportChoice: auto serves h2 unless the handler may block, h2
-// refuses a handler that may, and an unknown transport is refused by name.
+// TestTransportChoice: auto (and the default) serves grpc-go, h2 only when
+// asked for and refusing a handler that may block, and an unknown
+// transport is refused by name.
 func TestTransportChoice(t *testing.T) {
 	for _, tc := range []struct {
 		name, transport string
 		h               server.Handler
 		want, err       string
 	}{
-		{"auto", server.TransportAuto, &recorder{}, server.TransportH2, ""},
-		{"default", "", &recorder{}, server.TransportH2, ""},
+		{"auto", server.TransportAuto, &recorder{}, server.TransportGRPC, ""},
+		{"default", "", &recorder{}, server.TransportGRPC, ""},
+		{"h2 when asked", server.TransportH2, &recorder{}, server.TransportH2, ""},
 		{"blocking handler on auto", server.TransportAuto, &blocker{}, server.TransportGRPC, ""},
 		{"blocking handler on grpc", server.TransportGRPC, &blocker{}, server.TransportGRPC, ""},
 		{"blocking handler on h2", server.TransportH2, &blocker{}, "", "may hold requests"},
