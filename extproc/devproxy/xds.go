@@ -174,13 +174,13 @@ func build(res *resources, env buildEnv) (*built, error) {
 		// has initialized: the version in use serves on, a new one is not
 		// there yet (ClusterManagerImpl::addOrUpdateCluster keeps it in
 		// warming_clusters_ until its init completes).
-		if old, held := (*activeCluster)(nil), false; warming && env.hold != nil {
-			if old, held = env.hold(name, c); held && old != nil {
-				clusters[name], grpcTargets[name] = old.cl, old.tgt
-				env.health.reuse(old.cl.health)
-			}
-			if held {
+		if warming && env.hold != nil {
+			if old, held := env.hold(name, c); held {
 				cl = nil
+				if old != nil {
+					clusters[name], grpcTargets[name] = old.cl, old.tgt
+					env.health.reuse(old.cl.health)
+				}
 			}
 		}
 		if cl != nil {
