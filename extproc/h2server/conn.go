@@ -457,6 +457,13 @@ func isGRPC(contentType string) bool {
 
 func (c *conn) onData(f *http2.DataFrame) error {
 	n := f.Length // padding counts against the windows too
+	// The client may not send past the windows it was given (RFC 9113
+	// section 6.9.1): the connection's is connWindow less what is not
+	// granted back yet; a stream's, streamWindow less its unacked bytes,
+	// which grow without grants while its answers wait for the client.
+	if uint64(c.recvUnacked)+uint64(n) > connWindow {
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
 	c.recvUnacked += n
 	c.wmu.Lock()
 	if c.recvUnacked >= connWindow/4 {
@@ -473,6 +480,12 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	if st.halfClosed {
 		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeStreamClosed, Cause: errors.New("DATA after END_STREAM")}
+	}
+	c.wmu.Lock()
+	over := st.unacked+int64(n) > streamWindow
+	c.wmu.Unlock()
+	if over {
+		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl, Cause: errors.New("DATA past the stream's receive window")}
 	}
 	c.deliver(st, f.Data())
 	if f.StreamEnded() && !st.finished {

@@ -562,3 +562,89 @@ func TestAnswersAClientDoesNotReadAreBounded(t *testing.T) {
 	}
 	t.Logf("%d bytes of answers held", held)
 }
+
+// TestReceiveWindowEnforced: a client that sends DATA past the receive
+// window the server gave it has its stream reset with FLOW_CONTROL_ERROR
+// (RFC 9113 section 6.9), as grpc-go resets it, instead of the server
+// buffering whatever comes. The client reads no answers (its own window is
+// 0), so the echoed answers wait and the server stops granting window.
+func TestReceiveWindowEnforced(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodEcho}, {":authority", "test"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	reset := make(chan http2.ErrCode, 1)
+	go func() {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				close(reset)
+				return
+			}
+			switch f := f.(type) {
+			case *http2.RSTStreamFrame:
+				reset <- f.ErrCode
+				return
+			case *http2.GoAwayFrame:
+				reset <- f.ErrCode
+				return
+			}
+		}
+	}()
+	body, err := proto.Marshal(wrapperspb.Bytes(make([]byte, 100_000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := append([]byte{0, byte(len(body) >> 24), byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+	// Four windows' worth, past the one the server can have granted while
+	// its answers wait (at most streamWindow beyond what it received).
+	sent := 0
+	for sent < 4*streamWindow {
+		for off := 0; off < len(msg); off += 16384 {
+			if err := fr.WriteData(1, false, msg[off:min(off+16384, len(msg))]); err != nil {
+				t.Fatalf("writing DATA after %d bytes: %v", sent, err)
+			}
+		}
+		sent += len(msg)
+		select {
+		case code, ok := <-reset:
+			if !ok || code != http2.ErrCodeFlowControl {
+				t.Fatalf("after %d bytes: reset %v (read ok %v), want FLOW_CONTROL_ERROR", sent, code, ok)
+			}
+			if sent <= streamWindow {
+				t.Fatalf("reset after %d bytes, within the window", sent)
+			}
+			return
+		default:
+		}
+	}
+	select {
+	case code, ok := <-reset:
+		if ok && code == http2.ErrCodeFlowControl {
+			return
+		}
+		t.Fatalf("reset %v (read ok %v), want FLOW_CONTROL_ERROR", code, ok)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%d bytes sent past a %d-byte window and the stream was not reset", sent, streamWindow)
+	}
+}
