@@ -169,8 +169,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for ln := range s.lns {
 		_ = ln.Close()
 	}
+	// Each GOAWAY is written on its own goroutine: a connection whose
+	// client stopped reading has a write blocked under its lock, and
+	// waiting for it here would keep the deadline below from ever being
+	// read. Close, at the deadline, closes the socket under that write.
 	for c := range s.conns {
-		c.goAway()
+		go c.goAway()
 	}
 	s.mu.Unlock()
 	// Connections leave the set as they close; polling keeps the set a

@@ -648,3 +648,68 @@ func TestReceiveWindowEnforced(t *testing.T) {
 		t.Fatalf("%d bytes sent past a %d-byte window and the stream was not reset", sent, streamWindow)
 	}
 }
+
+// TestShutdownDeadlineWithAClientThatDoesNotRead: a client that stops
+// reading leaves the server blocked in a socket write; Shutdown still ends
+// at its deadline, closing the connection (grpc-go's GracefulStop bounded
+// by Stop does the same), instead of waiting on the blocked write for ever.
+func TestShutdownDeadlineWithAClientThatDoesNotRead(t *testing.T) {
+	s, addr := serve(t, &service{}, Options{})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	// A window as large as HTTP/2 allows, so answers go out until the
+	// socket buffers are full.
+	if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fr.WriteWindowUpdate(0, 1<<31-1-65535); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodEcho}, {":authority", "test"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	body, err := proto.Marshal(wrapperspb.Bytes(make([]byte, 100_000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := append([]byte{0, byte(len(body) >> 24), byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+	// 64 MB of echoed answers, far more than the socket buffers hold; the
+	// client reads none of them. Within the stream's window (the server
+	// grants it back as the answers go out).
+	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+send:
+	for range 640 {
+		for off := 0; off < len(msg); off += 16384 {
+			if fr.WriteData(1, false, msg[off:min(off+16384, len(msg))]) != nil {
+				break send // the server stopped reading: it is blocked writing
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- s.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Shutdown: %v, want its deadline exceeded", err)
+		}
+		t.Logf("Shutdown returned after %v", time.Since(start))
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown with a 500 ms deadline still running after 10 s")
+	}
+}
