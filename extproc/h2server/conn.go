@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -61,15 +62,20 @@ type conn struct {
 	pingStrikes int
 
 	// wmu guards the write side and the stream state senders share.
-	wmu         sync.Mutex
-	bw          *bufio.Writer
-	records     *recordWriter // under TLS; nil in plain text
-	streams     map[uint32]*Stream
-	maxID       uint32 // the highest stream the client opened
-	sendWindow  int64  // connection-level window for our DATA
-	peerWindow  int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
-	peerFrame   int    // the client's SETTINGS_MAX_FRAME_SIZE
-	blocked     []*Stream
+	wmu        sync.Mutex
+	bw         *bufio.Writer
+	records    *recordWriter // under TLS; nil in plain text
+	streams    map[uint32]*Stream
+	maxID      uint32 // the highest stream the client opened
+	sendWindow int64  // connection-level window for our DATA
+	peerWindow int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
+	peerFrame  int    // the client's SETTINGS_MAX_FRAME_SIZE
+	blocked    []*Stream
+	// expired are streams ended on the wire at their grpc-timeout whose
+	// Receivers the connection goroutine has yet to close; hasExpired
+	// says there are some without taking wmu.
+	expired     []*Stream
+	hasExpired  atomic.Bool
 	dispatching bool // the connection goroutine is handling frames and flushes after
 	goingAway   bool
 	wrote       bool // HEADERS or DATA went out since the last ping
@@ -154,6 +160,9 @@ func (c *conn) serve() {
 			runtime.Gosched()
 		}
 		f, err := c.fr.ReadFrame()
+		if c.hasExpired.Load() {
+			c.closeExpired()
+		}
 		if err == nil && batch == 0 {
 			c.wmu.Lock()
 			c.dispatching = true
@@ -230,6 +239,7 @@ func (c *conn) close() {
 	for _, st := range open {
 		c.abort(st, errConnClosed)
 	}
+	c.closeExpired()
 	_ = c.nc.Close()
 }
 
@@ -427,6 +437,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	if timeout > 0 {
 		st.ctx, st.cancel = context.WithTimeout(c.ctx, timeout)
+		st.expiry = time.AfterFunc(timeout, func() { c.expire(st) })
 	} else {
 		st.ctx, st.cancel = context.WithCancel(c.ctx)
 	}
@@ -600,6 +611,9 @@ func (c *conn) finish(st *Stream, err error) {
 	st.finished, st.buf = true, nil
 	st.recv.Close(err)
 	st.cancel()
+	if st.expiry != nil {
+		st.expiry.Stop()
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if st.ended {
@@ -625,6 +639,42 @@ func (c *conn) writeTrailers(st *Stream) {
 	delete(c.streams, st.id)
 }
 
+// expire ends a stream at the client's grpc-timeout, from its timer: the
+// status DEADLINE_EXCEEDED goes out at once, answers still waiting for
+// window are dropped, and a reset follows, as grpc-go ends such a call.
+// The Receiver is closed by the connection goroutine, which alone may
+// touch it, when it next reads (closeExpired) or closes.
+func (c *conn) expire(st *Stream) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if st.ended || c.werr != nil {
+		return
+	}
+	st.ended, st.pending, st.rstAfter = true, nil, true
+	st.trailers = c.s.blocks.status(status.Error(codes.DeadlineExceeded, "deadline exceeded"), !st.headersSent)
+	c.writeTrailers(st)
+	c.expired = append(c.expired, st)
+	c.hasExpired.Store(true)
+	c.flushUnlessDispatching()
+}
+
+// closeExpired closes the Receivers of the streams expire ended; on the
+// connection goroutine.
+func (c *conn) closeExpired() {
+	c.wmu.Lock()
+	expired := c.expired
+	c.expired = nil
+	c.hasExpired.Store(false)
+	c.wmu.Unlock()
+	for _, st := range expired {
+		if !st.finished {
+			st.finished, st.buf = true, nil
+			st.recv.Close(status.Error(codes.DeadlineExceeded, "deadline exceeded"))
+			st.cancel()
+		}
+	}
+}
+
 // abort ends a stream that is gone on the client's side (reset, lost
 // connection): nothing more is written for it.
 func (c *conn) abort(st *Stream, err error) {
@@ -632,6 +682,9 @@ func (c *conn) abort(st *Stream, err error) {
 		st.finished, st.buf = true, nil
 		st.recv.Close(err)
 		st.cancel()
+	}
+	if st.expiry != nil {
+		st.expiry.Stop()
 	}
 	c.wmu.Lock()
 	st.ended, st.pending, st.trailers = true, nil, nil

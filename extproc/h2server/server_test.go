@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -712,4 +713,76 @@ send:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Shutdown with a 500 ms deadline still running after 10 s")
 	}
+}
+
+// TestGRPCTimeoutEndsTheStream: at the client's grpc-timeout the server
+// ends the call on the wire with DEADLINE_EXCEEDED, as grpc-go does, even
+// when neither side sends anything more; the Receiver is closed with that
+// status once the connection next reads.
+func TestGRPCTimeoutEndsTheStream(t *testing.T) {
+	svc := &service{deadline: make(chan time.Time, 1)}
+	_, addr := serve(t, svc, Options{})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodWait}, {":authority", "test"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}, {"grpc-timeout", "300m"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	start := time.Now()
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	<-svc.deadline
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no status %v after the 300 ms grpc-timeout: %v", time.Since(start), err)
+		}
+		mh, ok := f.(*http2.MetaHeadersFrame)
+		if !ok || mh.StreamID != 1 || !mh.StreamEnded() {
+			continue
+		}
+		var st string
+		for _, hf := range mh.RegularFields() {
+			if hf.Name == "grpc-status" {
+				st = hf.Value
+			}
+		}
+		if st != fmt.Sprint(int(codes.DeadlineExceeded)) {
+			t.Fatalf("stream ended with grpc-status %q, want %d", st, codes.DeadlineExceeded)
+		}
+		if d := time.Since(start); d < 250*time.Millisecond || d > 2*time.Second {
+			t.Fatalf("status after %v, want about 300 ms", d)
+		}
+		break
+	}
+	// The next frame the connection reads closes the Receiver.
+	if err := fr.WritePing(false, [8]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if closes := svc.closes(); len(closes) == 1 {
+			if status.Code(closes[0]) != codes.DeadlineExceeded {
+				t.Fatalf("the Receiver closed with %v", closes[0])
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the Receiver was not closed: %v", svc.closes())
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strconv"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -31,10 +32,11 @@ type Stream struct {
 
 	// Under c.wmu.
 	headersSent bool
-	ended       bool   // Send fails: the status is written or waits, or the stream is gone
-	pending     []byte // DATA waiting for the client's window
-	trailers    []byte // the status, written when pending has drained
-	rstAfter    bool   // reset after the status: the client has not half-closed
+	ended       bool        // Send fails: the status is written or waits, or the stream is gone
+	pending     []byte      // DATA waiting for the client's window
+	trailers    []byte      // the status, written when pending has drained
+	rstAfter    bool        // reset after the status: the client has not half-closed
+	expiry      *time.Timer // ends the call at the client's grpc-timeout
 	sendWindow  int64
 	unacked     int64 // bytes received and not yet granted back
 }
