@@ -376,20 +376,7 @@ func TestShutdownDrains(t *testing.T) {
 // as grpc-go's enforcement does.
 func TestTooManyPings(t *testing.T) {
 	_, addr := serve(t, &service{}, Options{})
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = nc.Close() }()
-	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(nc, nc)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
+	_, fr := rawClient(t, addr)
 	acks := 0
 	for i := range 5 {
 		if err := fr.WritePing(false, [8]byte{byte(i)}); err != nil {
@@ -571,29 +558,8 @@ func TestAnswersAClientDoesNotReadAreBounded(t *testing.T) {
 // 0), so the echoed answers wait and the server stops granting window.
 func TestReceiveWindowEnforced(t *testing.T) {
 	_, addr := serve(t, &service{}, Options{})
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = nc.Close() }()
-	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(nc, nc)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
-		t.Fatal(err)
-	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodEcho}, {":authority", "test"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	_, fr := rawClient(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	callRaw(t, fr, 1, methodEcho)
 	reset := make(chan http2.ErrCode, 1)
 	go func() {
 		for {
@@ -612,19 +578,13 @@ func TestReceiveWindowEnforced(t *testing.T) {
 			}
 		}
 	}()
-	body, err := proto.Marshal(wrapperspb.Bytes(make([]byte, 100_000)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := append([]byte{0, byte(len(body) >> 24), byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+	msg := grpcMessage(t, 100_000)
 	// Four windows' worth, past the one the server can have granted while
 	// its answers wait (at most streamWindow beyond what it received).
 	sent := 0
 	for sent < 4*streamWindow {
-		for off := 0; off < len(msg); off += 16384 {
-			if err := fr.WriteData(1, false, msg[off:min(off+16384, len(msg))]); err != nil {
-				t.Fatalf("writing DATA after %d bytes: %v", sent, err)
-			}
+		if err := writeMessage(fr, 1, msg); err != nil {
+			t.Fatalf("writing DATA after %d bytes: %v", sent, err)
 		}
 		sent += len(msg)
 		select {
@@ -656,47 +616,21 @@ func TestReceiveWindowEnforced(t *testing.T) {
 // by Stop does the same), instead of waiting on the blocked write for ever.
 func TestShutdownDeadlineWithAClientThatDoesNotRead(t *testing.T) {
 	s, addr := serve(t, &service{}, Options{})
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = nc.Close() }()
-	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(nc, nc)
 	// A window as large as HTTP/2 allows, so answers go out until the
 	// socket buffers are full.
-	if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}); err != nil {
-		t.Fatal(err)
-	}
+	nc, fr := rawClient(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
 	if err := fr.WriteWindowUpdate(0, 1<<31-1-65535); err != nil {
 		t.Fatal(err)
 	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodEcho}, {":authority", "test"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
-	body, err := proto.Marshal(wrapperspb.Bytes(make([]byte, 100_000)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := append([]byte{0, byte(len(body) >> 24), byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+	callRaw(t, fr, 1, methodEcho)
+	msg := grpcMessage(t, 100_000)
 	// 64 MB of echoed answers, far more than the socket buffers hold; the
 	// client reads none of them. Within the stream's window (the server
 	// grants it back as the answers go out).
 	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
-send:
 	for range 640 {
-		for off := 0; off < len(msg); off += 16384 {
-			if fr.WriteData(1, false, msg[off:min(off+16384, len(msg))]) != nil {
-				break send // the server stopped reading: it is blocked writing
-			}
+		if writeMessage(fr, 1, msg) != nil {
+			break // the server stopped reading: it is blocked writing
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -722,30 +656,9 @@ send:
 func TestGRPCTimeoutEndsTheStream(t *testing.T) {
 	svc := &service{deadline: make(chan time.Time, 1)}
 	_, addr := serve(t, svc, Options{})
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = nc.Close() }()
-	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(nc, nc)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", methodWait}, {":authority", "test"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}, {"grpc-timeout", "300m"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
+	_, fr := rawClient(t, addr)
 	start := time.Now()
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	callRaw(t, fr, 1, methodWait, [2]string{"grpc-timeout", "300m"})
 	<-svc.deadline
 	for {
 		f, err := fr.ReadFrame()
@@ -785,4 +698,64 @@ func TestGRPCTimeoutEndsTheStream(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("the Receiver was not closed: %v", svc.closes())
+}
+
+// rawClient is a connection to addr spoken frame by frame, for what a
+// grpc-go client never does: the preface and SETTINGS are sent; it closes
+// with the test.
+func rawClient(t *testing.T, addr string, settings ...http2.Setting) (net.Conn, *http2.Framer) {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(settings...); err != nil {
+		t.Fatal(err)
+	}
+	return nc, fr
+}
+
+// callRaw opens a gRPC call to method on stream id, with extra header
+// fields after the usual ones.
+func callRaw(t *testing.T, fr *http2.Framer, id uint32, method string, extra ...[2]string) {
+	t.Helper()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	fields := append([][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "test"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}}, extra...)
+	for _, kv := range fields {
+		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grpcMessage is a gRPC message (uncompressed, length-prefixed) holding a
+// BytesValue of n bytes, what the test service echoes.
+func grpcMessage(t *testing.T, n int) []byte {
+	t.Helper()
+	body, err := proto.Marshal(wrapperspb.Bytes(make([]byte, n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte{0, byte(len(body) >> 24), byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+}
+
+// writeMessage sends msg on stream id in DATA frames of HTTP/2's default
+// size, whatever the windows.
+func writeMessage(fr *http2.Framer, id uint32, msg []byte) error {
+	for off := 0; off < len(msg); off += 16384 {
+		if err := fr.WriteData(id, false, msg[off:min(off+16384, len(msg))]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
