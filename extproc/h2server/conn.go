@@ -482,6 +482,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		c.recvUnacked = 0
 	}
 	st, known := c.streams[f.StreamID], f.StreamID <= c.maxID
+	over := st != nil && st.unacked+int64(n) > streamWindow
 	c.wmu.Unlock()
 	if !known {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // DATA on a stream never opened
@@ -492,9 +493,6 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if st.halfClosed {
 		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeStreamClosed, Cause: errors.New("DATA after END_STREAM")}
 	}
-	c.wmu.Lock()
-	over := st.unacked+int64(n) > streamWindow
-	c.wmu.Unlock()
 	if over {
 		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl, Cause: errors.New("DATA past the stream's receive window")}
 	}
