@@ -151,6 +151,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		},
 		listeners: map[string]*liveListener{},
 		warming:   map[string]*warmingListener{},
+		warmStart: map[string]time.Time{},
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
 	}
@@ -507,9 +508,6 @@ func (n *Node) holdWarming(name string, c *clusterv3.Cluster) (*activeCluster, b
 	start, ok := n.warmStart[name]
 	if !ok {
 		start = time.Now()
-		if n.warmStart == nil {
-			n.warmStart = map[string]time.Time{}
-		}
 		n.warmStart[name] = start
 		if d > 0 {
 			time.AfterFunc(d, n.warmTimedOut)
