@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,9 +24,12 @@ import (
 )
 
 // Keepalive enforcement, as grpc-go's server does with the policy the
-// ext_proc server gave it: a ping sooner than pingMinTime after the
-// previous one, with no HEADERS or DATA sent between them, is a strike;
-// more than maxPingStrikes and the connection is told to go away.
+// ext_proc server gave it (http2_server.go handlePing): a ping sooner
+// than pingMinTime after the previous one, with no HEADERS or DATA sent
+// between them, is a strike; more than maxPingStrikes and the connection
+// is told to go away. Sent means flushed: grpc-go's writer goroutine
+// sends answers after the reader has moved on, so pings that arrive with
+// the requests they follow count as strikes there too.
 const (
 	pingMinTime    = 10 * time.Second
 	maxPingStrikes = 2
@@ -78,8 +82,17 @@ type conn struct {
 	hasExpired  atomic.Bool
 	dispatching bool // the connection goroutine is handling frames and flushes after
 	goingAway   bool
-	wrote       bool // HEADERS or DATA went out since the last ping
-	werr        error
+	answered    bool // HEADERS or DATA buffered since the last flush
+	wrote       bool // HEADERS or DATA flushed since the last ping
+	// clientClosed holds the last streams the client itself ended
+	// (END_STREAM or RST_STREAM) that are gone here: a frame on one is
+	// the client's error (RFC 9113 section 5.1), where a frame on a
+	// stream we reset may be in flight and must be ignored. Older closed
+	// streams are forgotten and their frames ignored, as grpc-go ignores
+	// all DATA on closed streams (http2_server.go handleData).
+	clientClosed [16]uint32
+	nextClosed   int
+	werr         error
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -212,6 +225,9 @@ func (c *conn) flush() error {
 	if c.werr == nil && c.records != nil {
 		c.werr = c.records.flush()
 	}
+	if c.werr == nil && c.answered {
+		c.wrote, c.answered = true, false
+	}
 	return c.werr
 }
 
@@ -286,12 +302,19 @@ func (c *conn) handle(f http2.Frame) error {
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.RSTStreamFrame:
+		if f.StreamID > c.maxID {
+			return http2.ConnectionError(http2.ErrCodeProtocol) // RFC 9113 section 6.4: not on an idle stream
+		}
 		c.wmu.Lock()
 		st := c.streams[f.StreamID]
 		c.wmu.Unlock()
 		if st != nil {
-			st.halfClosed = true
+			st.halfClosed, st.clientEnded = true, true
 			c.abort(st, status.Errorf(codes.Canceled, "the client reset the stream (%v)", f.ErrCode))
+		}
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol, Cause: errors.New("a stream depends on itself")}
 		}
 	case *http2.SettingsFrame:
 		return c.onSettings(f)
@@ -343,13 +366,18 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	const maxWindow = 1<<31 - 1
-	if f.StreamID == 0 {
+	switch st := c.streams[f.StreamID]; {
+	case f.StreamID == 0:
 		c.sendWindow += int64(f.Increment)
 		if c.sendWindow > maxWindow {
 			return http2.ConnectionError(http2.ErrCodeFlowControl)
 		}
-	} else if st := c.streams[f.StreamID]; st != nil {
-		st.sendWindow = min(st.sendWindow+int64(f.Increment), maxWindow)
+	case f.StreamID > c.maxID:
+		return http2.ConnectionError(http2.ErrCodeProtocol) // RFC 9113 section 5.1: not on an idle stream
+	case st != nil:
+		if st.sendWindow += int64(f.Increment); st.sendWindow > maxWindow {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl, Cause: errors.New("the stream's window grew past 2^31-1")}
+		}
 	}
 	c.drainBlocked()
 	return nil
@@ -386,14 +414,20 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.wmu.Unlock()
 	if known {
-		// Trailers end the client's side (gRPC clients send none).
-		if st == nil || st.finished {
-			return nil
-		}
-		if !f.StreamEnded() {
+		switch {
+		case st == nil:
+			// A new stream's id exceeds every earlier one (RFC 9113
+			// section 5.1.1), and a gRPC client sends no trailers, so this
+			// is a broken client, as grpc-go judges it too (http2_server.go
+			// operateHeaders: "received an illegal stream id").
+			return http2.ConnectionError(http2.ErrCodeProtocol)
+		case st.finished:
+			return nil // we reset it; this was in flight
+		case !f.StreamEnded():
 			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("HEADERS after the request headers without END_STREAM")}
 		}
-		st.halfClosed = true
+		// Trailers end the client's side.
+		st.halfClosed, st.clientEnded = true, true
 		c.endOfStream(st)
 		return nil
 	}
@@ -406,27 +440,26 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.wmu.Unlock()
 		return nil
 	}
-	st = &Stream{c: c, id: id, path: f.PseudoValue("path"), halfClosed: f.StreamEnded(), recv: refused{}}
+	if err := malformed(f); err != nil {
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
+	}
+	st = &Stream{c: c, id: id, path: f.PseudoValue("path"), halfClosed: f.StreamEnded(), clientEnded: f.StreamEnded(), contentLength: -1, recv: refused{}}
+	// Requests that are HTTP/2 but not gRPC are answered, not reset, with
+	// the HTTP and gRPC statuses grpc-go gives them (operateHeaders,
+	// writeEarlyAbort).
+	contentType, hasType := "", false
 	var timeout time.Duration
 	var reject error
-	switch {
-	case f.Truncated:
-		reject = status.Errorf(codes.ResourceExhausted, "the request's header list is over %d bytes", maxHeaderListSize)
-	case f.PseudoValue("method") != "POST" || st.path == "":
-		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("a gRPC request is a POST with a :path")}
-	}
 	for _, hf := range f.RegularFields() {
 		switch hf.Name {
 		case "content-type":
-			if !isGRPC(hf.Value) {
-				c.wmu.Lock()
-				_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.s.blocks.unsupportedMedia, EndHeaders: true, EndStream: true})
-				if !st.halfClosed {
-					_ = c.fr.WriteRSTStream(id, http2.ErrCodeNo)
-				}
-				c.wmu.Unlock()
-				return nil
+			contentType, hasType = hf.Value, true
+		case "content-length":
+			n, err := strconv.ParseInt(hf.Value, 10, 64)
+			if err != nil || n < 0 {
+				return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: fmt.Errorf("content-length %q", hf.Value)}
 			}
+			st.contentLength = n
 		case "grpc-timeout":
 			d, err := parseTimeout(hf.Value)
 			if err != nil && reject == nil {
@@ -434,6 +467,16 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 			}
 			timeout = d
 		}
+	}
+	switch method := f.PseudoValue("method"); {
+	case method != "POST":
+		c.earlyAbort(st, 405, status.Newf(codes.Internal, "a gRPC request is a POST, not %q", method))
+		return nil
+	case !hasType || !isGRPC(contentType):
+		c.earlyAbort(st, 415, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType))
+		return nil
+	case f.Truncated:
+		reject = status.Errorf(codes.ResourceExhausted, "the request's header list is over %d bytes", maxHeaderListSize)
 	}
 	if timeout > 0 {
 		st.ctx, st.cancel = context.WithTimeout(c.ctx, timeout)
@@ -461,6 +504,68 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
+// connectionSpecific are the fields an HTTP/2 request may not carry (RFC
+// 9113 section 8.2.2).
+var connectionSpecific = map[string]bool{"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true, "upgrade": true}
+
+// malformed says why a request's header list is malformed (RFC 9113
+// section 8.3.1: :method, :scheme and a non-empty :path, once each;
+// section 8.2.2: no connection-specific fields, te only "trailers"),
+// which makes it a stream error; nil if it is well formed.
+func malformed(f *http2.MetaHeadersFrame) error {
+	if f.HasPriority() && f.Priority.StreamDep == f.StreamID {
+		return errors.New("a stream depends on itself")
+	}
+	for _, p := range [...]string{"method", "scheme", "path"} {
+		if f.PseudoValue(p) == "" {
+			return fmt.Errorf("no :%s", p)
+		}
+	}
+	for _, hf := range f.RegularFields() {
+		switch {
+		case connectionSpecific[hf.Name]:
+			return fmt.Errorf("the connection-specific field %q", hf.Name)
+		case hf.Name == "te" && hf.Value != "trailers":
+			return fmt.Errorf("te %q", hf.Value)
+		}
+	}
+	return nil
+}
+
+// earlyAbort answers a request that is not a gRPC call with an HTTP status
+// and a gRPC one, ending the stream at once.
+func (c *conn) earlyAbort(st *Stream, httpStatus int, s *status.Status) {
+	block := headerBlock([2]string{":status", strconv.Itoa(httpStatus)}, [2]string{"content-type", "application/grpc"},
+		[2]string{"grpc-status", strconv.Itoa(int(s.Code()))}, [2]string{"grpc-message", encodeMessage(s.Message())})
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: block, EndHeaders: true, EndStream: true})
+	c.answered = true
+	if !st.halfClosed {
+		_ = c.fr.WriteRSTStream(st.id, http2.ErrCodeNo) // the client may still be sending; it need not
+	} else {
+		c.rememberClosed(st.id)
+	}
+}
+
+// rememberClosed notes a stream the client ended that is now gone; under
+// wmu.
+func (c *conn) rememberClosed(id uint32) {
+	c.clientClosed[c.nextClosed] = id
+	c.nextClosed = (c.nextClosed + 1) % len(c.clientClosed)
+}
+
+// closedByClient says whether id is one of the last streams the client
+// ended that are gone; under wmu.
+func (c *conn) closedByClient(id uint32) bool {
+	for _, x := range c.clientClosed {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
 func isGRPC(contentType string) bool {
 	rest, ok := strings.CutPrefix(contentType, "application/grpc")
 	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
@@ -483,22 +588,29 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	st, known := c.streams[f.StreamID], f.StreamID <= c.maxID
 	over := st != nil && st.unacked+int64(n) > streamWindow
+	afterEnd := st == nil && c.closedByClient(f.StreamID)
 	c.wmu.Unlock()
-	if !known {
+	switch {
+	case !known:
 		return http2.ConnectionError(http2.ErrCodeProtocol) // DATA on a stream never opened
-	}
-	if st == nil || st.finished {
+	case afterEnd:
+		return http2.ConnectionError(http2.ErrCodeStreamClosed) // RFC 9113 section 5.1, closed
+	case st == nil || st.finished:
 		return nil // the stream ended on our side; the client has been told
-	}
-	if st.halfClosed {
+	case st.halfClosed:
 		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeStreamClosed, Cause: errors.New("DATA after END_STREAM")}
-	}
-	if over {
+	case over:
 		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl, Cause: errors.New("DATA past the stream's receive window")}
+	}
+	if st.contentLength >= 0 {
+		// RFC 9113 section 8.1.1: DATA must add up to the content-length.
+		if st.received += int64(len(f.Data())); st.received > st.contentLength || (f.StreamEnded() && st.received != st.contentLength) {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol, Cause: fmt.Errorf("DATA does not add up to content-length %d", st.contentLength)}
+		}
 	}
 	c.deliver(st, f.Data())
 	if f.StreamEnded() && !st.finished {
-		st.halfClosed = true
+		st.halfClosed, st.clientEnded = true, true
 		c.endOfStream(st)
 	}
 	if !st.finished {
@@ -628,13 +740,21 @@ func (c *conn) finish(st *Stream, err error) {
 // writeTrailers ends the stream on the wire; under wmu.
 func (c *conn) writeTrailers(st *Stream) {
 	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: st.trailers, EndHeaders: true, EndStream: true})
-	c.wrote = true
+	c.answered = true
 	if st.rstAfter {
 		// The client may still be sending; it need not.
 		_ = c.fr.WriteRSTStream(st.id, http2.ErrCodeNo)
 	}
 	st.trailers = nil
+	c.forget(st)
+}
+
+// forget removes a stream that is over on both sides; under wmu.
+func (c *conn) forget(st *Stream) {
 	delete(c.streams, st.id)
+	if st.clientEnded {
+		c.rememberClosed(st.id)
+	}
 }
 
 // expire ends a stream at the client's grpc-timeout, from its timer: the
@@ -686,7 +806,7 @@ func (c *conn) abort(st *Stream, err error) {
 	}
 	c.wmu.Lock()
 	st.ended, st.pending, st.trailers = true, nil, nil
-	delete(c.streams, st.id)
+	c.forget(st)
 	c.wmu.Unlock()
 }
 
@@ -733,7 +853,7 @@ func (c *conn) writeData(st *Stream, a, b []byte) int {
 	if avail <= 0 {
 		return 0
 	}
-	c.wrote = true
+	c.answered = true
 	for written := 0; written < avail; {
 		n := min(avail-written, c.peerFrame)
 		var hdr [9]byte

@@ -759,3 +759,43 @@ func writeMessage(fr *http2.Framer, id uint32, msg []byte) error {
 	}
 	return nil
 }
+
+// A ping that arrives with the calls before it, in one read, is a strike
+// although those calls were answered: the answers were not sent yet, as
+// in grpc-go, whose writer goroutine sends after its reader moved on.
+// Counting them would let a client reset its strikes with a call per
+// ping and ping without end.
+func TestPingsPipelinedWithCallsStrike(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	nc, fr := rawClient(t, addr)
+	var burst bytes.Buffer
+	pipelined := http2.NewFramer(&burst, nil)
+	const pings = 5
+	for i := range pings {
+		id := uint32(2*i + 1)
+		callRaw(t, pipelined, id, "/test.Service/Unknown")
+		_ = pipelined.WriteData(id, true, nil)
+		_ = pipelined.WritePing(false, [8]byte{byte(i)})
+	}
+	if _, err := nc.Write(burst.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	acks := 0
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY after %d ping acks: %v", acks, err)
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if acks++; acks == pings {
+				t.Fatalf("all %d pings answered and no GOAWAY", pings)
+			}
+		case *http2.GoAwayFrame:
+			if f.ErrCode != http2.ErrCodeEnhanceYourCalm {
+				t.Fatalf("GOAWAY %v %q", f.ErrCode, f.DebugData())
+			}
+			return
+		}
+	}
+}

@@ -27,8 +27,13 @@ type Stream struct {
 	// The connection goroutine's alone.
 	recv       Receiver
 	buf        []byte // the start of a message not yet whole
-	halfClosed bool   // the client has sent all it will
-	finished   bool   // the Receiver is closed
+	halfClosed bool   // the client has sent all it will, or may send no more
+	// clientEnded: the client ended its side itself (END_STREAM or
+	// RST_STREAM), so any frame after is its error.
+	clientEnded   bool
+	contentLength int64 // the request's content-length; -1 without one
+	received      int64 // DATA payload received, against contentLength
+	finished      bool  // the Receiver is closed
 
 	// Under c.wmu.
 	headersSent bool
@@ -85,10 +90,9 @@ func (st *Stream) Send(msg []byte) error {
 // They use no HPACK dynamic table, so any block is valid on any
 // connection at any time.
 type headerBlocks struct {
-	headers          []byte // :status 200, content-type
-	ok               []byte // grpc-status 0, after headers
-	okOnly           []byte // a trailers-only OK
-	unsupportedMedia []byte // :status 415
+	headers []byte // :status 200, content-type
+	ok      []byte // grpc-status 0, after headers
+	okOnly  []byte // a trailers-only OK
 }
 
 func newHeaderBlocks() headerBlocks {
@@ -96,10 +100,9 @@ func newHeaderBlocks() headerBlocks {
 	ct := [2]string{"content-type", "application/grpc"}
 	ok := [2]string{"grpc-status", "0"}
 	return headerBlocks{
-		headers:          headerBlock(status200, ct),
-		ok:               headerBlock(ok),
-		okOnly:           headerBlock(status200, ct, ok),
-		unsupportedMedia: headerBlock([2]string{":status", "415"}, [2]string{"content-type", "text/plain"}),
+		headers: headerBlock(status200, ct),
+		ok:      headerBlock(ok),
+		okOnly:  headerBlock(status200, ct, ok),
 	}
 }
 
