@@ -632,24 +632,54 @@ func (c *conn) deliver(st *Stream, data []byte) {
 			return
 		}
 	}
-	// The message is not whole: gather it in a buffer of its size, once
-	// its prefix says what that is, rather than grow one frame at a time.
-	if need := messageSize(st.buf, data); need > cap(st.buf) && need <= 5+c.s.opts.MaxRecvMsgSize {
-		grown := make([]byte, len(st.buf), need)
-		copy(grown, st.buf)
-		st.buf = grown
+	if len(st.buf)+len(data) > cap(st.buf) && !c.grow(st, data) {
+		return
 	}
 	st.buf = append(st.buf, data...)
 	rest := c.messages(st, st.buf)
 	switch {
 	case st.finished:
-		st.buf = nil
 	case len(rest) == 0 && cap(st.buf) <= keptBuffer:
 		st.buf = st.buf[:0] // for the stream's next message
 	case len(rest) == 0:
-		st.buf = nil
+		c.dropBuffer(st)
 	default:
 		st.buf = append(st.buf[:0], rest...)
+	}
+}
+
+// grow makes room in the stream's buffer for data, charged to the
+// server's Budget. A client gets memory for bytes it has sent, not for
+// the size a message's prefix announces (up to MaxRecvMsgSize): the
+// buffer at most doubles at a time, up to that size, so assembling a
+// message costs at most twice what arrived. False ends the stream
+// (RESOURCE_EXHAUSTED) when the budget is spent.
+func (c *conn) grow(st *Stream, data []byte) bool {
+	want := len(st.buf) + len(data)
+	size := want
+	if need := messageSize(st.buf, data); need > want {
+		size = max(want, min(2*cap(st.buf), need))
+	}
+	if b := c.s.opts.Budget; b != nil && !b.Reserve(int64(size-cap(st.buf))) {
+		c.finish(st, status.Error(codes.ResourceExhausted, "the processor's buffer budget is spent; retry shortly"))
+		return false
+	}
+	grown := make([]byte, len(st.buf), size) // charged: cap(st.buf), always
+	copy(grown, st.buf)
+	st.buf = grown
+	return true
+}
+
+// dropBuffer lets go of the stream's buffer and its charge.
+func (c *conn) dropBuffer(st *Stream) {
+	c.releaseBuffer(st)
+	st.buf = nil
+}
+
+// releaseBuffer gives the budget back what the stream's buffer took.
+func (c *conn) releaseBuffer(st *Stream) {
+	if b := c.s.opts.Budget; b != nil && cap(st.buf) > 0 {
+		b.Release(int64(cap(st.buf)))
 	}
 }
 
@@ -718,7 +748,8 @@ func (c *conn) finish(st *Stream, err error) {
 	if st.finished {
 		return
 	}
-	st.finished, st.buf = true, nil
+	st.finished = true
+	c.dropBuffer(st)
 	st.recv.Close(err)
 	st.cancel()
 	if st.expiry != nil {
@@ -786,7 +817,8 @@ func (c *conn) closeExpired() {
 	c.wmu.Unlock()
 	for _, st := range expired {
 		if !st.finished {
-			st.finished, st.buf = true, nil
+			st.finished = true
+			c.dropBuffer(st)
 			st.recv.Close(status.Error(codes.DeadlineExceeded, "deadline exceeded"))
 			st.cancel()
 		}
@@ -797,7 +829,8 @@ func (c *conn) closeExpired() {
 // connection): nothing more is written for it.
 func (c *conn) abort(st *Stream, err error) {
 	if !st.finished {
-		st.finished, st.buf = true, nil
+		st.finished = true
+		c.dropBuffer(st)
 		st.recv.Close(err)
 		st.cancel()
 	}

@@ -65,7 +65,17 @@ type Options struct {
 	// MaxRecvMsgSize bounds a received message; a larger one ends its
 	// stream with RESOURCE_EXHAUSTED. 0 means 4 MiB, grpc-go's default.
 	MaxRecvMsgSize int
-	Logger         logr.Logger
+	// Budget, when set, is charged for the buffers that assemble messages
+	// spanning frames, as they grow; nil charges nothing.
+	Budget Budget
+	Logger logr.Logger
+}
+
+// Budget bounds the bytes all streams of a process may hold. Reserve
+// takes n bytes, or says no and takes nothing; Release gives n back.
+type Budget interface {
+	Reserve(n int64) bool
+	Release(n int64)
 }
 
 // Defaults and bounds; see Options and the flow-control notes in conn.go.

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -796,6 +798,130 @@ func TestPingsPipelinedWithCallsStrike(t *testing.T) {
 				t.Fatalf("GOAWAY %v %q", f.ErrCode, f.DebugData())
 			}
 			return
+		}
+	}
+}
+
+// waitForPingAck sends a ping and reads until its ack: the server has
+// then handled every frame sent before it.
+func waitForPingAck(t *testing.T, fr *http2.Framer) {
+	t.Helper()
+	data := [8]byte{'s', 'y', 'n', 'c'}
+	if err := fr.WritePing(false, data); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("waiting for the ping ack: %v", err)
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() && p.Data == data {
+			return
+		}
+	}
+}
+
+// TestAnnouncedSizeIsNotAllocated: messages that announce 4 MiB and send
+// 40 bytes cost about what was sent, not what was announced. Before, each
+// stream took a buffer of the announced size at once (the outside test:
+// 250 such streams, a Go heap of 1,651 MiB).
+func TestAnnouncedSizeIsNotAllocated(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	_, fr := rawClient(t, addr)
+	const streams = 50
+	announced := make([]byte, 45)
+	binary.BigEndian.PutUint32(announced[1:5], defaultMaxRecvMsgSize)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range streams {
+		id := uint32(2*i + 1)
+		callRaw(t, fr, id, methodEcho)
+		if err := fr.WriteData(id, false, announced); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitForPingAck(t, fr)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d streams each announcing %d bytes and sending %d: heap %+d KiB", streams, defaultMaxRecvMsgSize, len(announced), grown>>10)
+	if limit := int64(streams * 64 << 10); grown > limit {
+		t.Fatalf("the heap grew %d KiB for %d streams of %d bytes sent, over %d KiB", grown>>10, streams, len(announced), limit>>10)
+	}
+}
+
+// countingBudget is a Budget of a fixed size that counts what is taken.
+type countingBudget struct {
+	mu          sync.Mutex
+	limit, used int64
+	refused     int
+}
+
+func (b *countingBudget) Reserve(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.limit {
+		b.refused++
+		return false
+	}
+	b.used += n
+	return true
+}
+
+func (b *countingBudget) Release(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+}
+
+func (b *countingBudget) state() (used int64, refused int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used, b.refused
+}
+
+// TestMessageBuffersChargeTheBudget: a message that spans frames is
+// assembled in a buffer charged to the budget, given back when the stream
+// ends; one the budget cannot take ends its stream RESOURCE_EXHAUSTED.
+func TestMessageBuffersChargeTheBudget(t *testing.T) {
+	budget := &countingBudget{limit: 1 << 20}
+	_, addr := serve(t, &service{}, Options{Budget: budget})
+	cc := dial(t, addr, insecure.NewCredentials())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	fits := open(t, ctx, cc, methodEcho)
+	in := wrapperspb.Bytes(bytesOf(256<<10, 1))
+	if err := fits.SendMsg(in); err != nil {
+		t.Fatal(err)
+	}
+	out := new(wrapperspb.BytesValue)
+	if err := fits.RecvMsg(out); err != nil || !bytes.Equal(out.Value, in.Value) {
+		t.Fatalf("a 256 KiB message within a 1 MiB budget: %v", err)
+	}
+	_ = fits.CloseSend()
+	if err := fits.RecvMsg(out); err != io.EOF {
+		t.Fatalf("end of the call: %v", err)
+	}
+
+	tooLarge := open(t, ctx, cc, methodEcho)
+	if err := tooLarge.SendMsg(wrapperspb.Bytes(bytesOf(2<<20, 2))); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	err := tooLarge.RecvMsg(out)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 2 MiB message over a 1 MiB budget: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	// The server lets go of what it took when it ends a stream; the last
+	// stream's end may still be on its way.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		used, refused := budget.state()
+		if used == 0 && refused == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("budget used %d bytes and refused %d times after both calls ended, want 0 and 1", used, refused)
 		}
 	}
 }

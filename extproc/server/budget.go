@@ -91,6 +91,21 @@ func (b *budget) refuseBuffer() { b.refused.WithLabelValues("buffer").Inc() }
 
 func (b *budget) release(n int64) { b.buffered.Add(-n) }
 
+// transportBudget is the budget as the h2 transport takes it: the bytes
+// it holds of messages still arriving count with the request bodies, and
+// a refusal counts as one for want of buffer.
+type transportBudget struct{ b *budget }
+
+func (t transportBudget) Reserve(n int64) bool {
+	if !t.b.reserve(n) {
+		t.b.refuseBuffer()
+		return false
+	}
+	return true
+}
+
+func (t transportBudget) Release(n int64) { t.b.release(n) }
+
 func overloaded(what string) *Rejection {
 	return &Rejection{Status: 503, Reason: ReasonOverloaded, Message: "the gateway's processor is at its " + what + "; retry shortly"}
 }

@@ -311,7 +311,7 @@ type mainServer struct {
 
 func (s *Server) mainServer(cdc *codec) mainServer {
 	if s.opts.Transport == TransportH2 {
-		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Logger: s.opts.Logger})
+		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Budget: transportBudget{s.budget}, Logger: s.opts.Logger})
 		return mainServer{serve: hs.Serve, drain: func(timeout time.Duration) bool {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
