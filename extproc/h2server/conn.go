@@ -75,11 +75,12 @@ type conn struct {
 	peerWindow int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
 	peerFrame  int    // the client's SETTINGS_MAX_FRAME_SIZE
 	blocked    []*Stream
-	// expired are streams ended on the wire at their grpc-timeout whose
-	// Receivers the connection goroutine has yet to close; hasExpired
+	// ended are streams ended on the wire from another goroutine (at
+	// their grpc-timeout, or by Stream.End) whose Receivers the
+	// connection goroutine has yet to close; hasEnded
 	// says there are some without taking wmu.
-	expired     []*Stream
-	hasExpired  atomic.Bool
+	ended       []endedStream
+	hasEnded    atomic.Bool
 	dispatching bool // the connection goroutine is handling frames and flushes after
 	goingAway   bool
 	answered    bool // HEADERS or DATA buffered since the last flush
@@ -173,8 +174,8 @@ func (c *conn) serve() {
 			runtime.Gosched()
 		}
 		f, err := c.fr.ReadFrame()
-		if c.hasExpired.Load() {
-			c.closeExpired()
+		if c.hasEnded.Load() {
+			c.closeEnded()
 		}
 		if err == nil && batch == 0 {
 			c.wmu.Lock()
@@ -255,7 +256,7 @@ func (c *conn) close() {
 	for _, st := range open {
 		c.abort(st, errConnClosed)
 	}
-	c.closeExpired()
+	c.closeEnded()
 	_ = c.nc.Close()
 }
 
@@ -309,7 +310,7 @@ func (c *conn) handle(f http2.Frame) error {
 		st := c.streams[f.StreamID]
 		c.wmu.Unlock()
 		if st != nil {
-			st.halfClosed, st.clientEnded = true, true
+			c.halfClose(st, true)
 			c.abort(st, status.Errorf(codes.Canceled, "the client reset the stream (%v)", f.ErrCode))
 		}
 	case *http2.PriorityFrame:
@@ -427,7 +428,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("HEADERS after the request headers without END_STREAM")}
 		}
 		// Trailers end the client's side.
-		st.halfClosed, st.clientEnded = true, true
+		c.halfClose(st, true)
 		c.endOfStream(st)
 		return nil
 	}
@@ -548,6 +549,17 @@ func (c *conn) earlyAbort(st *Stream, httpStatus int, s *status.Status) {
 	}
 }
 
+// halfClose notes that the client sends no more on the stream: it said so
+// (END_STREAM, RST_STREAM), or the stream was reset here. Written under
+// wmu, which endElsewhere reads it under; the connection goroutine, the
+// only writer, reads it without.
+func (c *conn) halfClose(st *Stream, byClient bool) {
+	c.wmu.Lock()
+	st.halfClosed = true
+	st.clientEnded = st.clientEnded || byClient
+	c.wmu.Unlock()
+}
+
 // rememberClosed notes a stream the client ended that is now gone; under
 // wmu.
 func (c *conn) rememberClosed(id uint32) {
@@ -610,7 +622,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	c.deliver(st, f.Data())
 	if f.StreamEnded() && !st.finished {
-		st.halfClosed, st.clientEnded = true, true
+		c.halfClose(st, true)
 		c.endOfStream(st)
 	}
 	if !st.finished {
@@ -791,36 +803,56 @@ func (c *conn) forget(st *Stream) {
 // expire ends a stream at the client's grpc-timeout, from its timer: the
 // status DEADLINE_EXCEEDED goes out at once, answers still waiting for
 // window are dropped, and a reset follows, as grpc-go ends such a call.
-// The Receiver is closed by the connection goroutine, which alone may
-// touch it, when it next reads (closeExpired) or closes.
 func (c *conn) expire(st *Stream) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if st.ended || c.werr != nil {
 		return
 	}
-	st.ended, st.pending, st.rstAfter = true, nil, true
-	st.trailers = c.s.blocks.status(status.Error(codes.DeadlineExceeded, "deadline exceeded"), !st.headersSent)
-	c.writeTrailers(st)
-	c.expired = append(c.expired, st)
-	c.hasExpired.Store(true)
+	st.pending = nil
+	c.endElsewhere(st, status.Error(codes.DeadlineExceeded, "deadline exceeded"), true)
+}
+
+// endedStream is a stream ended by another goroutine, and its error.
+type endedStream struct {
+	st  *Stream
+	err error
+}
+
+// endElsewhere ends a stream from a goroutine other than the connection's:
+// the status goes out after the answers pending (at once if none), then
+// a reset if the client may still be sending, or always with reset. The
+// Receiver is closed by the connection goroutine, which alone may touch
+// it, when it next reads (closeEnded) or closes. Under wmu.
+func (c *conn) endElsewhere(st *Stream, err error, reset bool) {
+	st.ended = true
+	st.trailers = c.s.blocks.status(err, !st.headersSent)
+	st.rstAfter = reset || !st.halfClosed
+	if len(st.pending) == 0 {
+		c.writeTrailers(st)
+	}
+	c.ended = append(c.ended, endedStream{st, err})
+	c.hasEnded.Store(true)
 	c.flushUnlessDispatching()
 }
 
-// closeExpired closes the Receivers of the streams expire ended; on the
+// closeEnded closes the Receivers of the streams ended elsewhere; on the
 // connection goroutine.
-func (c *conn) closeExpired() {
+func (c *conn) closeEnded() {
 	c.wmu.Lock()
-	expired := c.expired
-	c.expired = nil
-	c.hasExpired.Store(false)
+	ended := c.ended
+	c.ended = nil
+	c.hasEnded.Store(false)
 	c.wmu.Unlock()
-	for _, st := range expired {
-		if !st.finished {
+	for _, e := range ended {
+		if st := e.st; !st.finished {
 			st.finished = true
 			c.dropBuffer(st)
-			st.recv.Close(status.Error(codes.DeadlineExceeded, "deadline exceeded"))
+			st.recv.Close(e.err)
 			st.cancel()
+			if st.expiry != nil {
+				st.expiry.Stop()
+			}
 		}
 	}
 }
@@ -851,7 +883,7 @@ func (c *conn) streamError(id uint32, code http2.ErrCode, err error) {
 	_ = c.fr.WriteRSTStream(id, code)
 	c.wmu.Unlock()
 	if st != nil {
-		st.halfClosed = true
+		c.halfClose(st, false)
 		c.abort(st, status.Errorf(codes.Internal, "stream reset: %v", err))
 	}
 }

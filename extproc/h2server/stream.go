@@ -27,7 +27,7 @@ type Stream struct {
 	// The connection goroutine's alone.
 	recv       Receiver
 	buf        []byte // the start of a message not yet whole
-	halfClosed bool   // the client has sent all it will, or may send no more
+	halfClosed bool   // the client has sent all it will, or may send no more; written under c.wmu
 	// clientEnded: the client ended its side itself (END_STREAM or
 	// RST_STREAM), so any frame after is its error.
 	clientEnded   bool
@@ -84,6 +84,22 @@ func (st *Stream) Send(msg []byte) error {
 	}
 	c.flushUnlessDispatching()
 	return c.werr
+}
+
+// End ends the call with err's status (nil: OK) once the answers already
+// sent are out, from any goroutine: a Receiver that hands a message's work
+// to a goroutine of its own ends the call from there. The Receiver's Close
+// follows on the connection goroutine, with err, when it next reads a
+// frame or closes; the Receiver should let go of its own state at End
+// rather than wait for it. Nothing is sent once the stream has ended.
+func (st *Stream) End(err error) {
+	c := st.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if st.ended || c.werr != nil {
+		return
+	}
+	c.endElsewhere(st, err, false)
 }
 
 // headerBlocks are the header blocks a server writes, encoded once.

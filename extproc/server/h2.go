@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sync"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
@@ -57,7 +58,7 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 		if ps == nil {
 			return h2Refused{out: out}, nil
 		}
-		return &h2Process{s: h.s, ctx: st.Context(), st: ps}, nil
+		return &h2Process{s: h.s, ctx: st.Context(), st: ps, h2: st}, nil
 	case methodHealthCheck:
 		return &h2Health{s: h.s, ctx: st.Context(), out: h2Sender{st: st, codec: h.codec}}, nil
 	}
@@ -67,21 +68,104 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 }
 
 // h2Process is one ext_proc stream.
+//
+// Its messages are handled on the connection's goroutine, which serves
+// all the connection's streams, and Envoy puts a whole worker's requests
+// on one connection: a decision over a large body (parsing it, guardrails,
+// prefix hashing) would hold them all. Such a decision runs on a goroutine
+// of its own instead, and the connection goes on. What is cheap (headers,
+// body chunks that are only kept, decisions over small bodies) stays on
+// the connection's goroutine, which is what makes h2 cheaper than grpc-go.
 type h2Process struct {
 	s   *Server
 	ctx context.Context
 	st  *stream
+	h2  *h2server.Stream
 	in  inbound // the message being handled
+
+	// mu guards what a decision on its own goroutine shares with the
+	// connection goroutine.
+	mu       sync.Mutex
+	deciding chan struct{} // closed when the decision running is done; nil when none runs
+	ended    bool          // the decision ended the stream
+	closed   bool          // closeStream has been called
+	closing  bool          // the transport closed the stream while a decision ran
+	closeErr error
 }
 
+// offConnectionBytes is the body size from which a decision leaves the
+// connection goroutine: below it a decision takes microseconds, less
+// than handing it over would cost.
+const offConnectionBytes = 16 << 10
+
 func (p *h2Process) Message(b []byte) (bool, error) {
+	// A client that sends more before a decision is answered waits for
+	// it: messages are handled in order. Envoy sends nothing on a stream
+	// between the end of a request body and its answer.
+	p.mu.Lock()
+	deciding := p.deciding
+	p.mu.Unlock()
+	if deciding != nil {
+		<-deciding
+	}
+	p.mu.Lock()
+	ended := p.ended
+	p.mu.Unlock()
+	if ended {
+		return true, nil
+	}
 	if err := p.in.unmarshal(b); err != nil {
 		return false, status.Errorf(codes.Internal, "unmarshal a ProcessingRequest: %v", err)
 	}
-	return p.st.receive(p.ctx, &p.in)
+	if !p.st.decidesOver(&p.in, offConnectionBytes) {
+		return p.st.receive(p.ctx, &p.in)
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.deciding = done
+	p.mu.Unlock()
+	go p.decide(done)
+	return false, nil
 }
 
-func (p *h2Process) Close(err error) { p.s.closeStream(p.ctx, p.st, err) }
+// decide handles p.in off the connection goroutine, which waits for done
+// before it hands p another message.
+func (p *h2Process) decide(done chan struct{}) {
+	defer close(done)
+	end, err := p.st.receive(p.ctx, &p.in)
+	if end || err != nil {
+		p.h2.End(err)
+	}
+	p.mu.Lock()
+	p.deciding = nil
+	p.ended = end || err != nil
+	closeNow := (p.ended || p.closing) && !p.closed
+	p.closed = p.closed || closeNow
+	if p.closing {
+		err = p.closeErr
+	}
+	p.mu.Unlock()
+	if closeNow {
+		p.s.closeStream(p.ctx, p.st, err)
+	}
+}
+
+// Close ends the stream's state, unless a decision still runs: that one
+// ends it when done. The transport calls it once, also after End.
+func (p *h2Process) Close(err error) {
+	p.mu.Lock()
+	if p.deciding != nil {
+		p.closing, p.closeErr = true, err
+		p.mu.Unlock()
+		return
+	}
+	closeNow := !p.closed
+	p.closed = true
+	p.mu.Unlock()
+	if closeNow {
+		p.s.closeStream(p.ctx, p.st, err)
+	}
+}
 
 // h2Refused answers a stream over the cap, as refuse does on grpc-go.
 type h2Refused struct{ out h2Sender }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -606,5 +608,113 @@ func testGracefulStopDrainsOpenStreams(t *testing.T, transport string) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("server did not stop after the stream ended")
+	}
+}
+
+// TestLargeDecisionDoesNotHoldTheConnection: a decision over a large body
+// that takes long (a guardrail pass, say) does not delay the requests
+// beside it on the same connection, as Envoy puts a worker's requests on
+// one connection. On h2 the connection's streams share one goroutine, so
+// before such decisions left it every request here waited for the first.
+func TestLargeDecisionDoesNotHoldTheConnection(t *testing.T) {
+	eachTransport(t, testLargeDecisionDoesNotHoldTheConnection)
+}
+
+func testLargeDecisionDoesNotHoldTheConnection(t *testing.T, transport string) {
+	const large = 64 << 10
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	h := &recorder{decide: func(req *server.Request) *server.Decision {
+		if len(req.Body) >= large {
+			<-release
+		}
+		return &server.Decision{SetHeaders: []server.Header{{Name: "x-body-bytes", Value: strconv.Itoa(len(req.Body))}}}
+	}}
+	srv, _, _ := start(t, transport, h, server.Options{})
+	conn := dial(t, srv.GRPCAddr(), nil)
+
+	slow := openStream(t, conn)
+	mustSend(t, slow, reqHeaders(false, ":method", "POST", "content-length", strconv.Itoa(large)))
+	mustSend(t, slow, reqBody(bytes.Repeat([]byte("x"), large), true))
+
+	// Small requests on the same connection, one after another, while
+	// the large decision waits.
+	answered := make(chan error, 1)
+	go func() {
+		for i := range 10 {
+			st, err := extprocv3.NewExternalProcessorClient(conn).Process(t.Context())
+			if err == nil {
+				err = st.Send(reqHeaders(false, ":method", "POST"))
+			}
+			if err == nil {
+				err = st.Send(reqBody([]byte(`{"model":"m"}`), true))
+			}
+			if err == nil {
+				_, err = st.Recv()
+			}
+			if err != nil {
+				answered <- fmt.Errorf("small request %d: %w", i, err)
+				return
+			}
+		}
+		answered <- nil
+	}()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("small requests on the connection were not answered while a large decision ran")
+	}
+	unblock()
+	r := mustRecv(t, slow)
+	if got := headerOf(r.GetRequestHeaders().GetResponse(), "x-body-bytes"); got != strconv.Itoa(large) {
+		t.Fatalf("the large request's answer: x-body-bytes %q, want %d", got, large)
+	}
+}
+
+// headerOf is the value a common response sets for name, "" if none.
+func headerOf(r *extprocv3.CommonResponse, name string) string {
+	for _, h := range r.GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == name {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	return ""
+}
+
+// TestLargeDecisionEndsTheStream: a decision made off the connection
+// goroutine that refuses the request ends the stream there, with the
+// immediate response and then the OK status, and the exchange is closed
+// once, on both transports.
+func TestLargeDecisionEndsTheStream(t *testing.T) { eachTransport(t, testLargeDecisionEndsTheStream) }
+
+func testLargeDecisionEndsTheStream(t *testing.T, transport string) {
+	h := &recorder{decide: func(*server.Request) *server.Decision {
+		return &server.Decision{Reject: &server.Rejection{Status: 403, Reason: "denied"}}
+	}}
+	srv, _, _ := start(t, transport, h, server.Options{})
+	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
+	mustSend(t, st, reqHeaders(false, ":method", "POST"))
+	mustSend(t, st, reqBody(bytes.Repeat([]byte("x"), 64<<10), true))
+	if got := mustRecv(t, st).GetImmediateResponse().GetStatus().GetCode(); got != 403 {
+		t.Fatalf("immediate response %v, want 403", got)
+	}
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("after the immediate response: %v, want the end of the stream", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		h.mu.Lock()
+		closed := len(h.closed)
+		h.mu.Unlock()
+		if closed == 1 {
+			break
+		}
+		if closed > 1 || time.Now().After(deadline) {
+			t.Fatalf("the exchange was closed %d times, want once", closed)
+		}
 	}
 }

@@ -160,6 +160,21 @@ func (s *stream) receive(ctx context.Context, msg *inbound) (done bool, err erro
 	return err != nil, err
 }
 
+// decidesOver says whether msg makes the request's decision, over a body
+// of at least n bytes: the work that grows with the body (parsing it,
+// guardrails, prefix hashing) runs where the body is whole.
+func (s *stream) decidesOver(msg *inbound, n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch msg.kind {
+	case kindRequestBody:
+		return (msg.endOfStream || s.reqMode == filterv3.ProcessingMode_BUFFERED) && len(s.body)+len(msg.body) >= n
+	case kindRequestTrailers:
+		return s.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && len(s.body) >= n
+	}
+	return false
+}
+
 func (s *stream) handle(ctx context.Context, msg *inbound) error {
 	switch msg.kind {
 	case kindRequestHeaders:
