@@ -397,12 +397,14 @@ func (c *conn) onPing(f *http2.PingFrame) error {
 		c.pingStrikes = 0
 	}
 	c.lastPing, c.wrote = now, false
-	if c.pingStrikes > maxPingStrikes {
-		_ = c.fr.WriteGoAway(c.maxID, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings"))
-		_ = c.flush()
-		return errTooManyPings
+	// The ping is answered even when it is the one too many, as grpc-go
+	// queues the ack before the GOAWAY (http2_server.go handlePing).
+	if err := c.fr.WritePing(true, f.Data); err != nil || c.pingStrikes <= maxPingStrikes {
+		return err
 	}
-	return c.fr.WritePing(true, f.Data)
+	_ = c.fr.WriteGoAway(c.maxID, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings"))
+	_ = c.flush()
+	return errTooManyPings
 }
 
 func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
