@@ -26,7 +26,7 @@ image:
 wasm:
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./wasm/payload
 
-## test: lint, the test control plane (kube-apiserver, etcd, Envoy Gateway's controller, Istio's pilot-discovery and CRDs) and h2spec, then every test (unit, integration over real gRPC and HTTP on loopback, h2spec against both ext_proc transports, Kubernetes mode against a real kube-apiserver, Envoy Gateway with the extension) with the race detector, and beside them the gateway conformance runs without it (CONFORMANCE_RUNS).
+## test: lint, the test control plane (kube-apiserver, etcd, Envoy Gateway's controller, Istio's pilot-discovery and CRDs), h2spec and @grpc/grpc-js, then every test (unit, integration over real gRPC and HTTP on loopback, h2spec and a grpc-js client against both ext_proc transports, Kubernetes mode against a real kube-apiserver, Envoy Gateway with the extension) with the race detector, and beside them the gateway conformance runs without it (CONFORMANCE_RUNS).
 # The gateway conformance runs' package goes without the race detector:
 # upstream's tests it calls (gateway-api-inference-extension conformance
 # v1.6.0: GatewayFollowingEPPRouting, its data-parallel variant and
@@ -36,8 +36,8 @@ wasm:
 # the picker) is race-tested in its own packages.
 CONFORMANCE_RUNS := ./test/gatewayconformance
 test: lint
-	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && h2spec="$$(hack/h2spec.sh)" && \
-	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_H2SPEC="$$h2spec" && \
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && h2spec="$$(hack/h2spec.sh)" && grpcjs="$$(hack/grpcjs.sh)" && \
+	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_H2SPEC="$$h2spec" INFERGATE_GRPCJS="$$grpcjs" && \
 	pkgs="$$($(GO) list ./... | grep -vxF "$$($(GO) list $(CONFORMANCE_RUNS))")" && \
 	{ $(GO) test -count=1 -timeout 30m $(CONFORMANCE_RUNS) & runs=$$!; \
 	  $(GO) test -race -count=1 -timeout 30m $$pkgs; rest=$$?; \
