@@ -144,6 +144,15 @@ func ProcessorHealth() *corev3.HealthCheck {
 	}
 }
 
+// upstreamTLS is the TLS a processor's cluster originates. It offers ALPN
+// h2 and nothing else: grpc-go refuses a TLS client that negotiates none.
+// Envoy would offer h2 to an HTTP/2 cluster without it too (its pool
+// passes the protocol as the ALPN fallback: source/common/http/
+// conn_pool_base.cc wrapTransportSocketOptions, used when the context
+// sets none by source/common/tls/client_context_impl.cc newSsl); Istio
+// sets it on the HTTP/2 outbound clusters its DestinationRules originate
+// TLS for (pilot/pkg/networking/core/cluster_tls.go constructUpstreamTLS,
+// ALPNH2Only). Here it is in the xDS for anyone to read.
 func upstreamTLS(t *TLS) *corev3.TransportSocket {
 	ctc := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"h2"}}
 	if cc := t.ClientCert; cc != nil {
