@@ -10,7 +10,7 @@ VERSION  ?= $(shell cat VERSION)
 COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled bench-reference clean
+.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled bench-reference bench-h2attack clean
 
 all: build
 
@@ -101,6 +101,10 @@ bench-stalled: build
 
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
+
+## bench-h2attack: HTTP/2 attacks (rapid reset, CONTINUATION and SETTINGS/PING floods, HPACK bomb, held and violated windows, false message lengths) against the payload processor on grpc-go and on h2, a fresh process each: survival, RSS, CPU, a victim's answers meanwhile (about 3 minutes; make test runs a tenth of it, in bench/h2attack's TestAttacks).
+bench-h2attack: build
+	$(GO) run ./bench/h2attack --binary $(BIN) $(ARGS)
 
 ## bench-reference: infergate's picker and payload processor beside GAIE v1.5.0's epp and bbr (built by hack/reference.sh), same driver, rounds interleaved (needs root: a network namespace of its own). ARGS=--pin pins the processors to one core and the driver to the other.
 bench-reference: build

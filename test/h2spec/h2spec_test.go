@@ -41,8 +41,12 @@ const processPath = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 // (spec.ServerDataLength) and fails the others.
 const noResponseBody = "needs DATA in the answer to a request without a body; a gRPC call without a request message is answered by its status alone"
 
-// noConcurrencyLimit: the case needs an advertised stream limit.
-const noConcurrencyLimit = "the processors advertise no SETTINGS_MAX_CONCURRENT_STREAMS (nor does grpc-go by default); their stream cap is per process"
+// noConcurrencyLimit: the case needs an advertised stream limit. The
+// processors cap the streams of the process (--max-streams) and answer one
+// more 503 processor-overloaded at once; advertising the cap per
+// connection would make clients that honour it (grpc-go, hyper) queue the
+// request instead, where the gateway should get its answer.
+const noConcurrencyLimit = "the processors advertise no SETTINGS_MAX_CONCURRENT_STREAMS (nor does grpc-go by default): their stream cap is per process, and one stream more is answered 503 at once rather than queued by the client"
 
 // resetFirst: the case's request is a GET, which is answered at once (405,
 // grpc-status INTERNAL, as grpc-go answers it) with the stream reset while
