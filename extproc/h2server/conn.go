@@ -200,6 +200,8 @@ func (c *conn) serve() {
 			c.fatal(http2.ErrCode(ce), err)
 		case errors.Is(err, http2.ErrFrameTooLarge):
 			c.fatal(http2.ErrCodeFrameSize, err)
+		case errors.Is(err, errHeaderListTooLarge):
+			c.fatal(http2.ErrCodeEnhanceYourCalm, err)
 		case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errTooManyPings):
 			c.log().Info("connection ended", "remote", c.nc.RemoteAddr().String(), "err", err.Error())
 		}
@@ -294,7 +296,10 @@ func (c *conn) goAway() {
 	}
 }
 
-var errTooManyPings = errors.New("h2server: too many pings")
+var (
+	errTooManyPings       = errors.New("h2server: too many pings")
+	errHeaderListTooLarge = errors.New("h2server: header list too large")
+)
 
 func (c *conn) handle(f http2.Frame) error {
 	switch f := f.(type) {
@@ -443,6 +448,14 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.wmu.Unlock()
 		return nil
 	}
+	if f.Truncated {
+		// No gRPC client sends such headers (Envoy's are a few hundred
+		// bytes: the message carries the HTTP request), and an HPACK bomb
+		// decodes to them from a few bytes: its whole block is decoded
+		// before it is known, so ending the connection is what bounds
+		// the cost to one block per connection made.
+		return fmt.Errorf("%w: the request's header list is over %d bytes", errHeaderListTooLarge, maxHeaderListSize)
+	}
 	if err := malformed(f); err != nil {
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
 	}
@@ -478,8 +491,6 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	case !hasType || !isGRPC(contentType):
 		c.earlyAbort(st, 415, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType))
 		return nil
-	case f.Truncated:
-		reject = status.Errorf(codes.ResourceExhausted, "the request's header list is over %d bytes", maxHeaderListSize)
 	}
 	if timeout > 0 {
 		st.ctx, st.cancel = context.WithTimeout(c.ctx, timeout)

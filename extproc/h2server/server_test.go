@@ -926,3 +926,33 @@ func TestMessageBuffersChargeTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderListOverTheLimitEndsTheConnection: a header block that
+// decodes past the header-list limit (an HPACK bomb: a 4 KB field indexed
+// once and referenced from one byte each) ends the connection, so each
+// such block costs the client a connection.
+func TestHeaderListOverTheLimitEndsTheConnection(t *testing.T) {
+	_, addr := serve(t, &service{}, Options{})
+	_, fr := rawClient(t, addr)
+	big := [2]string{"x-big", strings.Repeat("a", 4000)}
+	var bomb [][2]string
+	for range maxHeaderListSize/4000 + 1 {
+		bomb = append(bomb, big)
+	}
+	callRaw(t, fr, 1, methodEcho, bomb...)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection ended without a GOAWAY: %v", err)
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			if g.ErrCode != http2.ErrCodeEnhanceYourCalm {
+				t.Fatalf("GOAWAY %v %q, want ENHANCE_YOUR_CALM", g.ErrCode, g.DebugData())
+			}
+			if _, err := fr.ReadFrame(); err == nil {
+				t.Fatal("the connection goes on after the GOAWAY")
+			}
+			return
+		}
+	}
+}
