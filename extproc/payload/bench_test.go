@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/policy/policytest"
 )
 
@@ -146,4 +148,79 @@ func roundTrip(b *testing.B, streams, rate int) {
 	if rate > 0 {
 		b.ReportMetric(float64(sent[len(sent)*99/100].Microseconds()), "p99-from-send-µs")
 	}
+}
+
+// BenchmarkBesideLargeRequests measures what a large request costs the
+// small ones beside it on the same connection, as Envoy puts a worker's
+// requests on one: two clients send 64 KiB chat bodies full of personal
+// data back to back (a guardrail pass of about a millisecond each), while
+// small 1 KiB requests go one after another on the same connection; p50
+// and p99 of the small ones, on each transport. On h2 a connection's
+// messages are handled on one goroutine, so this is where head-of-line
+// blocking would show; grpc-go gives every stream a goroutine.
+func BenchmarkBesideLargeRequests(b *testing.B) {
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	for _, transport := range []string{server.TransportGRPC, server.TransportH2} {
+		b.Run("transport="+transport, func(b *testing.B) { besideLarge(b, transport) })
+	}
+}
+
+func besideLarge(b *testing.B, transport string) {
+	r := startRigWith(b, []byte(guardrailConfig), func(c *payload.Config) { c.KeepStreamOptions = true; c.Server.Transport = transport })
+	conn, err := grpc.NewClient(r.svc.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	client := extprocv3.NewExternalProcessorClient(conn)
+	request := func(ctx context.Context, body []byte) error {
+		st, err := client.Process(ctx)
+		if err != nil {
+			return err
+		}
+		headers := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+				{Key: "content-type", RawValue: []byte("application/json")},
+			}},
+		}}}
+		if err := st.Send(headers); err != nil {
+			return err
+		}
+		if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+			return err
+		}
+		if _, err := st.Recv(); err != nil {
+			return err
+		}
+		return st.CloseSend()
+	}
+	large, small := policytest.ChatBody(64<<10), policytest.ChatBody(1<<10)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if err := request(ctx, large); err != nil && ctx.Err() == nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if err := request(ctx, small); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(start)
+	}
+	b.StopTimer()
+	cancel()
+	wg.Wait()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "small-p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "small-p99-µs")
 }

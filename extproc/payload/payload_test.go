@@ -39,6 +39,12 @@ func newUsageRig(t testing.TB) *rig { return startRig(t, nil, false) }
 
 func startRig(t testing.TB, configJSON []byte, keepStreamOptions bool) *rig {
 	t.Helper()
+	return startRigWith(t, configJSON, func(c *payload.Config) { c.KeepStreamOptions = keepStreamOptions })
+}
+
+// startRigWith is startRig with the processor's Config changed by tune.
+func startRigWith(t testing.TB, configJSON []byte, tune func(*payload.Config)) *rig {
+	t.Helper()
 	if configJSON == nil {
 		configJSON = []byte("{}") // a null document is refused
 	}
@@ -50,7 +56,7 @@ func startRig(t testing.TB, configJSON []byte, keepStreamOptions bool) *rig {
 	if err := os.WriteFile(path, y, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return serve(t, path, func(c *payload.Config) { c.KeepStreamOptions = keepStreamOptions })
+	return serve(t, path, tune)
 }
 
 // serve starts the processor on the policy file at path, its Config
