@@ -102,7 +102,7 @@ bench-stalled: build
 bench-epp: build
 	$(GO) run ./bench/eppload --binary $(BIN)
 
-## bench-h2attack: HTTP/2 attacks (rapid reset, CONTINUATION and SETTINGS/PING floods, HPACK bomb, held and violated windows, false message lengths) against the payload processor on grpc-go and on h2, a fresh process each: survival, RSS, CPU, a victim's answers meanwhile (about 3 minutes; make test runs a tenth of it, in bench/h2attack's TestAttacks).
+## bench-h2attack: HTTP/2 attacks (rapid reset, CONTINUATION and SETTINGS/PING floods, HPACK bomb, held and violated windows, false message lengths) against the payload processor on grpc-go and on h2, a fresh process each: survival, RSS, CPU, a victim's answers meanwhile (about 4 minutes; make test runs a tenth of it, in bench/h2attack's TestAttacks).
 bench-h2attack: build
 	$(GO) run ./bench/h2attack --binary $(BIN) $(ARGS)
 

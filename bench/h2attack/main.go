@@ -10,6 +10,16 @@
 // processor started fresh for it (plain text, loopback, free ports), so
 // that one attack's garbage does not count against the next.
 //
+// Each attack is offered at a fixed rate of its operations (a frame, a
+// header block, a stream; the legend says which), the same for both
+// transports, and the report says how many got onto the wire and what
+// each cost the processor. The default is open loop, each attack at its
+// own rate (--rate-scale multiplies them all): closed loop (--rate 0, as
+// fast as the server takes it) a server that handles an attack faster
+// gets more of it, and on a shared two-core machine the attacker's extra
+// frames take CPU from the victim too, so that the victim's answers would
+// look worse on the faster server.
+//
 //	go build -o /tmp/infergate ./cmd/infergate
 //	go run ./bench/h2attack --binary /tmp/infergate
 package main
@@ -36,6 +46,9 @@ func main() {
 	flag.Float64Var(&o.scale, "scale", 10, "multiplies every attack's count (the test runs 1)")
 	flag.DurationVar(&o.limit, "limit", 5*time.Second, "bound on each attack's active phase")
 	flag.DurationVar(&o.hold, "hold", 3*time.Second, "how long an attack that holds streams open keeps them after its active phase")
+	// Open loop by default: see the package comment.
+	flag.Float64Var(&o.rate, "rate", ownRates, "attack operations per second, for every attack (one operation per attack is in the legend); 0: as fast as the server takes them (closed loop); negative: each attack's own rate, times --rate-scale")
+	flag.Float64Var(&o.rateScale, "rate-scale", 1, "multiplies each attack's own rate (when --rate is negative)")
 	flag.DurationVar(&o.measure, "measure", 2*time.Second, "the victim's baseline window before each attack")
 	flag.IntVar(&o.workers, "victim-streams", 4, "the victim's concurrent requests")
 	flag.Parse()
@@ -53,8 +66,8 @@ func run(ctx context.Context, o options, processors, transports, names string) e
 	if o.attacks, err = pick(names); err != nil {
 		return err
 	}
-	if o.scale <= 0 || o.limit <= 0 || o.hold < 0 || o.measure <= 0 || o.workers <= 0 {
-		return fmt.Errorf("--scale, --limit, --measure and --victim-streams must be positive, --hold not negative")
+	if o.scale <= 0 || o.limit <= 0 || o.hold < 0 || o.measure <= 0 || o.workers <= 0 || o.rateScale <= 0 {
+		return fmt.Errorf("--scale, --limit, --measure, --victim-streams and --rate-scale must be positive, --hold not negative")
 	}
 	printLegend(os.Stdout, o)
 	fmt.Print(detailHeader)

@@ -25,6 +25,10 @@ type options struct {
 	// active phase, hold how long held streams stay open after it.
 	scale       float64
 	limit, hold time.Duration
+	// rate is the operations per second every attack offers, 0 as fast
+	// as the server takes them (closed loop), ownRates each attack's own
+	// rate times rateScale.
+	rate, rateScale float64
 	// measure is the victim's baseline window; workers its concurrent
 	// requests.
 	measure time.Duration
@@ -51,6 +55,14 @@ type result struct {
 
 func (r result) increase() int64 { return r.rssPeak - r.rssBefore }
 
+// rateOf is the operations per second a offers, 0 for closed loop.
+func (o options) rateOf(a attack) float64 {
+	if o.rate >= 0 {
+		return o.rate
+	}
+	return a.rate * o.rateScale
+}
+
 // attackCPU estimates the CPU the attack cost the processor: its CPU
 // during the attack less what the victim's answers meanwhile cost at the
 // baseline's CPU per answer (the victim runs flat out, and would
@@ -61,6 +73,16 @@ func (r result) attackCPU() time.Duration {
 	}
 	victim := time.Duration(float64(r.baseCPU) * float64(r.during.answers) / float64(r.base.answers))
 	return max(r.cpu-victim, 0)
+}
+
+// cpuPerOp is the attack's CPU per operation sent: with the same
+// operations offered to both transports at the same rate, the figure that
+// compares them.
+func (r result) cpuPerOp() (seconds float64, ok bool) {
+	if r.sent.sent <= 0 {
+		return 0, false
+	}
+	return r.attackCPU().Seconds() / float64(r.sent.sent), true
 }
 
 // answerShare is the victim's answer rate during the attack as a share
@@ -157,7 +179,8 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 	stop := make(chan struct{})
 	during := make(chan sample, 1)
 	go func() { during <- v.measure(ctx, stop) }()
-	t := target{addr: ch.grpcAddr, scale: o.scale, until: time.Now().Add(o.limit), hold: o.hold, obs: newObserver()}
+	start := time.Now()
+	t := target{addr: ch.grpcAddr, scale: o.scale, rate: o.rateOf(a), start: start, until: start.Add(o.limit), hold: o.hold, obs: newObserver()}
 	actx, cancel := context.WithDeadline(ctx, t.until.Add(o.hold+5*time.Second))
 	r.sent, err = a.run(actx, t)
 	cancel() // closes whatever the attack left open
