@@ -153,37 +153,6 @@ func lastLine(path string) string {
 	return s
 }
 
-// vmHWM is the process's peak resident memory in bytes (VmHWM) since it
-// started or since the peak was last reset (resetPeak).
-func vmHWM(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/%d/status VmHWM: %w", pid, err)
-			}
-			return kb * 1024, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
-}
-
-// resetPeak sets the process's VmHWM to its current RSS (Linux 4.0 and
-// later), so that the peak read after an attack is the attack's own and
-// not the start-up's or the baseline load's.
-func resetPeak(pid int) error {
-	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
-}
-
 // heapInuse is the Go heap in use (spans holding objects, garbage not yet
 // swept included) the processor reports on its metrics listener. RSS
 // misses memory that is allocated but not yet touched (a fresh large

@@ -163,11 +163,11 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 	if r.rssBefore, err = childproc.RSS(pid); err != nil {
 		return r, err
 	}
-	hwmBefore, err := vmHWM(pid)
+	hwmBefore, err := childproc.PeakRSS(pid)
 	if err != nil {
 		return r, err
 	}
-	peakReset := resetPeak(pid) == nil
+	peakReset := childproc.ResetPeakRSS(pid) == nil
 	cpuBefore, err := ch.cpu()
 	if err != nil {
 		return r, err
@@ -203,7 +203,7 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 	r.cpu = cpuAfter - cpuBefore
 	// VmHWM catches a peak between two samples; without the reset it is
 	// the attack's only if the attack set it.
-	if hwm, err := vmHWM(pid); err == nil && (peakReset || hwm > hwmBefore) {
+	if hwm, err := childproc.PeakRSS(pid); err == nil && (peakReset || hwm > hwmBefore) {
 		r.rssPeak = max(r.rssPeak, hwm)
 	}
 	r.rssPeak = max(r.rssPeak, r.rssBefore)

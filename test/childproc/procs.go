@@ -90,7 +90,20 @@ func Syscalls(pid int) (reads, writes int64, err error) {
 }
 
 // RSS is a process's resident memory in bytes, from /proc (Linux).
-func RSS(pid int) (int64, error) {
+func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
+
+// PeakRSS is a process's peak resident memory in bytes (VmHWM) since it
+// started or since ResetPeakRSS, from /proc (Linux).
+func PeakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }
+
+// ResetPeakRSS sets a process's peak resident memory to its current RSS
+// (Linux 4.0 and later), so that a peak read later is what came after.
+func ResetPeakRSS(pid int) error {
+	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+}
+
+// statusBytes reads a field in kB of /proc/<pid>/status, in bytes.
+func statusBytes(pid int, field string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -98,10 +111,16 @@ func RSS(pid int) (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb * 1024, err
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/status %s: %w", pid, field, err)
+			}
+			return kb * 1024, nil
 		}
 	}
-	return 0, errors.New("VmRSS not found")
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
 }

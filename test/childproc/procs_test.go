@@ -15,6 +15,13 @@ func TestSelfFigures(t *testing.T) {
 	if err != nil || rss < 1<<20 {
 		t.Fatalf("rss %d, %v: a Go test binary holds more than 1 MiB", rss, err)
 	}
+	peak, err := PeakRSS(os.Getpid())
+	if err != nil || peak < rss {
+		t.Fatalf("peak RSS %d below the RSS %d, %v", peak, rss, err)
+	}
+	if err := ResetPeakRSS(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
 	r0, w0, err := Syscalls(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
