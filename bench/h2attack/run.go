@@ -214,39 +214,28 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 // sampleRSS samples the process's RSS until ctx ends and then sends the
 // largest seen.
 func sampleRSS(ctx context.Context, pid int) <-chan int64 {
-	out := make(chan int64, 1)
-	go func() {
-		var peak int64
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if rss, err := childproc.RSS(pid); err == nil {
-				peak = max(peak, rss)
-			}
-			select {
-			case <-ctx.Done():
-				out <- peak
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return out
+	return samplePeak(ctx, 10*time.Millisecond, func() (int64, error) { return childproc.RSS(pid) })
 }
 
 // sampleHeap samples the processor's Go heap from its metrics until ctx
 // ends and then sends the largest seen; scraping costs the processor a
 // little CPU, so less often than RSS.
 func sampleHeap(ctx context.Context, metricsAddr string) <-chan int64 {
+	client := &http.Client{Timeout: time.Second}
+	return samplePeak(ctx, 200*time.Millisecond, func() (int64, error) { return heapInuse(ctx, client, metricsAddr) })
+}
+
+// samplePeak calls read every interval until ctx ends and then sends the
+// largest value it returned.
+func samplePeak(ctx context.Context, every time.Duration, read func() (int64, error)) <-chan int64 {
 	out := make(chan int64, 1)
 	go func() {
-		client := &http.Client{Timeout: time.Second}
 		var peak int64
-		tick := time.NewTicker(200 * time.Millisecond)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			if h, err := heapInuse(ctx, client, metricsAddr); err == nil {
-				peak = max(peak, h)
+			if v, err := read(); err == nil {
+				peak = max(peak, v)
 			}
 			select {
 			case <-ctx.Done():

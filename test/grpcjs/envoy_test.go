@@ -214,21 +214,10 @@ func exchange(ctx context.Context, s *jsStream, r httpRequest, between func() er
 
 // finish reads the rest of a stream: any answers, then its status.
 func finish(ctx context.Context, s *jsStream, o *outcome) error {
-	for {
-		ev, err := s.next(ctx)
-		if err != nil {
-			return err
-		}
-		switch ev.Ev {
-		case "headers":
-			o.headers = ev.Metadata
-			continue
-		case "status":
-			o.code, o.details, o.trailers, o.ms = ev.Code, ev.Details, ev.Metadata, ev.MS
-			return nil
-		}
-		o.answers = append(o.answers, ev.B64)
+	if err := collect(ctx, s, o, &progress{}, func() bool { return false }); !errors.Is(err, errEnded) {
+		return err
 	}
+	return nil
 }
 
 // decoded is what a processor did to a request and its response, from the
