@@ -16,10 +16,10 @@ import (
 // Transports the ext_proc listener can serve with (Options.Transport).
 const (
 	// TransportAuto is what the processors serve by default: TransportGRPC.
-	// TransportH2 has met only grpc-go clients and the project's own
-	// driver, not the HTTP/2 codec of a gateway (Envoy's nghttp2/oghttp2,
-	// agentgateway's hyper), nor an HTTP/2 conformance or attack suite;
-	// until it has, it is opt-in.
+	// TransportH2 matches grpc-go on h2spec, a grpc-js client and an
+	// HTTP/2 attack suite (docs/transport.md), but has not served a real
+	// gateway (Envoy's nghttp2/oghttp2, agentgateway's hyper); until it
+	// has, it is opt-in.
 	TransportAuto = "auto"
 	// TransportGRPC is grpc-go.
 	TransportGRPC = "grpc"
@@ -103,14 +103,14 @@ func (p *h2Process) Message(b []byte) (bool, error) {
 	// it: messages are handled in order. Envoy sends nothing on a stream
 	// between the end of a request body and its answer.
 	p.mu.Lock()
-	deciding := p.deciding
+	deciding, ended := p.deciding, p.ended
 	p.mu.Unlock()
 	if deciding != nil {
 		<-deciding
+		p.mu.Lock()
+		ended = p.ended
+		p.mu.Unlock()
 	}
-	p.mu.Lock()
-	ended := p.ended
-	p.mu.Unlock()
 	if ended {
 		return true, nil
 	}

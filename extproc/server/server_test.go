@@ -689,15 +689,21 @@ func headerOf(r *extprocv3.CommonResponse, name string) string {
 // TestLargeDecisionEndsTheStream: a decision made off the connection
 // goroutine that refuses the request ends the stream there, with the
 // immediate response and then the OK status, and the exchange is closed
-// once, on both transports.
+// once, on both transports. On h2 the transport's own Close of the stream
+// comes when the connection next reads; a second request on the same
+// connection makes it read, so a second close would show.
 func TestLargeDecisionEndsTheStream(t *testing.T) { eachTransport(t, testLargeDecisionEndsTheStream) }
 
 func testLargeDecisionEndsTheStream(t *testing.T, transport string) {
-	h := &recorder{decide: func(*server.Request) *server.Decision {
+	h := &recorder{decide: func(req *server.Request) *server.Decision {
+		if len(req.Body) < 64<<10 {
+			return &server.Decision{}
+		}
 		return &server.Decision{Reject: &server.Rejection{Status: 403, Reason: "denied"}}
 	}}
 	srv, _, _ := start(t, transport, h, server.Options{})
-	st := openStream(t, dial(t, srv.GRPCAddr(), nil))
+	conn := dial(t, srv.GRPCAddr(), nil)
+	st := openStream(t, conn)
 	mustSend(t, st, reqHeaders(false, ":method", "POST"))
 	mustSend(t, st, reqBody(bytes.Repeat([]byte("x"), 64<<10), true))
 	if got := mustRecv(t, st).GetImmediateResponse().GetStatus().GetCode(); got != 403 {
@@ -706,15 +712,27 @@ func testLargeDecisionEndsTheStream(t *testing.T, transport string) {
 	if _, err := st.Recv(); err != io.EOF {
 		t.Fatalf("after the immediate response: %v, want the end of the stream", err)
 	}
+
+	next := openStream(t, conn)
+	mustSend(t, next, reqHeaders(true, ":method", "GET"))
+	if mustRecv(t, next).GetRequestHeaders() == nil {
+		t.Fatal("the next request on the connection was not answered")
+	}
+	if err := next.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Recv(); err != io.EOF {
+		t.Fatalf("end of the next request: %v", err)
+	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		h.mu.Lock()
 		closed := len(h.closed)
 		h.mu.Unlock()
-		if closed == 1 {
+		if closed == 2 {
 			break
 		}
-		if closed > 1 || time.Now().After(deadline) {
-			t.Fatalf("the exchange was closed %d times, want once", closed)
+		if closed > 2 || time.Now().After(deadline) {
+			t.Fatalf("%d exchanges closed for two requests, want 2", closed)
 		}
 	}
 }

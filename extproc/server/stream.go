@@ -164,6 +164,9 @@ func (s *stream) receive(ctx context.Context, msg *inbound) (done bool, err erro
 // of at least n bytes: the work that grows with the body (parsing it,
 // guardrails, prefix hashing) runs where the body is whole.
 func (s *stream) decidesOver(msg *inbound, n int) bool {
+	if msg.kind != kindRequestBody && msg.kind != kindRequestTrailers {
+		return false // headers and the response path: no lock taken
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch msg.kind {
