@@ -187,14 +187,9 @@ func exchanges(n, size, chunk int) func(context.Context, run) (*result, error) {
 	}
 }
 
-// cancelMidStream cancels a stream after its headers and one body chunk,
-// once the processor has it open, as Envoy resets the stream of a request
-// whose client went away.
-func cancelMidStream(ctx context.Context, r run) (*result, error) {
-	d, err := r.driver(nil, "")
-	if err != nil {
-		return nil, err
-	}
+// openHalfSent opens a stream and sends a large request's headers and its
+// first body chunk, and no more: a request in flight.
+func openHalfSent(d *driver, r run) (*jsStream, error) {
 	s, err := d.open(0)
 	if err != nil {
 		return nil, err
@@ -203,6 +198,21 @@ func cancelMidStream(ctx context.Context, r run) (*result, error) {
 		if err := s.send(m); err != nil {
 			return nil, err
 		}
+	}
+	return s, nil
+}
+
+// cancelMidStream cancels a stream after its headers and one body chunk,
+// once the processor has it open, as Envoy resets the stream of a request
+// whose client went away.
+func cancelMidStream(ctx context.Context, r run) (*result, error) {
+	d, err := r.driver(nil, "")
+	if err != nil {
+		return nil, err
+	}
+	s, err := openHalfSent(d, r)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := r.p.waitOpenStreams(ctx, 1, 10*time.Second); err != nil {
 		return nil, fmt.Errorf("before the cancel: %w", err)
@@ -372,14 +382,9 @@ func keepaliveTooOften(ctx context.Context, r run) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := d.open(0)
+	s, err := openHalfSent(d, r)
 	if err != nil {
 		return nil, err
-	}
-	for _, m := range r.request(0, largeBody, 16*kib).requestMessages()[:2] {
-		if err := s.send(m); err != nil {
-			return nil, err
-		}
 	}
 	res := &result{outcomes: make([]outcome, 2)}
 	wait, cancel := context.WithTimeout(ctx, 20*time.Second)
