@@ -518,10 +518,6 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
-// connectionSpecific are the fields an HTTP/2 request may not carry (RFC
-// 9113 section 8.2.2).
-var connectionSpecific = map[string]bool{"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true, "upgrade": true}
-
 // malformed says why a request's header list is malformed (RFC 9113
 // section 8.3.1: :method, :scheme and a non-empty :path, once each;
 // section 8.2.2: no connection-specific fields, te only "trailers"),
@@ -536,11 +532,13 @@ func malformed(f *http2.MetaHeadersFrame) error {
 		}
 	}
 	for _, hf := range f.RegularFields() {
-		switch {
-		case connectionSpecific[hf.Name]:
+		switch hf.Name {
+		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 			return fmt.Errorf("the connection-specific field %q", hf.Name)
-		case hf.Name == "te" && hf.Value != "trailers":
-			return fmt.Errorf("te %q", hf.Value)
+		case "te":
+			if hf.Value != "trailers" {
+				return fmt.Errorf("te %q", hf.Value)
+			}
 		}
 	}
 	return nil
