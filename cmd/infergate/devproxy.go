@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 )
 
 // devproxyFlags are the command's flags: the shared ones, those of flag
@@ -125,13 +125,13 @@ func (fl *devproxyFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&fl.address, "address", "127.0.0.1", "IP address to listen on (in xDS mode: every listener, whatever address the control plane gives it)")
 	f.DurationVar(&fl.routeTimeout, "route-timeout", 60*time.Second, "upper bound for one request, streaming included")
 	f.DurationVar(&fl.connect, "connect-timeout", 5*time.Second, "upstream connect timeout (flag mode; xDS clusters carry their own)")
-	f.BoolVar(&fl.debugMetadata, "debug-metadata", false, "add the filters' envoy.lb metadata to responses as header "+devproxy.DebugMetadataHeader)
+	f.BoolVar(&fl.debugMetadata, "debug-metadata", false, "add the filters' envoy.lb metadata to responses as header "+envoysim.DebugMetadataHeader)
 	fl.logs.register(f)
 
 	f.IntVar(&fl.port, "port", 8080, "port to listen on (0 picks a free one)")
 	f.StringArrayVar(&fl.extProcs, "ext-proc", nil,
 		"ext_proc filter as name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]; repeat in filter order (default FailClose, plaintext)")
-	f.StringVar(&fl.routing, "routing", string(devproxy.RoutingOverrideHost),
+	f.StringVar(&fl.routing, "routing", string(envoysim.RoutingOverrideHost),
 		"how the picked endpoint is honoured: override-host (metadata, then header, comma list walked) or original-dst-header (first header value only)")
 	f.StringSliceVar(&fl.fallback, "fallback-endpoints", nil, "ip:port list used round robin when no filter picked an endpoint")
 	f.StringSliceVar(&fl.subsetHint, "subset-hint", nil, "ip:port list sent to the filters as envoy.lb.subset_hint metadata")
@@ -156,31 +156,31 @@ func (fl *devproxyFlags) runFlags(cmd *cobra.Command) error {
 	}
 	var hint []string
 	for _, s := range fl.subsetHint {
-		ep, err := devproxy.ParseEndpoint(s)
+		ep, err := envoysim.ParseEndpoint(s)
 		if err != nil {
 			return fmt.Errorf("--subset-hint: %w", err)
 		}
 		hint = append(hint, ep)
 	}
-	var filters []extproctest.FilterConfig
+	var filters []extprocfilter.FilterConfig
 	for _, spec := range fl.extProcs {
-		fc, err := devproxy.ParseFilterFlag(spec)
+		fc, err := envoysim.ParseFilterFlag(spec)
 		if err != nil {
 			return fmt.Errorf("--ext-proc %q: %w", spec, err)
 		}
 		if len(hint) > 0 {
-			fc.ForwardMetadata = extproctest.SubsetHintMetadata(hint...)
+			fc.ForwardMetadata = extprocfilter.SubsetHintMetadata(hint...)
 		}
 		filters = append(filters, fc)
 	}
 	for _, s := range fl.fallback {
-		if _, err := devproxy.ParseEndpoint(s); err != nil {
+		if _, err := envoysim.ParseEndpoint(s); err != nil {
 			return fmt.Errorf("--fallback-endpoints: %w", err)
 		}
 	}
-	mode := devproxy.RoutingMode(fl.routing)
-	if mode != devproxy.RoutingOverrideHost && mode != devproxy.RoutingOriginalDstHeader {
-		return fmt.Errorf("--routing %q: want %s or %s", fl.routing, devproxy.RoutingOverrideHost, devproxy.RoutingOriginalDstHeader)
+	mode := envoysim.RoutingMode(fl.routing)
+	if mode != envoysim.RoutingOverrideHost && mode != envoysim.RoutingOriginalDstHeader {
+		return fmt.Errorf("--routing %q: want %s or %s", fl.routing, envoysim.RoutingOverrideHost, envoysim.RoutingOriginalDstHeader)
 	}
 
 	log, err := fl.logs.logger()
@@ -189,11 +189,11 @@ func (fl *devproxyFlags) runFlags(cmd *cobra.Command) error {
 	}
 	tuneGC(serverGCPercent)
 
-	proxy, err := devproxy.New(devproxy.Config{
+	proxy, err := envoysim.New(envoysim.Config{
 		Filters:           filters,
 		Routing:           mode,
 		FallbackEndpoints: fl.fallback,
-		Timeouts:          devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect},
+		Timeouts:          envoysim.Timeouts{Route: fl.routeTimeout, Connect: fl.connect},
 		DebugMetadata:     fl.debugMetadata,
 		Logger:            log,
 	})
@@ -224,7 +224,7 @@ func (fl *devproxyFlags) runXDS(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	return fl.runNode(cmd, devproxy.NodeConfig{
+	return fl.runNode(cmd, envoysim.NodeConfig{
 		XDS: xdsclient.Config{
 			Server: fl.xdsServer, NodeID: fl.nodeID, NodeCluster: fl.nodeCluster, TLS: tlsCfg,
 		},
@@ -235,11 +235,11 @@ func (fl *devproxyFlags) runXDS(cmd *cobra.Command) error {
 // runBootstrap serves an Envoy bootstrap's static resources: each listener
 // on --address at the bootstrap's port, until the command's context ends.
 func (fl *devproxyFlags) runBootstrap(cmd *cobra.Command) error {
-	bs, err := devproxy.LoadBootstrap(fl.bootstrap)
+	bs, err := envoysim.LoadBootstrap(fl.bootstrap)
 	if err != nil {
 		return fmt.Errorf("--bootstrap: %w", err)
 	}
-	if err := fl.runNode(cmd, devproxy.NodeConfig{Bootstrap: bs}, "bootstrap", "bootstrap", fl.bootstrap); err != nil {
+	if err := fl.runNode(cmd, envoysim.NodeConfig{Bootstrap: bs}, "bootstrap", "bootstrap", fl.bootstrap); err != nil {
 		return fmt.Errorf("--bootstrap %s: %w", fl.bootstrap, err)
 	}
 	return nil
@@ -248,7 +248,7 @@ func (fl *devproxyFlags) runBootstrap(cmd *cobra.Command) error {
 // runNode runs the stand-in as a node configured by cfg (its source of
 // configuration set) and the flags both modes share, until the command's
 // context ends; source names the mode in its output.
-func (fl *devproxyFlags) runNode(cmd *cobra.Command, cfg devproxy.NodeConfig, source string, logKV ...any) error {
+func (fl *devproxyFlags) runNode(cmd *cobra.Command, cfg envoysim.NodeConfig, source string, logKV ...any) error {
 	resolve, err := fl.resolveTable()
 	if err != nil {
 		return err
@@ -260,13 +260,13 @@ func (fl *devproxyFlags) runNode(cmd *cobra.Command, cfg devproxy.NodeConfig, so
 	tuneGC(serverGCPercent)
 	out := cmd.OutOrStdout()
 	cfg.Address, cfg.Resolve, cfg.Logger = fl.address, resolve, log
-	cfg.Timeouts = devproxy.Timeouts{Route: fl.routeTimeout, Connect: fl.connect}
+	cfg.Timeouts = envoysim.Timeouts{Route: fl.routeTimeout, Connect: fl.connect}
 	cfg.DebugMetadata = fl.debugMetadata
 	cfg.OnListener = func(name, addr, bound string) {
 		// One line per listener, so scripts using --free-ports can find it.
 		_, _ = fmt.Fprintf(out, "devproxy listener %s (%s %s) on http://%s\n", name, source, addr, bound)
 	}
-	node, err := devproxy.NewNode(cfg)
+	node, err := envoysim.NewNode(cfg)
 	if err != nil {
 		return err
 	}

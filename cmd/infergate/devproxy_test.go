@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/envoysim/fakeproc"
 )
 
 // syncBuffer is an io.Writer the command writes to while the test reads.

@@ -7,7 +7,7 @@
 // or a CLI can run them: fill a Config, call Register before ginkgo's
 // RunSpecs, and set the Config's fields at any time before the specs run
 // (for instance once the picker under test has started). Envoy is played by
-// package extproctest with the processing mode gateways configure for
+// package extprocfilter with the processing mode gateways configure for
 // pickers (FULL_DUPLEX_STREAMED request body, trailers SEND).
 //
 // Core specs assert only what the upstream protocol requires and the
@@ -29,7 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/inference/wire"
 )
 
@@ -145,7 +145,7 @@ func Register(cfg *Config) bool {
 
 		It(SpecAntiSpoof, func() {
 			Expect(cfg.Endpoints).NotTo(ContainElement(spoofEndpoint), "conformance config: the pool must not contain %s", spoofEndpoint)
-			res := run(ctx, cfg, nil, completion(cfg, extproctest.Headers{{Key: wire.DestinationEndpointKey, Value: spoofEndpoint}}))
+			res := run(ctx, cfg, nil, completion(cfg, extprocfilter.Headers{{Key: wire.DestinationEndpointKey, Value: spoofEndpoint}}))
 			Expect(res.LocalReply).To(BeNil(), "the picker must pick for a request carrying a client-sent %s header, got local reply %v", wire.DestinationEndpointKey, res.LocalReply)
 			got := res.Headers.Values(wire.DestinationEndpointKey)
 			Expect(got).To(HaveLen(1), "the picker must overwrite a client-sent %s header (anti-spoof), the forwarded request has %q", wire.DestinationEndpointKey, got)
@@ -156,18 +156,18 @@ func Register(cfg *Config) bool {
 		Context("subset hint "+wire.SubsetHintNamespace+" / "+wire.SubsetKey, func() {
 			It(SpecSubsetList, func() {
 				target := cfg.Endpoints[len(cfg.Endpoints)-1]
-				res := run(ctx, cfg, extproctest.SubsetHintMetadata(target), completion(cfg, nil))
+				res := run(ctx, cfg, extprocfilter.SubsetHintMetadata(target), completion(cfg, nil))
 				expectPick(cfg, res, []string{target})
 			})
 
 			It(SpecSubsetNoMatch, func() {
 				Expect(cfg.Endpoints).NotTo(ContainElement(outsideEndpoint), "conformance config: the pool must not contain %s", outsideEndpoint)
-				res := run(ctx, cfg, extproctest.SubsetHintMetadata(outsideEndpoint), completion(cfg, nil))
+				res := run(ctx, cfg, extprocfilter.SubsetHintMetadata(outsideEndpoint), completion(cfg, nil))
 				expectImmediate(res, fmt.Sprintf("a subset hint [%s] matching no pool endpoint", outsideEndpoint), 503)
 			})
 
 			It(SpecSubsetEmpty, func() {
-				res := run(ctx, cfg, extproctest.SubsetHintMetadata(), completion(cfg, nil))
+				res := run(ctx, cfg, extprocfilter.SubsetHintMetadata(), completion(cfg, nil))
 				expectImmediate(res, "an empty subset hint list", 503)
 			})
 
@@ -195,7 +195,7 @@ func Register(cfg *Config) bool {
 						eligible = append(eligible, e)
 					}
 				}
-				res := run(ctx, cfg, extproctest.SubsetHintMetadata(ip), completion(cfg, nil))
+				res := run(ctx, cfg, extprocfilter.SubsetHintMetadata(ip), completion(cfg, nil))
 				expectPick(cfg, res, eligible)
 			})
 		})
@@ -268,17 +268,17 @@ func chunked(body []byte, n int) [][]byte {
 }
 
 // completion is a JSON completion POST with the body in one chunk.
-func completion(cfg *Config, extra extproctest.Headers) extproctest.Request {
+func completion(cfg *Config, extra extprocfilter.Headers) extprocfilter.Request {
 	body := fmt.Sprintf(`{"model":%q,"prompt":"Conformance check: say hello to the endpoint picker protocol.","max_tokens":8}`, cfg.model())
-	h := extproctest.Headers{{Key: "content-type", Value: "application/json"}}
+	h := extprocfilter.Headers{{Key: "content-type", Value: "application/json"}}
 	h = append(h, extra...)
-	return extproctest.Request{Method: "POST", Path: "/v1/completions", Headers: h, Body: [][]byte{[]byte(body)}}
+	return extprocfilter.Request{Method: "POST", Path: "/v1/completions", Headers: h, Body: [][]byte{[]byte(body)}}
 }
 
 // run plays Envoy for one request path against the picker under test.
-func run(ctx context.Context, cfg *Config, md map[string]*structpb.Struct, req extproctest.Request) *extproctest.Result {
+func run(ctx context.Context, cfg *Config, md map[string]*structpb.Struct, req extprocfilter.Request) *extprocfilter.Result {
 	GinkgoHelper()
-	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "epp-conformance", Target: cfg.Address, TLS: cfg.TLS, ForwardMetadata: md})
+	client, err := extprocfilter.NewClient(extprocfilter.FilterConfig{Name: "epp-conformance", Target: cfg.Address, TLS: cfg.TLS, ForwardMetadata: md})
 	Expect(err).NotTo(HaveOccurred(), "configuring the ext_proc client for %s", cfg.Address)
 	defer client.Close()
 	res, err := client.Run(ctx, req)
@@ -292,7 +292,7 @@ func run(ctx context.Context, cfg *Config, md map[string]*structpb.Struct, req e
 // expectPick checks that the request was let through with exactly one
 // x-gateway-destination-endpoint header whose endpoints (a comma list, best
 // first) all lie in allowed; it returns the header value.
-func expectPick(cfg *Config, res *extproctest.Result, allowed []string) string {
+func expectPick(cfg *Config, res *extprocfilter.Result, allowed []string) string {
 	GinkgoHelper()
 	if lr := res.LocalReply; lr != nil {
 		Fail(fmt.Sprintf("the picker must pick an endpoint but answered with an immediate response %d (%s) %q", lr.Status, lr.Details, lr.Body))
@@ -307,7 +307,7 @@ func expectPick(cfg *Config, res *extproctest.Result, allowed []string) string {
 	return vals[0]
 }
 
-func expectImmediate(res *extproctest.Result, what string, status int) {
+func expectImmediate(res *extprocfilter.Result, what string, status int) {
 	GinkgoHelper()
 	lr := res.LocalReply
 	if lr == nil {
@@ -325,7 +325,7 @@ func expectServing(ctx context.Context, cfg *Config, service string) {
 	if addr == "" {
 		addr = cfg.Address
 	}
-	conn, err := extproctest.Dial(addr, cfg.TLS, nil)
+	conn, err := extprocfilter.Dial(addr, cfg.TLS, nil)
 	Expect(err).NotTo(HaveOccurred(), "dialing the health address %s", addr)
 	defer conn.Close()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
@@ -341,7 +341,7 @@ func largeBody(cfg *Config, n int) []byte {
 	return []byte(head + strings.Repeat("a", max(pad, 0)) + tail)
 }
 
-func lbString(res *extproctest.Result, key string) string {
+func lbString(res *extprocfilter.Result, key string) string {
 	return res.DynamicMetadata[wire.LBNamespace].GetFields()[key].GetStringValue()
 }
 

@@ -9,7 +9,7 @@
 // payload_test.go) or a CLI can run them: fill a Config, call Register
 // before ginkgo's RunSpecs, and set the Config's fields at any time before
 // the specs run (for instance once the processor under test has started).
-// Envoy is played by package extproctest with the processing mode the
+// Envoy is played by package extprocfilter with the processing mode the
 // README asks for (headers SEND, FULL_DUPLEX_STREAMED bodies, trailers
 // SEND); only the request path is exercised. A processor that is not an
 // ext_proc server (the Wasm plugin in its proxy-wasm host: WasmPlugin) is
@@ -26,7 +26,7 @@ import (
 	. "github.com/onsi/gomega"    //nolint:revive // gomega DSL
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/inference/policy"
 	"github.com/infergate/infergate/inference/wire"
 )
@@ -137,13 +137,13 @@ func Register(cfg *Config) bool {
 		})
 
 		It(SpecClientModelHeaders, func() {
-			spoof := extproctest.Headers{{Key: ModelHeader, Value: spoofModel}, {Key: BaseModelHeader, Value: spoofBaseModel}}
+			spoof := extprocfilter.Headers{{Key: ModelHeader, Value: spoofModel}, {Key: BaseModelHeader, Value: spoofBaseModel}}
 			res := run(ctx, cfg, chat(chatBody(cfg.Model, "Conformance check: say hello."), spoof))
 			expectModelHeaders(cfg, res, "a chat completion carrying client-sent model headers")
 		})
 
 		It(SpecClientDestination, func() {
-			spoof := extproctest.Headers{{Key: wire.DestinationEndpointKey, Value: spoofEndpoint}}
+			spoof := extprocfilter.Headers{{Key: wire.DestinationEndpointKey, Value: spoofEndpoint}}
 			res := run(ctx, cfg, chat(chatBody(cfg.Model, "Conformance check: say hello."), spoof))
 			expectForwarded(res, "a chat completion carrying a client-sent "+wire.DestinationEndpointKey)
 			got := res.Headers.Values(wire.DestinationEndpointKey)
@@ -181,7 +181,7 @@ func Register(cfg *Config) bool {
 			if cfg.Processor != nil {
 				Skip("the processor under test is not an ext_proc server: no grpc.health.v1 service to ask")
 			}
-			conn, err := extproctest.Dial(cfg.Address, cfg.TLS, nil)
+			conn, err := extprocfilter.Dial(cfg.Address, cfg.TLS, nil)
 			Expect(err).NotTo(HaveOccurred(), "dialing %s", cfg.Address)
 			defer conn.Close()
 			resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: ExtProcHealthService})
@@ -196,19 +196,19 @@ func chatBody(model, prompt string) string {
 	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":8}`, model, prompt)
 }
 
-func chat(body string, extra extproctest.Headers) extproctest.Request {
+func chat(body string, extra extprocfilter.Headers) extprocfilter.Request {
 	return request("/v1/chat/completions", body, extra)
 }
 
 // request is a JSON POST with the body in one chunk.
-func request(path, body string, extra extproctest.Headers) extproctest.Request {
-	h := extproctest.Headers{{Key: "content-type", Value: "application/json"}}
+func request(path, body string, extra extprocfilter.Headers) extprocfilter.Request {
+	h := extprocfilter.Headers{{Key: "content-type", Value: "application/json"}}
 	h = append(h, extra...)
-	return extproctest.Request{Method: "POST", Path: path, Headers: h, Body: [][]byte{[]byte(body)}}
+	return extprocfilter.Request{Method: "POST", Path: path, Headers: h, Body: [][]byte{[]byte(body)}}
 }
 
 // run passes one request through the processor under test.
-func run(ctx context.Context, cfg *Config, req extproctest.Request) *Outcome {
+func run(ctx context.Context, cfg *Config, req extprocfilter.Request) *Outcome {
 	GinkgoHelper()
 	p := cfg.Processor
 	if p == nil {
@@ -241,7 +241,7 @@ func expectModelHeaders(cfg *Config, res *Outcome, what string) {
 // expectImmediate checks that the request was answered at once with a
 // status in [lo, hi] and never went on: no headers response let the
 // headers through and no body byte was forwarded.
-func expectImmediate(res *Outcome, what string, lo, hi int) *extproctest.LocalReply {
+func expectImmediate(res *Outcome, what string, lo, hi int) *extprocfilter.LocalReply {
 	GinkgoHelper()
 	lr := res.Reply
 	if lr == nil {

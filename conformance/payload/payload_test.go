@@ -26,7 +26,7 @@ import (
 	"github.com/infergate/infergate/conformance/internal/reportdir"
 	"github.com/infergate/infergate/conformance/payload"
 	"github.com/infergate/infergate/conformance/report"
-	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/envoysim/fakeproc"
 	payloadsvc "github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/wire"

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 )
 
 // TestEmptyBodyIsBodiless: a request whose body turns out empty (an
@@ -15,16 +15,16 @@ import (
 // it the same way (wasm/payload TestEmptyBodyIsBodiless).
 func TestEmptyBodyIsBodiless(t *testing.T) {
 	r := newRig(t, []byte(`{"models":{"unknown":"reject","allow":["llama"]},"limits":{"maxBodyBytes":10}}`))
-	spoof := extproctest.Headers{{Key: "x-infergate-masked", Value: "email"}, {Key: "x-gateway-model-name", Value: "evil"},
+	spoof := extprocfilter.Headers{{Key: "x-infergate-masked", Value: "email"}, {Key: "x-gateway-model-name", Value: "evil"},
 		{Key: "x-gateway-base-model-name", Value: "evil"}, {Key: "transfer-encoding", Value: "chunked"}}
 	for _, tc := range []struct {
 		name string
-		req  extproctest.Request
+		req  extprocfilter.Request
 	}{
-		{"no body", extproctest.Request{Method: "POST", Path: "/v1/completions", Headers: spoof}},
-		{"empty body", extproctest.Request{Path: "/v1/completions", Headers: spoof, Body: [][]byte{{}}}},
-		{"empty body and trailers", extproctest.Request{Path: "/v1/completions", Headers: spoof, Body: [][]byte{{}},
-			Trailers: extproctest.Headers{{Key: "x-trailer", Value: "1"}}}},
+		{"no body", extprocfilter.Request{Method: "POST", Path: "/v1/completions", Headers: spoof}},
+		{"empty body", extprocfilter.Request{Path: "/v1/completions", Headers: spoof, Body: [][]byte{{}}}},
+		{"empty body and trailers", extprocfilter.Request{Path: "/v1/completions", Headers: spoof, Body: [][]byte{{}},
+			Trailers: extprocfilter.Headers{{Key: "x-trailer", Value: "1"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/payload"
 )
 
@@ -46,7 +46,7 @@ func (r *metricsRig) exchangePrompt(t *testing.T, model, prompt string) {
 	ex := r.client.Open(ctx)
 	defer ex.Close()
 	body := []byte(fmt.Sprintf(`{"model":%q,"prompt":%q}`, model, prompt))
-	res, err := ex.RunRequest(extproctest.Request{Path: "/v1/completions", Body: [][]byte{body}})
+	res, err := ex.RunRequest(extprocfilter.Request{Path: "/v1/completions", Body: [][]byte{body}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func (r *metricsRig) exchangePrompt(t *testing.T, model, prompt string) {
 		t.Fatalf("model %.40q: rejected with %d %s", model, res.LocalReply.Status, res.LocalReply.Body)
 	}
 	usage := []byte(`{"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
-	if _, err := ex.RunResponse(extproctest.Response{Headers: extproctest.Headers{{Key: "content-type", Value: "application/json"}}, Body: [][]byte{usage}}); err != nil {
+	if _, err := ex.RunResponse(extprocfilter.Response{Headers: extprocfilter.Headers{{Key: "content-type", Value: "application/json"}}, Body: [][]byte{usage}}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/policy/policytest"
@@ -21,7 +21,7 @@ import (
 // rig is a payload processor on loopback with the Envoy stand-in client.
 type rig struct {
 	svc    *payload.Service
-	client *extproctest.Client
+	client *extprocfilter.Client
 	cfg    string
 }
 
@@ -74,7 +74,7 @@ func serve(t testing.TB, path string, tune func(*payload.Config)) *rig {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
-	client, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
+	client, err := extprocfilter.NewClient(extprocfilter.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,11 +88,11 @@ func serve(t testing.TB, path string, tune func(*payload.Config)) *rig {
 	return &rig{svc: svc, client: client, cfg: path}
 }
 
-func (r *rig) request(t testing.TB, body []byte, chunk int, headers ...string) *extproctest.Result {
+func (r *rig) request(t testing.TB, body []byte, chunk int, headers ...string) *extprocfilter.Result {
 	t.Helper()
-	req := extproctest.Request{Path: "/v1/chat/completions", Headers: extproctest.Headers{{Key: "content-type", Value: "application/json"}, {Key: "content-length", Value: strconv.Itoa(len(body))}}}
+	req := extprocfilter.Request{Path: "/v1/chat/completions", Headers: extprocfilter.Headers{{Key: "content-type", Value: "application/json"}, {Key: "content-length", Value: strconv.Itoa(len(body))}}}
 	for i := 0; i+1 < len(headers); i += 2 {
-		req.Headers = append(req.Headers, extproctest.Header{Key: headers[i], Value: headers[i+1]})
+		req.Headers = append(req.Headers, extprocfilter.Header{Key: headers[i], Value: headers[i+1]})
 	}
 	for len(body) > 0 {
 		n := len(body)
@@ -113,14 +113,14 @@ func (r *rig) request(t testing.TB, body []byte, chunk int, headers ...string) *
 	return res
 }
 
-func outcome(res *extproctest.Result) policytest.Outcome {
+func outcome(res *extprocfilter.Result) policytest.Outcome {
 	if lr := res.LocalReply; lr != nil {
 		return policytest.Outcome{Status: lr.Status, Headers: headerMap(lr.Headers), Body: lr.Body}
 	}
 	return policytest.Outcome{Status: 200, Headers: headerMap(res.Headers), Body: res.Body}
 }
 
-func headerMap(h extproctest.Headers) map[string]string {
+func headerMap(h extprocfilter.Headers) map[string]string {
 	m := make(map[string]string, len(h))
 	for _, kv := range h {
 		m[kv.Key] = kv.Value
@@ -165,7 +165,7 @@ func TestVectors(t *testing.T) {
 
 // contentLengthSet finds the content-length the processor set on the
 // request headers, if it did.
-func contentLengthSet(res *extproctest.Result) (string, bool) {
+func contentLengthSet(res *extprocfilter.Result) (string, bool) {
 	for _, r := range res.Responses {
 		for _, h := range r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
 			if h.GetHeader().GetKey() == "content-length" {
@@ -204,7 +204,7 @@ func TestUsageReportedWithoutHoldingTheStream(t *testing.T) {
 	ex := r.client.Open(ctx)
 	defer ex.Close()
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)
-	if _, err := ex.RunRequest(extproctest.Request{Body: [][]byte{body}}); err != nil {
+	if _, err := ex.RunRequest(extprocfilter.Request{Body: [][]byte{body}}); err != nil {
 		t.Fatal(err)
 	}
 	events := [][]byte{
@@ -212,7 +212,7 @@ func TestUsageReportedWithoutHoldingTheStream(t *testing.T) {
 		[]byte("data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,"),
 		[]byte("\"completion_tokens\":2,\"total_tokens\":13}}\n\ndata: [DONE]\n\n"),
 	}
-	res, err := ex.RunResponse(extproctest.Response{Headers: extproctest.Headers{{Key: "content-type", Value: "text/event-stream"}}, Body: events})
+	res, err := ex.RunResponse(extprocfilter.Response{Headers: extprocfilter.Headers{{Key: "content-type", Value: "text/event-stream"}}, Body: events})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,21 +236,21 @@ type gatedBody struct {
 	step        int
 }
 
-func (b *gatedBody) Next(ctx context.Context) (extproctest.Chunk, error) {
+func (b *gatedBody) Next(ctx context.Context) (extprocfilter.Chunk, error) {
 	b.step++
 	switch b.step {
 	case 1:
 		close(b.sent)
-		return extproctest.Chunk{Data: b.first}, nil
+		return extprocfilter.Chunk{Data: b.first}, nil
 	case 2:
 		select {
 		case <-b.gate:
 		case <-ctx.Done():
-			return extproctest.Chunk{}, ctx.Err()
+			return extprocfilter.Chunk{}, ctx.Err()
 		}
-		return extproctest.Chunk{Data: b.rest, EndOfStream: true}, nil
+		return extprocfilter.Chunk{Data: b.rest, EndOfStream: true}, nil
 	}
-	return extproctest.Chunk{}, io.EOF
+	return extprocfilter.Chunk{}, io.EOF
 }
 
 func (b *gatedBody) Close() error { return nil }
@@ -272,14 +272,14 @@ func TestReloadKeepsOpenStreams(t *testing.T) {
 	defer open.Close()
 	gated := &gatedBody{first: body[:5], rest: body[5:], gate: make(chan struct{}), sent: make(chan struct{})}
 	type answer struct {
-		h   extproctest.Headers
+		h   extprocfilter.Headers
 		err error
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		h, b, err := open.Request(extproctest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}}, gated)
+		h, b, err := open.Request(extprocfilter.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}}, gated)
 		if err == nil {
-			_, _, err = extproctest.ReadAll(ctx, b)
+			_, _, err = extprocfilter.ReadAll(ctx, b)
 		}
 		answered <- answer{h, err}
 	}()

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/payload"
 )
 
@@ -36,7 +36,7 @@ func TestStreamUsageIsMetered(t *testing.T) {
 			defer cancel()
 			ex := r.client.Open(ctx)
 			defer ex.Close()
-			req, err := ex.RunRequest(extproctest.Request{Path: c.path, Body: [][]byte{[]byte(c.body)}})
+			req, err := ex.RunRequest(extprocfilter.Request{Path: c.path, Body: [][]byte{[]byte(c.body)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +54,7 @@ func TestStreamUsageIsMetered(t *testing.T) {
 			if c.body[len(c.body)-2:] == "[]}" { // not streamed: no SSE to check
 				return
 			}
-			res, err := ex.RunResponse(extproctest.Response{Headers: extproctest.Headers{{Key: "content-type", Value: "text/event-stream"}},
+			res, err := ex.RunResponse(extprocfilter.Response{Headers: extprocfilter.Headers{{Key: "content-type", Value: "text/event-stream"}},
 				Body: [][]byte{[]byte(first), []byte(usage[:30]), []byte(usage[30:] + done)}})
 			if err != nil {
 				t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/envoysim/xdstest"
 )
 
 // translation builds what Envoy Gateway hands PostTranslateModify for

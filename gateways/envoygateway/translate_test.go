@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/envoysim/xdstest"
 	"github.com/infergate/infergate/gateways/internal/xdsbuild"
 )
 

@@ -122,7 +122,7 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 		"--metrics-bind-address", "127.0.0.1", "--metrics-port", payloadMetricsPort); err != nil {
 		return err
 	}
-	proxyLog := filepath.Join(dir, "devproxy.log")
+	proxyLog := filepath.Join(dir, "envoysim.log")
 	proxyOut, err := procs.startPiped(ctx, proxyLog, binary, "devproxy", "--port", "0",
 		"--ext-proc", "payload="+payloadAddr+",failure-mode=FailClose,tls=true",
 		"--ext-proc", "epp="+eppAddr+",failure-mode=FailClose,tls=true", "--debug-metadata")

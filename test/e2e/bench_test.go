@@ -11,9 +11,9 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdstest"
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
+	"github.com/infergate/infergate/envoysim/xdstest"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/loopback"
 )
@@ -41,10 +41,10 @@ func BenchmarkStandIn(b *testing.B) {
 	for _, s := range sims {
 		endpoints = append(endpoints, s.addr)
 	}
-	flagProxy, err := devproxy.New(devproxy.Config{
-		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: e.GRPCAddr(), TLS: true}},
+	flagProxy, err := envoysim.New(envoysim.Config{
+		Filters:           []extprocfilter.FilterConfig{{Name: "epp", Target: e.GRPCAddr(), TLS: true}},
 		FallbackEndpoints: endpoints,
-		Timeouts:          devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:          envoysim.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		Logger:            logr.Discard(),
 	})
 	if err != nil {

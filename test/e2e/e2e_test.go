@@ -23,9 +23,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/epp"
-	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/childproc"
@@ -115,10 +115,10 @@ func stopsAsCharted(c *epp.Config) { c.Server.ShutdownDelay = 5 * time.Second }
 
 func startProxy(t testing.TB, eppAddr string, failOpen bool, fallback []string) string {
 	t.Helper()
-	p, err := devproxy.New(devproxy.Config{
-		Filters:           []extproctest.FilterConfig{{Name: "epp", Target: eppAddr, TLS: true, FailureModeAllow: failOpen}},
+	p, err := envoysim.New(envoysim.Config{
+		Filters:           []extprocfilter.FilterConfig{{Name: "epp", Target: eppAddr, TLS: true, FailureModeAllow: failOpen}},
 		FallbackEndpoints: fallback,
-		Timeouts:          devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:          envoysim.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata:     true,
 		Logger:            logr.Discard(),
 	})
@@ -161,8 +161,8 @@ func post(t testing.TB, base, body string, kv ...string) (reply, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return reply{status: resp.StatusCode, upstream: resp.Header.Get(devproxy.UpstreamHeader),
-		pod: resp.Header.Get("x-inference-pod"), debug: resp.Header.Get(devproxy.DebugMetadataHeader), body: string(b)}, err
+	return reply{status: resp.StatusCode, upstream: resp.Header.Get(envoysim.UpstreamHeader),
+		pod: resp.Header.Get("x-inference-pod"), debug: resp.Header.Get(envoysim.DebugMetadataHeader), body: string(b)}, err
 }
 
 const completion = `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`
@@ -229,8 +229,8 @@ func TestBodylessRequestIsRouted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(devproxy.UpstreamHeader) == "" {
-		t.Fatalf("GET /v1/models: %d via %q", resp.StatusCode, resp.Header.Get(devproxy.UpstreamHeader))
+	if resp.StatusCode != 200 || resp.Header.Get(envoysim.UpstreamHeader) == "" {
+		t.Fatalf("GET /v1/models: %d via %q", resp.StatusCode, resp.Header.Get(envoysim.UpstreamHeader))
 	}
 }
 
@@ -453,11 +453,11 @@ func TestEndpointWithBrokenMetricsKeepsServing(t *testing.T) {
 func TestPickerWithoutResponseBodies(t *testing.T) {
 	_, pool := newPool(t, 2)
 	e := startEPP(t, pool)
-	fc, err := devproxy.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
+	fc, err := envoysim.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := devproxy.New(devproxy.Config{Filters: []extproctest.FilterConfig{fc}, Logger: logr.Discard()})
+	p, err := envoysim.New(envoysim.Config{Filters: []extprocfilter.FilterConfig{fc}, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

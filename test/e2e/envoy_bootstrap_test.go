@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/gateways/envoy"
 	"github.com/infergate/infergate/sim"
@@ -23,10 +23,10 @@ func startBootstrap(t *testing.T, cfg envoy.Config) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := gatewaytest.StandIn(t, devproxy.NodeConfig{
+	n := gatewaytest.StandIn(t, envoysim.NodeConfig{
 		Bootstrap:     b,
 		FreePorts:     true,
-		Timeouts:      devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:      envoysim.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
 	})
 	return gatewaytest.ListenerURL(t, n, envoy.ListenerName)

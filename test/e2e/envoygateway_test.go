@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/envoysim/xdstest"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"

@@ -13,34 +13,34 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
-	"github.com/infergate/infergate/extproc/devproxy/xdstest"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/xdsclient"
+	"github.com/infergate/infergate/envoysim/xdstest"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
 
 // startNode runs the stand-in as an xDS node of srv until the test ends and
 // returns the base URL of listener once it serves.
-func startNode(t testing.TB, srv *xdstest.Server, listener string) (*devproxy.Node, string) {
+func startNode(t testing.TB, srv *xdstest.Server, listener string) (*envoysim.Node, string) {
 	t.Helper()
 	return startNodeResolving(t, srv, listener, map[string]string{xdstest.EGEPPHost: "127.0.0.1"})
 }
 
 // startNodeResolving is startNode with the stand-in's table of host names.
-func startNodeResolving(t testing.TB, srv *xdstest.Server, listener string, resolve map[string]string) (*devproxy.Node, string) {
+func startNodeResolving(t testing.TB, srv *xdstest.Server, listener string, resolve map[string]string) (*envoysim.Node, string) {
 	t.Helper()
-	n := gatewaytest.StandIn(t, devproxy.NodeConfig{
+	n := gatewaytest.StandIn(t, envoysim.NodeConfig{
 		XDS:           xdsclient.Config{Server: srv.Addr, NodeID: xdstest.NodeID},
 		FreePorts:     true,
 		Resolve:       resolve,
-		Timeouts:      devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:      envoysim.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
 	})
 	return n, gatewaytest.ListenerURL(t, n, listener)
 }
 
 // waitVersion waits until the stand-in applied version of typ.
-func waitVersion(t *testing.T, n *devproxy.Node, typ, version string) {
+func waitVersion(t *testing.T, n *envoysim.Node, typ, version string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for n.XDS().Status()[typ].Version != version {
@@ -52,7 +52,7 @@ func waitVersion(t *testing.T, n *devproxy.Node, typ, version string) {
 }
 
 // requireNoNACK fails the test with the stand-in's reason for any rejected update.
-func requireNoNACK(t *testing.T, n *devproxy.Node) {
+func requireNoNACK(t *testing.T, n *envoysim.Node) {
 	t.Helper()
 	for typ, st := range n.XDS().Status() {
 		if st.NACKs > 0 {

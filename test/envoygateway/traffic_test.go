@@ -21,8 +21,8 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
@@ -60,7 +60,7 @@ func (c *cluster) modelServersFrom(t *testing.T, ns, pool string, first, n int) 
 // standIn runs the Envoy stand-in as the Gateway's Envoy: an xDS node of
 // Envoy Gateway, with the certificate Envoy Gateway issued, whose node
 // cluster names the Gateway.
-func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *devproxy.Node {
+func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *envoysim.Node {
 	t.Helper()
 	// The pickers' Service names resolve to the namespace's loopback; no
 	// other name resolves (there is no DNS server in the namespace).
@@ -68,7 +68,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 	for _, p := range append([]string{"llama"}, pools...) {
 		resolve[fmt.Sprintf("%s-epp.%s.svc.cluster.local", p, ns)] = "127.0.0.1"
 	}
-	return gatewaytest.StandIn(t, devproxy.NodeConfig{
+	return gatewaytest.StandIn(t, envoysim.NodeConfig{
 		XDS: xdsclient.Config{
 			Server: gatewaytest.EnvoyGatewayXDS, NodeID: "envoy-" + gateway, NodeCluster: ns + "/" + gateway, TLS: gatewaytest.EnvoyGatewayTLS(t, c.Cluster),
 		},
@@ -76,7 +76,7 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *de
 		FreePorts:         true,
 		Resolve:           resolve,
 		ResolveOnly:       true,
-		Timeouts:          devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:          envoysim.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata:     true,
 	})
 }
@@ -109,8 +109,8 @@ func postPath(t *testing.T, base, path string) reply {
 	var lb struct {
 		Dest string `json:"x-gateway-destination-endpoint"`
 	}
-	_ = json.Unmarshal([]byte(resp.Header.Get(devproxy.DebugMetadataHeader)), &lb)
-	return reply{status: resp.StatusCode, upstream: resp.Header.Get(devproxy.UpstreamHeader),
+	_ = json.Unmarshal([]byte(resp.Header.Get(envoysim.DebugMetadataHeader)), &lb)
+	return reply{status: resp.StatusCode, upstream: resp.Header.Get(envoysim.UpstreamHeader),
 		pod: resp.Header.Get("x-inference-pod"), picked: lb.Dest, body: string(b)}
 }
 

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/test/gatewaytest"

@@ -25,7 +25,7 @@ import (
 
 	"github.com/infergate/infergate/conformance/gateway"
 	"github.com/infergate/infergate/conformance/report"
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/gateways/envoygateway"
 	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/gatewaytest"
@@ -97,7 +97,7 @@ func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode
 	return eachRunningPod(t, l, client.HasLabels{"gateway.envoyproxy.io/owning-gateway-name"}, func(p *corev1.Pod) {
 		xds := gatewaytest.EnvoyGatewayProxyXDS(t, l.Cluster, p, gatewayNamespaceMode)
 		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", xds.NodeCluster, p.Status.PodIP, p.Namespace, p.Name)
-		gatewaytest.StandIn(t, devproxy.NodeConfig{
+		gatewaytest.StandIn(t, envoysim.NodeConfig{
 			XDS:               xds,
 			BootstrapClusters: gatewaytest.EnvoyGatewayBootstrapClusters(t),
 			Address:           p.Status.PodIP,
@@ -108,7 +108,7 @@ func envoyGatewayProxies(t *testing.T, l *livecluster.Live, gatewayNamespaceMode
 }
 
 // standInTimeouts are the stand-ins' timeouts.
-var standInTimeouts = devproxy.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second}
+var standInTimeouts = envoysim.Timeouts{Route: 20 * time.Second, Connect: 2 * time.Second, Shutdown: time.Second}
 
 // eachRunningPod calls start once for each Pod matching sel that has an
 // address and is not terminating, as they come, until the returned

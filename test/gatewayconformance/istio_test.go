@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
 
 	"github.com/infergate/infergate/conformance/gateway"
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/livecluster"
 )
@@ -98,7 +98,7 @@ func istioProxies(t *testing.T, l *livecluster.Live) (stop func()) {
 	return eachRunningPod(t, l, client.MatchingLabels{"gateway.istio.io/managed": "istio.io-gateway-controller"}, func(p *corev1.Pod) {
 		xds := gatewaytest.IstioNode(p.Status.PodIP, p.Name, p.Namespace, p.Labels["service.istio.io/canonical-name"], p.Labels)
 		t.Logf("stand-in for Gateway %s at %s (Pod %s/%s)", p.Labels["gateway.networking.k8s.io/gateway-name"], p.Status.PodIP, p.Namespace, p.Name)
-		n := gatewaytest.StandIn(t, devproxy.NodeConfig{XDS: xds, Address: p.Status.PodIP, Lookup: l.Lookup, Timeouts: standInTimeouts})
+		n := gatewaytest.StandIn(t, envoysim.NodeConfig{XDS: xds, Address: p.Status.PodIP, Lookup: l.Lookup, Timeouts: standInTimeouts})
 		tl.watch(p.Name, n)
 		// Ready once it has listeners, as pilot-agent reports Envoy ready
 		// once it has its configuration.

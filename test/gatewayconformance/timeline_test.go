@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/gateway-api-inference-extension/conformance/resources"
 
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/livecluster"
 )
@@ -36,13 +36,13 @@ type timeline struct {
 	start time.Time
 
 	mu     sync.Mutex
-	nodes  map[string]*devproxy.Node
+	nodes  map[string]*envoysim.Node
 	last   map[string]string // by source
 	events []string
 }
 
 func startTimeline(t *testing.T, l *livecluster.Live) *timeline {
-	tl := &timeline{start: time.Now(), nodes: map[string]*devproxy.Node{}, last: map[string]string{}}
+	tl := &timeline{start: time.Now(), nodes: map[string]*envoysim.Node{}, last: map[string]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -68,7 +68,7 @@ func startTimeline(t *testing.T, l *livecluster.Live) *timeline {
 	return tl
 }
 
-func (tl *timeline) watch(name string, n *devproxy.Node) {
+func (tl *timeline) watch(name string, n *envoysim.Node) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	tl.nodes[name] = n

@@ -27,8 +27,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 
 	// Types of Envoy Gateway's bootstrap that the stand-in does not link.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
@@ -263,7 +263,7 @@ func EnvoyGatewayBootstrap(t testing.TB) *bootstrapv3.Bootstrap {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs, err := devproxy.LoadBootstrap(filepath.Join(dir, "internal", "xds", "bootstrap", "testdata", "render", "enable-prometheus.yaml"))
+	bs, err := envoysim.LoadBootstrap(filepath.Join(dir, "internal", "xds", "bootstrap", "testdata", "render", "enable-prometheus.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

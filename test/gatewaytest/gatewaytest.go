@@ -31,8 +31,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/infergate/infergate/extproc/devproxy"
-	"github.com/infergate/infergate/extproc/devproxy/xdsclient"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/xdsclient"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/test/childproc"
@@ -310,13 +310,13 @@ func ListenerHCMs(l *listenerv3.Listener) []*hcmv3.HttpConnectionManager {
 // StandIn runs the Envoy stand-in as an xDS node of cfg (or from its
 // bootstrap) until the test ends, logging to the test in verbose runs; a
 // Run that ends in error fails the test.
-func StandIn(t testing.TB, cfg devproxy.NodeConfig) *devproxy.Node {
+func StandIn(t testing.TB, cfg envoysim.NodeConfig) *envoysim.Node {
 	t.Helper()
 	cfg.Logger = logr.Discard()
 	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
 		cfg.Logger = testr.New(tt)
 	}
-	n, err := devproxy.NewNode(cfg)
+	n, err := envoysim.NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func StandIn(t testing.TB, cfg devproxy.NodeConfig) *devproxy.Node {
 
 // ListenerURL waits until the stand-in serves the first of listeners it
 // has, and returns its base URL.
-func ListenerURL(t testing.TB, n *devproxy.Node, listeners ...string) string {
+func ListenerURL(t testing.TB, n *envoysim.Node, listeners ...string) string {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {

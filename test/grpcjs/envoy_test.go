@@ -24,7 +24,7 @@ const model = "interop-model"
 // httpRequest is one HTTP request through a gateway, as Envoy's ext_proc
 // filter shows it to a processor configured as gateways configure pickers
 // and the payload processor: headers SEND, both bodies
-// FULL_DUPLEX_STREAMED, trailers SEND (extproctest.DefaultProcessingMode,
+// FULL_DUPLEX_STREAMED, trailers SEND (extprocfilter.DefaultProcessingMode,
 // which Envoy requires of FULL_DUPLEX_STREAMED).
 type httpRequest struct {
 	n     int    // numbers the request: it is in its body and x-request-id

@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
@@ -62,13 +62,13 @@ func startPayload(t *testing.T) {
 }
 
 // standIn runs the Envoy stand-in as the Gateway's Envoy on istiod's xDS.
-func standIn(t *testing.T) *devproxy.Node {
+func standIn(t *testing.T) *envoysim.Node {
 	t.Helper()
-	return gatewaytest.StandIn(t, devproxy.NodeConfig{
+	return gatewaytest.StandIn(t, envoysim.NodeConfig{
 		XDS:           gatewayNode(),
 		FreePorts:     true,
 		ResolveOnly:   true,
-		Timeouts:      devproxy.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		Timeouts:      envoysim.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		DebugMetadata: true,
 	})
 }
@@ -93,12 +93,12 @@ func post(t *testing.T, base, body string) reply {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	r := reply{status: resp.StatusCode, upstream: resp.Header.Get(devproxy.UpstreamHeader), pod: resp.Header.Get("x-inference-pod"),
+	r := reply{status: resp.StatusCode, upstream: resp.Header.Get(envoysim.UpstreamHeader), pod: resp.Header.Get("x-inference-pod"),
 		body: string(b), reason: resp.Header.Get("x-llm-d-request-dropped-reason")}
 	var lb struct {
 		Dest string `json:"x-gateway-destination-endpoint"`
 	}
-	_ = json.Unmarshal([]byte(resp.Header.Get(devproxy.DebugMetadataHeader)), &lb)
+	_ = json.Unmarshal([]byte(resp.Header.Get(envoysim.DebugMetadataHeader)), &lb)
 	r.picked = lb.Dest
 	return r
 }

@@ -33,10 +33,10 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/infergate/infergate/extproc/devproxy"
+	"github.com/infergate/infergate/envoysim"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/epp"
 	"github.com/infergate/infergate/extproc/epp/kube"
-	"github.com/infergate/infergate/extproc/extproctest"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/controlplane"
@@ -227,9 +227,9 @@ func proxy(t *testing.T, picker *picker) string {
 		}
 		return nil
 	})
-	p, err := devproxy.New(devproxy.Config{
-		Filters:  []extproctest.FilterConfig{{Name: "epp", Target: picker.GRPCAddr()}},
-		Timeouts: devproxy.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
+	p, err := envoysim.New(envoysim.Config{
+		Filters:  []extprocfilter.FilterConfig{{Name: "epp", Target: picker.GRPCAddr()}},
+		Timeouts: envoysim.Timeouts{Route: 10 * time.Second, Connect: time.Second, Shutdown: time.Second},
 		Logger:   logr.Discard(),
 	})
 	if err != nil {

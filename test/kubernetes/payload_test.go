@@ -13,20 +13,20 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/infergate/infergate/extproc/extproctest"
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
 )
 
 // baseOf asks the payload processor, over real gRPC, which base model a
 // request for model is routed to.
-func baseOf(t *testing.T, c *extproctest.Client, model string) string {
+func baseOf(t *testing.T, c *extprocfilter.Client, model string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ex := c.Open(ctx)
 	defer ex.Close()
-	res, err := ex.RunRequest(extproctest.Request{Body: [][]byte{[]byte(`{"model":"` + model + `","prompt":"x"}`)}})
+	res, err := ex.RunRequest(extprocfilter.Request{Body: [][]byte{[]byte(`{"model":"` + model + `","prompt":"x"}`)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestPayloadAdaptersFromConfigMaps(t *testing.T) {
 			t.Errorf("payload processor: %v", err)
 		}
 	})
-	c, err := extproctest.NewClient(extproctest.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
+	c, err := extprocfilter.NewClient(extprocfilter.FilterConfig{Name: "payload", Target: svc.GRPCAddr(), MessageTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/infergate/infergate/extproc/extproctest/fakeproc"
+	"github.com/infergate/infergate/envoysim/fakeproc"
 	"github.com/infergate/infergate/internal/testcert"
 )
 

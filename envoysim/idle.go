@@ -1,0 +1,123 @@
+package envoysim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/envoysim/extprocfilter"
+)
+
+// defaultStreamIdleTimeout is HttpConnectionManager.stream_idle_timeout's
+// default (http_connection_manager.proto).
+const defaultStreamIdleTimeout = 300 * time.Second
+
+// errStreamIdle ends a request that saw no activity for the stream idle
+// timeout.
+var errStreamIdle = errors.New("stream idle timeout")
+
+// idleStream is the connection manager's stream idle timer: any read of the
+// request body or write of the response restarts it. When it fires the
+// request's context ends; what the handler writes after that is dropped,
+// and finish answers: a request whose response has not started gets
+// Envoy's 408 "stream timeout", one whose response has started is reset
+// (conn_manager_impl.cc ActiveStream::onIdleTimeout).
+type idleStream struct {
+	http.ResponseWriter
+	timeout time.Duration
+	cancel  context.CancelCauseFunc
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	started bool // response headers written
+	fired   bool
+	reset   bool // fired after the response started: the stream is reset
+}
+
+// newIdleStream starts the timer over w; d 0 disables it (nil).
+func newIdleStream(w http.ResponseWriter, d time.Duration, cancel context.CancelCauseFunc) *idleStream {
+	if d <= 0 {
+		return nil
+	}
+	s := &idleStream{ResponseWriter: w, timeout: d, cancel: cancel}
+	s.timer = time.AfterFunc(d, s.fire)
+	return s
+}
+
+func (s *idleStream) fire() {
+	s.mu.Lock()
+	s.fired, s.reset = true, s.started
+	s.mu.Unlock()
+	s.cancel(errStreamIdle)
+}
+
+// finish ends the timer once the handler is done with the request, and
+// answers for it if the timer fired: a 408 before the response started,
+// else a reset of the connection (http.ErrAbortHandler).
+func (s *idleStream) finish() {
+	s.timer.Stop()
+	s.mu.Lock()
+	fired, reset := s.fired, s.reset
+	s.mu.Unlock()
+	switch {
+	case reset:
+		panic(http.ErrAbortHandler)
+	case fired:
+		clear(s.ResponseWriter.Header())
+		writeLocalReply(s.ResponseWriter, &extprocfilter.LocalReply{Status: http.StatusRequestTimeout, Body: []byte("stream timeout")})
+	}
+}
+
+// touch restarts the timer on activity.
+func (s *idleStream) touch() {
+	s.timer.Reset(s.timeout)
+}
+
+func (s *idleStream) WriteHeader(code int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fired {
+		return
+	}
+	s.started = true
+	s.touch()
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *idleStream) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fired {
+		return 0, errStreamIdle
+	}
+	s.started = true
+	s.touch()
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *idleStream) Flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.ResponseWriter.(http.Flusher); ok && !s.fired {
+		f.Flush()
+	}
+}
+
+// body wraps the request body so that reading it counts as activity.
+func (s *idleStream) body(rc io.ReadCloser) io.ReadCloser { return &idleBody{ReadCloser: rc, s: s} }
+
+type idleBody struct {
+	io.ReadCloser
+	s *idleStream
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.s.touch()
+	}
+	return n, err
+}
