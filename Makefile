@@ -2,7 +2,11 @@
 # machine with Go installed; nothing is downloaded outside the Go module proxy.
 
 GO       ?= go
+# The image's binary; beside it the conformance suite and the Envoy
+# stand-in, which link test frameworks and harness code the image must not.
 BIN      := bin/infergate
+CONFORMANCE_BIN := bin/infergate-conformance
+ENVOYSIM := bin/envoysim
 WASM     := build/infergate-payload.wasm
 # The release version: the image tag and the charts' appVersion (a test
 # holds them equal). The commit is in `infergate version` as well.
@@ -10,12 +14,13 @@ VERSION  ?= $(shell cat VERSION)
 COMMIT   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build image wasm test conformance-reports controlplane lint vet fmt demo bench bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-routing bench-stalled bench-reference bench-h2attack clean
+.PHONY: all build image wasm test test-unit conformance-reports controlplane lint vet fmt staticcheck demo bench bench-scheduling bench-epp bench-payload bench-envoysim bench-egext bench-routing bench-stalled bench-reference bench-h2attack clean
 
 all: build
 
+## build: the three commands into bin/: infergate (the image's: epp, payload, egext, envoy-bootstrap, sim), infergate-conformance (the suite) and envoysim (the Envoy stand-in, for the demo and tests).
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/infergate
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/infergate ./cmd/infergate-conformance ./cmd/envoysim
 
 ## image: the infergate container image (static, non-root), built without a container engine: an OCI layout at bin/image/oci and a tarball for docker/podman load at bin/infergate-image.tar; prints the digest.
 image:
@@ -63,8 +68,19 @@ controlplane:
 	hack/envoygateway.sh
 	hack/istio.sh
 
-## lint: gofmt and go vet.
-lint: fmt vet
+## test-unit: the inner loop (about 2 minutes warm): the packages that need no control plane and no outside tool, with the race detector; no lint. make test runs them too.
+# Left out: the packages that start control planes (test/charts renders
+# against a kube-apiserver), h2spec and grpc-js, the GAIE reference build,
+# and the HTTP/2 attack suite (about 95 s alone).
+NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack
+test-unit:
+	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -vxF "$$($(GO) list $(NOT_UNIT))")
+
+## lint: gofmt, go vet, and hack/lint.sh: staticcheck and two dead-code checks, with the deliberate exceptions (each with its reason) in hack/lint-exceptions.txt.
+lint: fmt vet staticcheck
+
+staticcheck:
+	hack/lint.sh
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -73,12 +89,12 @@ fmt:
 vet:
 	$(GO) vet ./...
 
-## demo: three simulators, the endpoint picker and the dev proxy on loopback; a few hundred requests; a table of where they went and why.
+## demo: three simulators, the endpoint picker, the payload processor and the Envoy stand-in on loopback; a few hundred requests; a table of where they went and why.
 demo: build
-	$(GO) run ./test/demo --binary $(BIN)
+	$(GO) run ./test/demo --binary $(BIN) --envoysim $(ENVOYSIM)
 
 ## bench: scheduling micro-benchmarks, the ext_proc load driver, the stand-in's two modes and the routing benchmark.
-bench: bench-scheduling bench-epp bench-payload bench-devproxy bench-egext bench-stalled bench-routing
+bench: bench-scheduling bench-epp bench-payload bench-envoysim bench-egext bench-stalled bench-routing
 
 bench-scheduling:
 	$(GO) test -run '^$$' -bench . -benchmem ./extproc/epp/scheduling/ ./extproc/epp/config/ ./extproc/epp/prefix/ ./inference/ ./inference/pii/ ./inference/policy/
@@ -87,8 +103,8 @@ bench-scheduling:
 bench-payload:
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./extproc/payload/ ./wasm/payload/
 
-## bench-devproxy: requests per second through the Envoy stand-in configured by flags and over xDS (same picker and simulators).
-bench-devproxy:
+## bench-envoysim: requests per second through the Envoy stand-in configured by flags and over xDS (same picker and simulators).
+bench-envoysim:
 	$(GO) test -run '^$$' -bench StandIn -benchtime 1x -v ./test/e2e/
 
 ## bench-egext: the Envoy Gateway extension's translation hook (100 routes, 20 pools) in-process and over gRPC; memory of 1,000 pools.
@@ -111,9 +127,9 @@ bench-reference: build
 	assets="$$(hack/controlplane.sh)" && ref="$$(hack/reference.sh)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./bench/reference --binary $(BIN) --reference "$$ref" $(ARGS)
 
-## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the dev proxy, the picker and simulators under five routing configs (about 12 minutes on 2 cores).
+## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the Envoy stand-in, the picker and simulators under five routing configs (about 12 minutes on 2 cores).
 bench-routing: build
-	$(GO) run ./bench/routing --binary $(BIN)
+	$(GO) run ./bench/routing --binary $(BIN) --envoysim $(ENVOYSIM)
 
 clean:
 	rm -rf bin build

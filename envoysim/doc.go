@@ -1,10 +1,9 @@
 // Package envoysim is the Envoy stand-in: a loopback HTTP/1.1 reverse proxy
 // that runs each request through ext_proc filters the way Envoy's
 // envoy.filters.http.ext_proc filter does (extprocfilter.Client) and then
-// routes it the way Envoy's router does. It is linked into the binary as
-// `infergate devproxy` for the demo, the benchmarks and the end-to-end
-// tests, because Envoy itself cannot run on the machines this project is
-// built on. It is a test harness written from Envoy's documented semantics,
+// routes it the way Envoy's router does. It runs as the command envoysim
+// (cmd/envoysim) for the demo, the benchmarks and the end-to-end tests,
+// because Envoy itself cannot run on the machines this project is built on. It is a test harness written from Envoy's documented semantics,
 // never a production gateway: users run Envoy.
 //
 // It is configured in one of three ways, all producing the same per-listener
@@ -28,7 +27,7 @@
 //     cannot change where a request goes (xdsfields.go), or the update is
 //     NACKed with the field named and the last good configuration kept;
 //   - from a static bootstrap (NodeConfig.Bootstrap, LoadBootstrap;
-//     `infergate devproxy --bootstrap`), as `envoy -c` runs one: the
+//     `envoysim --bootstrap`), as `envoy -c` runs one: the
 //     listeners and clusters of static_resources, route configurations
 //     inline, built under the same rules as xDS resources, with no ADS
 //     stream. What would be a NACK over xDS fails start-up with the same
@@ -44,7 +43,7 @@
 // follows ("Envoy:", paths in envoyproxy/envoy, read at main f73fdf90,
 // 1.39.0-dev, and checked against the 1.39.0 and 1.39.1 changelogs: Envoy
 // Gateway v1.9.1 deploys 1.39.1), and the test that shows it (xdsclient,
-// devproxy or test/e2e).
+// envoysim or test/e2e).
 //
 //	ADS state of the world: CDS and LDS as wildcards, RDS and EDS by the
 //	names listeners and clusters reference; ACK with version_info and

@@ -12,7 +12,7 @@ import (
 )
 
 // ParseFilterFlag parses "name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]",
-// the syntax of devproxy's --ext-proc flag. Failure mode defaults to FailClose
+// the syntax of envoysim's --ext-proc flag. Failure mode defaults to FailClose
 // (Envoy's failure_mode_allow false), TLS to false.
 func ParseFilterFlag(s string) (extprocfilter.FilterConfig, error) {
 	parts := strings.Split(s, ",")

@@ -133,11 +133,11 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		cfg.Address = "127.0.0.1"
 	}
 	if net.ParseIP(cfg.Address) == nil {
-		return nil, fmt.Errorf("devproxy node: address %q is not an IP address", cfg.Address)
+		return nil, fmt.Errorf("envoysim node: address %q is not an IP address", cfg.Address)
 	}
 	for name, ip := range cfg.Resolve {
 		if net.ParseIP(ip) == nil {
-			return nil, fmt.Errorf("devproxy node: resolve %s=%s: not an IP address", name, ip)
+			return nil, fmt.Errorf("envoysim node: resolve %s=%s: not an IP address", name, ip)
 		}
 	}
 	cfg.Timeouts.setDefaults()
@@ -157,31 +157,31 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	}
 	n.health = newHealthChecks(n.runContext, n.healthSettled)
 	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
-		return nil, errors.New("devproxy node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
+		return nil, errors.New("envoysim node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
 	}
 	if len(cfg.BootstrapClusters) > 0 {
 		n.bootstrap = make(map[string]*clusterv3.Cluster, len(cfg.BootstrapClusters))
 		for _, c := range cfg.BootstrapClusters {
 			if _, dup := n.bootstrap[c.GetName()]; dup || c.GetName() == "" {
-				return nil, fmt.Errorf("devproxy node: bootstrap cluster %q: a name given once is required", c.GetName())
+				return nil, fmt.Errorf("envoysim node: bootstrap cluster %q: a name given once is required", c.GetName())
 			}
 			n.bootstrap[c.GetName()] = c
 		}
 	}
 	if cfg.Bootstrap != nil {
 		if cfg.XDS.Server != "" || cfg.XDS.NodeID != "" {
-			return nil, errors.New("devproxy node: a bootstrap and an xDS server (XDS.Server, XDS.NodeID) are exclusive")
+			return nil, errors.New("envoysim node: a bootstrap and an xDS server (XDS.Server, XDS.NodeID) are exclusive")
 		}
 		res, err := staticResources(cfg.Bootstrap)
 		if err != nil {
-			return nil, fmt.Errorf("devproxy node: %w", err)
+			return nil, fmt.Errorf("envoysim node: %w", err)
 		}
 		n.static = res
 		return n, nil
 	}
 	c, err := xdsclient.New(cfg.XDS, n)
 	if err != nil {
-		return nil, fmt.Errorf("devproxy node: %w", err)
+		return nil, fmt.Errorf("envoysim node: %w", err)
 	}
 	n.client = c
 	// Envoy subscribes to clusters and listeners as wildcards; routes and
@@ -237,7 +237,7 @@ func (n *Node) startStatic() error {
 	defer n.mu.Unlock()
 	b, err := n.rebuild(n.static, "bootstrap", "")
 	if err != nil {
-		return fmt.Errorf("devproxy node: bootstrap static_resources: %w", err)
+		return fmt.Errorf("envoysim node: bootstrap static_resources: %w", err)
 	}
 	n.log.Info("bootstrap served", "listeners", len(b.listeners), "clusters", len(n.static.clusters))
 	return nil
@@ -320,7 +320,7 @@ func (n *Node) AssignedHosts() []string {
 // as it was.
 func (n *Node) Apply(_ context.Context, typeURL, version string, rs []*anypb.Any) error {
 	if n.client == nil {
-		return errors.New("devproxy node: the node serves a static bootstrap and takes no xDS updates")
+		return errors.New("envoysim node: the node serves a static bootstrap and takes no xDS updates")
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -101,7 +101,7 @@ type Proxy struct {
 var clientDestinationHeaders = []string{wire.DestinationEndpointKey, wire.SubsetKey, wire.ServedEndpointKey}
 
 // flagCluster names the one cluster of a flag-configured proxy.
-const flagCluster = "devproxy"
+const flagCluster = "envoysim"
 
 // New builds a flag-configured proxy: the filters in order, then one route
 // for every request to a cluster that honours the picker per cfg.Routing.

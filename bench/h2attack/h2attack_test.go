@@ -210,7 +210,7 @@ func TestPacer(t *testing.T) {
 			if k > 10 {
 				t.Fatalf("a batch of %d, more than 10", k)
 			}
-			if early := p.at(p.next - 1).Sub(time.Now()); early > 0 {
+			if early := time.Until(p.at(p.next - 1)); early > 0 {
 				t.Fatalf("operation %d handed over %s before its time", p.next-1, early)
 			}
 			taken += k

@@ -32,8 +32,6 @@ type result struct {
 	ttft, decode time.Duration
 	// From the usage event the simulator appends (stream_options.include_usage).
 	prompt, cached, completion int
-	// svc is the request's model service time (simulated), when known.
-	svc time.Duration
 	// retryAfter is the pause a refusal asked for (retry-after-ms, else
 	// retry-after in seconds); zero when it named none.
 	retryAfter time.Duration

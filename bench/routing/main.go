@@ -1,4 +1,4 @@
-// Command routing replays inference workloads through the dev proxy, the
+// Command routing replays inference workloads through the Envoy stand-in, the
 // endpoint picker and simulated model servers on loopback, under several
 // routing configurations, and prints one Markdown table per workload: where
 // requests went, the prefix-cache hit rate each simulator measured,
@@ -11,7 +11,7 @@
 // of 690 ms instead of 1,584 ms. Workload (t) repeats (a) with sims whose
 // tokenizer differs from the picker's 4-byte assumption.
 //
-// Every simulator, the picker and the dev proxy run as separate processes
+// Every simulator, the picker and the Envoy stand-in run as separate processes
 // of the infergate binary, fresh for every (workload, configuration) run so
 // that caches start cold, on 127.0.0.1 with free ports; all of them are
 // stopped at the end, on errors and on Ctrl-C.
@@ -52,7 +52,8 @@ import (
 const defaultTimeScale = 1
 
 func main() {
-	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims, picker and dev proxy)")
+	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims and picker)")
+	standIn := flag.String("envoysim", "bin/envoysim", "the envoysim binary (the Envoy stand-in)")
 	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers); keys or names")
 	tokenizers := flag.String("tokenizers", "2,4,7,words", "the sims' tokenizers of workload t: bytes per token (2 to 8) or words")
 	configs := flag.String("configs", strings.Join(allConfigs, ","), "routing configurations to compare")
@@ -69,7 +70,7 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
-	if err := run(ctx, *binary, *workloads, *configs, *tokenizers, *scale, *seed, *logDir, *repeat); err != nil {
+	if err := run(ctx, *binary, *standIn, *workloads, *configs, *tokenizers, *scale, *seed, *logDir, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "routing:", err)
 		stop()
 		cancel()
@@ -77,15 +78,17 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, binary, wlFlag, cfgFlag, tokFlag string, scale float64, seed uint64, logDir string, repeat int) error {
+func run(ctx context.Context, binary, standIn, wlFlag, cfgFlag, tokFlag string, scale float64, seed uint64, logDir string, repeat int) error {
 	if !(scale > 0) {
 		return fmt.Errorf("--time-scale %g: want a positive number", scale)
 	}
 	if repeat < 1 {
 		return fmt.Errorf("--repeat %d: want at least 1", repeat)
 	}
-	if _, err := os.Stat(binary); err != nil {
-		return fmt.Errorf("%s: %w (go build -o bin/infergate ./cmd/infergate)", binary, err)
+	for _, b := range []string{binary, standIn} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s: %w (make build)", b, err)
+		}
 	}
 	keys, err := parseWorkloads(wlFlag)
 	if err != nil {
@@ -108,13 +111,15 @@ func run(ctx context.Context, binary, wlFlag, cfgFlag, tokFlag string, scale flo
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	// Run a copy, so that a rebuild of the binary during the run does not
-	// mix versions between runs.
-	snapshot := filepath.Join(dir, "infergate")
-	if err := copyFile(binary, snapshot); err != nil {
-		return fmt.Errorf("copy %s: %w", binary, err)
+	// Run copies, so that a rebuild of the binaries during the run does
+	// not mix versions between runs.
+	snapshot, standInSnapshot := filepath.Join(dir, "infergate"), filepath.Join(dir, "envoysim")
+	for src, dst := range map[string]string{binary: snapshot, standIn: standInSnapshot} {
+		if err := copyFile(src, dst); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
 	}
-	e := &env{binary: snapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks}
+	e := &env{binary: snapshot, standIn: standInSnapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks}
 
 	began := time.Now()
 	version, _ := exec.Command(snapshot, "version").Output()
@@ -286,7 +291,7 @@ func (e *env) runTimeout(reqs []request, pods, concurrency int) time.Duration {
 	return 2*time.Minute + 5*ideal
 }
 
-// router returns how requests reach the sims: through the dev proxy, and
+// router returns how requests reach the sims: through the Envoy stand-in, and
 // for the oracle steered to the sim chosen by hand (group mod pods, round
 // robin without a group).
 func (st *stack) router() router {

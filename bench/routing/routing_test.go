@@ -341,8 +341,8 @@ func TestFlagLists(t *testing.T) {
 }
 
 func TestLineWatchFindsTheAddressAcrossWrites(t *testing.T) {
-	w := newLineWatch("devproxy listening on ")
-	for _, chunk := range []string{"starting\ndevproxy listen", "ing on http://127.0.0.1:4", "242\nmore\n"} {
+	w := newLineWatch("envoysim listening on ")
+	for _, chunk := range []string{"starting\nenvoysim listen", "ing on http://127.0.0.1:4", "242\nmore\n"} {
 		if _, err := w.Write([]byte(chunk)); err != nil {
 			t.Fatal(err)
 		}

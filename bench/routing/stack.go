@@ -186,18 +186,19 @@ type objective struct {
 }
 
 type env struct {
-	binary string
-	scale  float64
-	dir    string
-	model  simModel
-	itls   []itlSample // one per run, for the machine check
-	goals  goals       // the goals, one figure per run
+	binary  string // infergate: sims and picker
+	standIn string // envoysim
+	scale   float64
+	dir     string
+	model   simModel
+	itls    []itlSample // one per run, for the machine check
+	goals   goals       // the goals, one figure per run
 	// tokenizers are the sims' tokenizers of workload t.
 	tokenizers []tokenizer
 }
 
 // startStack starts pods fresh simulators with tokenizer tok and, depending
-// on cfg, the picker and the dev proxy in front of them. The caller must
+// on cfg, the picker and the Envoy stand-in in front of them. The caller must
 // stop st.procs, also when an error is returned.
 func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenizer, objectives []objective, runName string) (*stack, error) {
 	dir := filepath.Join(e.dir, runName)
@@ -225,7 +226,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenize
 			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))
 		}
 	}
-	proxyArgs := []string{"devproxy", "--port", "0"}
+	proxyArgs := []string{"--port", "0"}
 	switch {
 	case usesPicker(cfg):
 		var pool strings.Builder
@@ -275,8 +276,8 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenize
 	default:
 		proxyArgs = append(proxyArgs, "--fallback-endpoints", st.simAddrs())
 	}
-	out := newLineWatch("devproxy listening on ")
-	p, err := st.procs.start("devproxy", e.binary, out, proxyArgs...)
+	out := newLineWatch("envoysim listening on ")
+	p, err := st.procs.start("envoysim", e.standIn, out, proxyArgs...)
 	if err != nil {
 		return st, err
 	}
@@ -284,9 +285,9 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenize
 	case u := <-out.found:
 		st.base = u
 	case <-p.done:
-		return st, fmt.Errorf("devproxy exited (log: %s)", childproc.Tail(p.log, 5))
+		return st, fmt.Errorf("envoysim exited (log: %s)", childproc.Tail(p.log, 5))
 	case <-time.After(15 * time.Second):
-		return st, fmt.Errorf("devproxy did not report its address within 15s (log: %s)", childproc.Tail(p.log, 5))
+		return st, fmt.Errorf("envoysim did not report its address within 15s (log: %s)", childproc.Tail(p.log, 5))
 	case <-ctx.Done():
 		return st, ctx.Err()
 	}
@@ -294,7 +295,7 @@ func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenize
 	// pickers ignore the header.
 	probe := http.Header{selectionHeader: {st.simAddrs()}}
 	if err := waitHTTP(ctx, st.base+"/v1/models", p, probe); err != nil {
-		return st, fmt.Errorf("through the dev proxy: %w (log: %s)", err, childproc.Tail(p.log, 5))
+		return st, fmt.Errorf("through envoysim: %w (log: %s)", err, childproc.Tail(p.log, 5))
 	}
 	return st, nil
 }
@@ -325,7 +326,7 @@ func (st *stack) cpu() cpuSnap {
 			kind = "sims"
 		case kind == "epp":
 			kind = "picker"
-		case kind == "devproxy":
+		case kind == "envoysim":
 			kind = "proxy"
 		}
 		m[kind] += c.cpu()

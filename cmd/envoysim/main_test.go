@@ -35,9 +35,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// devproxyBootstrap is a bootstrap with one listener routing everything to
+// standInBootstrap is a bootstrap with one listener routing everything to
 // a STATIC cluster.
-const devproxyBootstrap = `
+const standInBootstrap = `
 node: {id: standin}
 static_resources:
   listeners:
@@ -73,10 +73,10 @@ static_resources:
               socket_address: {address: up.test, port_value: %d}
 `
 
-// TestDevproxyBootstrap: --bootstrap serves the file's listener on its own
+// TestBootstrap: --bootstrap serves the file's listener on its own
 // port (--resolve applies to its STRICT_DNS cluster) until the command's
 // context ends.
-func TestDevproxyBootstrap(t *testing.T) {
+func TestBootstrap(t *testing.T) {
 	up := fakeproc.StartUpstream(t, nil)
 	_, upPort, _ := net.SplitHostPort(up.Addr)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -90,7 +90,7 @@ func TestDevproxyBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "envoy.yaml")
-	if err := os.WriteFile(path, fmt.Appendf(nil, devproxyBootstrap, port, upN), 0o600); err != nil {
+	if err := os.WriteFile(path, fmt.Appendf(nil, standInBootstrap, port, upN), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -98,18 +98,18 @@ func TestDevproxyBootstrap(t *testing.T) {
 	var out syncBuffer
 	root.SetOut(&out)
 	root.SetErr(&out)
-	root.SetArgs([]string{"devproxy", "--bootstrap", path, "--resolve", "up.test=127.0.0.1"})
+	root.SetArgs([]string{"--bootstrap", path, "--resolve", "up.test=127.0.0.1"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("devproxy: %v", err)
+			t.Errorf("envoysim: %v", err)
 		}
 	}()
 
-	want := fmt.Sprintf("devproxy listener main (bootstrap 0.0.0.0:%d) on http://127.0.0.1:%d\n", port, port)
+	want := fmt.Sprintf("envoysim listener main (bootstrap 0.0.0.0:%d) on http://127.0.0.1:%d\n", port, port)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(out.String(), want) {
 		if time.Now().After(deadline) {
@@ -132,9 +132,9 @@ func TestDevproxyBootstrap(t *testing.T) {
 	}
 }
 
-// TestDevproxyBootstrapErrors: --bootstrap does not mix with xDS or flag
+// TestBootstrapErrors: --bootstrap does not mix with xDS or flag
 // mode, and a bootstrap it cannot serve fails with the file named.
-func TestDevproxyBootstrapErrors(t *testing.T) {
+func TestBootstrapErrors(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) string {
 		path := filepath.Join(dir, name)
@@ -156,14 +156,24 @@ func TestDevproxyBootstrapErrors(t *testing.T) {
 		{"with free ports", []string{"--bootstrap", dynamic, "--free-ports"}, "--free-ports needs --xds-server"},
 		{"resolve alone", []string{"--resolve", "a=127.0.0.1"}, "--resolve needs --xds-server or --bootstrap"},
 		{"missing file", []string{"--bootstrap", filepath.Join(dir, "none.yaml")}, "none.yaml"},
-		{"dynamic_resources", []string{"--bootstrap", dynamic}, dynamic + ": devproxy node: bootstrap: dynamic_resources: use --xds-server"},
-		{"EDS cluster", []string{"--bootstrap", eds}, eds + `: devproxy node: bootstrap static_resources: cluster "pool": type EDS`},
+		{"dynamic_resources", []string{"--bootstrap", dynamic}, dynamic + ": envoysim node: bootstrap: dynamic_resources: use --xds-server"},
+		{"EDS cluster", []string{"--bootstrap", eds}, eds + `: envoysim node: bootstrap static_resources: cluster "pool": type EDS`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := execute(append([]string{"devproxy"}, tc.args...)...)
+			_, err := execute(tc.args...)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
 	}
+}
+
+func execute(args ...string) (string, error) {
+	root := newRootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
 }

@@ -42,9 +42,9 @@ type conformanceOptions struct {
 func newConformanceCommand() *cobra.Command {
 	var o conformanceOptions
 	cmd := &cobra.Command{
-		Use:   "conformance --profile gateway|epp|payload ...",
+		Use:   "infergate-conformance --profile gateway|epp|payload ...",
 		Short: "Check a gateway, an endpoint picker or a payload processor against the InferencePool conformance suite",
-		Long: `conformance runs the profiles of infergate's InferencePool conformance suite.
+		Long: `infergate-conformance runs the profiles of infergate's InferencePool conformance suite.
 
   gateway  a gateway in a cluster (--kubeconfig) resolving InferencePool backendRefs, following the
            picker and honouring the pool's failure mode: the upstream Gateway API Inference Extension
@@ -53,7 +53,7 @@ func newConformanceCommand() *cobra.Command {
            servers: --epp-image and --model-server-image, infergate's image by default) and removes
            them at the end (--cleanup-base-resources). For a vendor's gateway, in one command:
 
-             infergate conformance --profile gateway --gateway-class my-class \
+             infergate-conformance --profile gateway --gateway-class my-class \
                --report-output report.yaml --organization acme --project acme-gw \
                --url https://acme.example/gw --version v1.2.3 --contact @acme
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,13 +28,13 @@ import (
 // child process that runs it: ginkgo runs one suite per process.
 const conformanceArgsEnv = "INFERGATE_TEST_CONFORMANCE_ARGS"
 
-// runConformanceChild runs `infergate conformance args...` in a child
+// runConformanceChild runs `infergate-conformance args...` in a child
 // process of this test binary and returns its output and whether it
 // succeeded.
 func runConformanceChild(t *testing.T, args ...string) (string, bool) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestConformanceCommand$", "-test.count=1")
-	cmd.Env = append(os.Environ(), conformanceArgsEnv+"="+strings.Join(append([]string{"conformance", "--no-color"}, args...), "\x1f"))
+	cmd.Env = append(os.Environ(), conformanceArgsEnv+"="+strings.Join(append([]string{"--no-color"}, args...), "\x1f"))
 	out, err := cmd.CombinedOutput()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
@@ -116,12 +117,12 @@ func TestConformanceCommand(t *testing.T) {
 		t.Fatalf("the payload profile against the Wasm plugin:\n%s", out)
 	}
 
-	if _, err := execute("conformance", "--profile", "payload", "--payload-address", "127.0.0.1:1", "--payload-model", "m",
+	if _, err := execute("--profile", "payload", "--payload-address", "127.0.0.1:1", "--payload-model", "m",
 		"--report-output", reportFile); err == nil || !strings.Contains(err.Error(), "--organization") {
 		t.Fatalf("a report without the implementation's names: %v", err)
 	}
 
-	if _, err := execute("conformance", "--profile", "mesh"); err == nil || !strings.Contains(err.Error(), "want gateway, epp or payload") {
+	if _, err := execute("--profile", "mesh"); err == nil || !strings.Contains(err.Error(), "want gateway, epp or payload") {
 		t.Fatalf("an unknown profile: %v", err)
 	}
 }
@@ -135,7 +136,7 @@ func TestConformanceGatewayFlags(t *testing.T) {
 	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {token: x}}]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := execute("conformance", "--profile", "gateway", "--dry-run", "--skip-tests", "InferencePoolAccepted", "--gateway-class", "acme")
+	out, err := execute("--profile", "gateway", "--dry-run", "--skip-tests", "InferencePoolAccepted", "--gateway-class", "acme")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,10 +148,10 @@ func TestConformanceGatewayFlags(t *testing.T) {
 	if !regexp.MustCompile(`InferencePoolAccepted +skip \(--skip-tests\)`).MatchString(out) {
 		t.Errorf("dry run does not mark the skipped test:\n%s", out)
 	}
-	if out, err := execute("conformance", "--profile", "gateway", "--dry-run", "--upstream-only"); err != nil || strings.Contains(out, "Infergate") {
+	if out, err := execute("--profile", "gateway", "--dry-run", "--upstream-only"); err != nil || strings.Contains(out, "Infergate") {
 		t.Errorf("dry run with --upstream-only (%v) lists infergate's tests:\n%s", err, out)
 	}
-	out, err = execute("conformance", "--profile", "gateway", "--dry-run", "--run-test", "GatewayFollowingEPPRouting")
+	out, err = execute("--profile", "gateway", "--dry-run", "--run-test", "GatewayFollowingEPPRouting")
 	if err != nil || !regexp.MustCompile(`GatewayFollowingEPPRouting +run\n`).MatchString(out) || !regexp.MustCompile(`InferencePoolAccepted +skip \(not --run-test\)`).MatchString(out) {
 		t.Errorf("dry run with --run-test (%v):\n%s", err, out)
 	}
@@ -164,7 +165,7 @@ func TestConformanceGatewayFlags(t *testing.T) {
 		{"report without the implementation", []string{"--profile", "gateway", "--kubeconfig", kc, "--report-output", filepath.Join(dir, "r.yaml")}, "--organization"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := execute(append([]string{"conformance"}, tc.args...)...)
+			_, err := execute(tc.args...)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v, want one naming %q", err, tc.want)
 			}
@@ -188,4 +189,14 @@ func checkPayloadReport(t *testing.T, path string, result confv1.Result, passed,
 		r.Implementation.Project != "proc" {
 		t.Fatalf("report %s: %+v", path, r)
 	}
+}
+
+func execute(args ...string) (string, error) {
+	root := newConformanceCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/internal/cli"
 	"github.com/infergate/infergate/internal/kubeconfig"
 )
 
@@ -17,7 +18,7 @@ func newEGExtCommand() *cobra.Command {
 		clientCertFile, clientKeyFile                                              string
 		port                                                                       int
 		payloadTLS, payloadFailOpen                                                bool
-		logs                                                                       logFlags
+		logs                                                                       cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "egext",
@@ -51,7 +52,7 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			if err != nil {
 				return fmt.Errorf("egext: kubernetes credentials: %w", err)
 			}
-			log, err := logs.logger()
+			log, err := logs.Logger()
 			if err != nil {
 				return fmt.Errorf("egext logger: %w", err)
 			}
@@ -77,6 +78,6 @@ credentials from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	f.BoolVar(&payloadFailOpen, "payload-fail-open", false, "let requests through when the payload processor cannot be reached (failure_mode_allow)")
 	f.StringVar(&clientCertFile, "processor-client-cert-file", "", "PEM certificate Envoy presents to the pickers and the payload processor over TLS, for processors run with --client-ca-file")
 	f.StringVar(&clientKeyFile, "processor-client-key-file", "", "PEM key of --processor-client-cert-file")
-	logs.register(f)
+	logs.AddFlags(f)
 	return cmd
 }

@@ -7,13 +7,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/epp"
+	"github.com/infergate/infergate/internal/cli"
 )
 
 func newEPPCommand() *cobra.Command {
 	var (
 		c            epp.Config
 		srv          serverFlags
-		logs         logFlags
+		logs         cli.LogFlags
 		k            epp.KubeConfig
 		poolGroup    string
 		kubeconfig   string
@@ -31,11 +32,11 @@ ready Pods it selects, one endpoint per Pod and target port; credentials come
 from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logs.logger()
+			log, err := logs.Logger()
 			if err != nil {
 				return err
 			}
-			tuneGC(serverGCPercent)
+			cli.TuneGC(serverGCPercent)
 			c.Logger = log
 			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {
@@ -71,7 +72,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 	fs.DurationVar(&c.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "endpoint metrics older than this count as unknown")
 	fs.BoolVar(&c.ConformanceTest, "conformance-test-mode", false, "run as the conformance suites' test picker: steered by the test-epp-endpoint-selection header (random among the named endpoints, all without it), the pick echoed through X-Echo-Set-Header, the served endpoint reported in x-conformance-test-served-endpoint, and a request carrying x-infergate-test-epp-shed shed with 429. Any client can steer: never in production")
 	fs.BoolVar(&c.EmitScores, "emit-endpoint-scores", false, "add each target's score to the envoy.lb metadata (x-gateway-destination-endpoint-scores)")
-	logs.register(fs)
+	logs.AddFlags(fs)
 	return cmd
 }
 

@@ -1,13 +1,8 @@
 package main
 
-import (
-	"os"
-	"runtime/debug"
-)
-
 // GC targets of the long-running servers, used unless GOGC is set.
 //
-// The picker and the stand-in keep a small live heap (tens of MB) and
+// The picker keeps a small live heap (tens of MB) and
 // allocate a little per request; Go's default of 100 runs the collector
 // many times a second under load, and 400, measured with bench/eppload,
 // about doubles the picker's throughput on two cores for a few tens of MB
@@ -23,10 +18,3 @@ const (
 	serverGCPercent  = 400
 	payloadGCPercent = 100
 )
-
-// tuneGC sets the GC target percent unless GOGC says otherwise.
-func tuneGC(percent int) {
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(percent)
-	}
-}

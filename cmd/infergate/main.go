@@ -1,26 +1,18 @@
-// Command infergate is the one binary of the project: the endpoint picker,
-// the payload processor, the gateway extension server and the tools around
-// them, as subcommands.
+// Command infergate is the binary the image ships: the endpoint picker, the
+// payload processor, the Envoy Gateway extension server, the plain-Envoy
+// bootstrap writer and the model-server simulator (the conformance suite's
+// echo server runs from the release image), as subcommands. It links no
+// test framework (TestNoTestFrameworks): the conformance suite is
+// cmd/infergate-conformance, the Envoy stand-in cmd/envoysim.
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/spf13/cobra"
+
+	"github.com/infergate/infergate/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := newRootCommand().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "infergate:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main(newRootCommand()) }
 
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -34,10 +26,8 @@ func newRootCommand() *cobra.Command {
 		newEPPCommand(),
 		newPayloadCommand(),
 		newSimCommand(),
-		newDevproxyCommand(),
 		newEGExtCommand(),
 		newEnvoyBootstrapCommand(),
-		newConformanceCommand(),
 	)
 	return root
 }

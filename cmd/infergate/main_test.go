@@ -74,14 +74,6 @@ func TestStartupErrorsNameTheFlagOrFile(t *testing.T) {
 		{"flow control on h2", append([]string{"epp", "--pool-file", pool, "--extproc-transport", "h2", "--config-text",
 			"apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\nplugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n"}, local...), "may hold requests (flow control)"},
 		{"negative stream cap", append([]string{"epp", "--pool-file", pool, "--max-streams", "-1"}, local...), "--max-streams: -1 is negative"},
-		{"devproxy bad filter", []string{"devproxy", "--ext-proc", "nonsense"}, "--ext-proc"},
-		{"devproxy bad routing", []string{"devproxy", "--routing", "magic"}, "--routing"},
-		{"devproxy xds without node id", []string{"devproxy", "--xds-server", "127.0.0.1:1"}, "--node-id is required"},
-		{"devproxy xds with a flag-mode filter", []string{"devproxy", "--xds-server", "127.0.0.1:1", "--node-id", "n", "--ext-proc", "e=127.0.0.1:1"}, "--ext-proc is a flag-mode option"},
-		{"devproxy node id without xds", []string{"devproxy", "--node-id", "n"}, "--node-id needs --xds-server"},
-		{"devproxy bad resolve", []string{"devproxy", "--xds-server", "127.0.0.1:1", "--node-id", "n", "--resolve", "epp"}, `--resolve "epp": want name=ip`},
-		{"devproxy xds ca without tls", []string{"devproxy", "--xds-server", "127.0.0.1:1", "--node-id", "n", "--xds-ca-file", "ca.pem"}, "--xds-ca-file needs --xds-tls"},
-		{"devproxy xds missing ca", []string{"devproxy", "--xds-server", "127.0.0.1:1", "--node-id", "n", "--xds-tls", "--xds-ca-file", filepath.Join(dir, "none.pem")}, "none.pem"},
 		{"sim bad seqs", []string{"sim", "--max-num-seqs", "0"}, "--max-num-seqs"},
 	}
 	for _, tc := range cases {

@@ -6,13 +6,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/internal/cli"
 )
 
 func newPayloadCommand() *cobra.Command {
 	var (
 		c    payload.Config
 		srv  serverFlags
-		logs logFlags
+		logs cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "payload",
@@ -27,11 +28,11 @@ With --configmap-namespace, adapter → base-model entries also come from the Co
 labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logs.logger()
+			log, err := logs.Logger()
 			if err != nil {
 				return err
 			}
-			tuneGC(payloadGCPercent)
+			cli.TuneGC(payloadGCPercent)
 			c.Logger = log
 			limitGoMemory()
 			if c.Server, err = srv.options(); err != nil {
@@ -52,6 +53,6 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 	fs.StringVar(&c.ConfigMapNamespace, "configmap-namespace", "", `read adapter ConfigMaps (label inference.llm-d.ai/ipp-managed: "true") in this namespace; "*" for all; empty: off`)
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file for --configmap-namespace (default: $KUBECONFIG, then in-cluster)")
 	fs.BoolVar(&c.KeepStreamOptions, "keep-stream-options", false, "forward streamed chat/completions requests as sent; by default the processor adds stream_options.include_usage so their tokens are metered, and removes the extra usage chunk for clients that did not ask")
-	logs.register(fs)
+	logs.AddFlags(fs)
 	return cmd
 }

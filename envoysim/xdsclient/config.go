@@ -29,7 +29,7 @@ const (
 
 // UserAgentName is sent as Node.user_agent_name so that control planes
 // (and their logs) can tell the stand-in from a real Envoy.
-const UserAgentName = "infergate-devproxy"
+const UserAgentName = "infergate-envoysim"
 
 const (
 	defaultBackoffInitial = 100 * time.Millisecond

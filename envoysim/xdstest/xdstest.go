@@ -12,9 +12,7 @@ package xdstest
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"sync"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -32,13 +30,12 @@ import (
 )
 
 // NodeID is the node the server keeps its snapshot for.
-const NodeID = "devproxy-test"
+const NodeID = "envoysim-test"
 
 // Server is go-control-plane's ADS server on a loopback port.
 type Server struct {
 	Addr  string
 	cache cachev3.SnapshotCache
-	stop  func()
 }
 
 // Start serves an empty snapshot cache until the test ends; opts configure
@@ -59,9 +56,7 @@ func Start(t testing.TB, opts ...grpc.ServerOption) *Server {
 	endpointservice.RegisterEndpointDiscoveryServiceServer(g, xds)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(ln) }()
-	var once sync.Once
-	s.stop = func() { once.Do(func() { cancel(); g.Stop(); <-done }) }
-	t.Cleanup(s.stop)
+	t.Cleanup(func() { cancel(); g.Stop(); <-done })
 	return s
 }
 
@@ -128,9 +123,3 @@ func (s *Server) SetEndpoints(t testing.TB, version string, clas ...*endpointv3.
 		t.Fatal(err)
 	}
 }
-
-// Stop stops the server (the node's stream breaks and it reconnects).
-func (s *Server) Stop() { s.stop() }
-
-// String names the server in test logs.
-func (s *Server) String() string { return fmt.Sprintf("xds server %s", s.Addr) }

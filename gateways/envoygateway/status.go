@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,10 @@ type statusReconciler struct {
 
 // eventSource names the extension in the Events it records.
 const eventSource = "infergate-egext"
+
+// conflictRetry is how soon a status update that lost a write race is
+// retried.
+const conflictRetry = 100 * time.Millisecond
 
 func setUpStatus(mgr ctrl.Manager, controllerName string, log logr.Logger) error {
 	r := &statusReconciler{client: mgr.GetClient(), events: mgr.GetEventRecorder(eventSource), controller: controllerName, log: log}
@@ -179,7 +184,9 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	pool.Status.Parents = next
 	if err := r.client.Status().Update(ctx, &pool); err != nil {
 		if apierrors.IsConflict(err) {
-			return reconcile.Result{Requeue: true}, nil
+			// Someone wrote the pool since the cache read it: try again
+			// shortly on the newer copy, without logging an error.
+			return reconcile.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("update status of %s: %w", req.NamespacedName, err)
 	}

@@ -8,17 +8,18 @@ import (
 	"time"
 )
 
-// TestDemoRunsToTheEnd builds the binary and runs a shortened demo, so
+// TestDemoRunsToTheEnd builds the binaries and runs a shortened demo, so
 // `make demo` cannot rot unnoticed.
 func TestDemoRunsToTheEnd(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "infergate")
-	build := exec.Command("go", "build", "-o", bin, "github.com/infergate/infergate/cmd/infergate")
+	dir := t.TempDir()
+	bin, standIn := filepath.Join(dir, "infergate"), filepath.Join(dir, "envoysim")
+	build := exec.Command("go", "build", "-o", dir, "github.com/infergate/infergate/cmd/infergate", "github.com/infergate/infergate/cmd/envoysim")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := run(ctx, bin, 60, 8); err != nil {
+	if err := run(ctx, bin, standIn, 60, 8); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,7 +1,7 @@
 // Command demo runs infergate's main job on loopback and explains it: three
 // simulated model servers of different speed, the payload processor and
-// the endpoint picker in front of them, and the dev proxy running both
-// filters, each as its own process of the infergate binary. It sends a few
+// the endpoint picker in front of them, and the Envoy stand-in (envoysim)
+// running both filters, each as its own process. It sends a few
 // hundred chat requests through the proxy, prints how they were spread and
 // why (the picker's scores), then shows the guardrails at work, and stops
 // everything. `make demo` runs it.
@@ -38,20 +38,23 @@ type server struct {
 
 func main() {
 	binary := flag.String("binary", "bin/infergate", "the infergate binary")
+	standIn := flag.String("envoysim", "bin/envoysim", "the envoysim binary (the Envoy stand-in)")
 	requests := flag.Int("requests", 300, "requests to send")
 	concurrency := flag.Int("concurrency", 24, "requests in flight at once")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := run(ctx, *binary, *requests, *concurrency); err != nil {
+	if err := run(ctx, *binary, *standIn, *requests, *concurrency); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, binary string, nRequests, concurrency int) error {
-	if _, err := os.Stat(binary); err != nil {
-		return fmt.Errorf("%s: %w (run make build)", binary, err)
+func run(ctx context.Context, binary, standIn string, nRequests, concurrency int) error {
+	for _, b := range []string{binary, standIn} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s: %w (run make build)", b, err)
+		}
 	}
 	dir, err := os.MkdirTemp("", "infergate-demo")
 	if err != nil {
@@ -68,7 +71,7 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 		{name: "sim-medium", args: []string{"--max-num-seqs", "6", "--inter-token-latency", "20ms"}, what: "6 concurrent sequences, 20ms/token"},
 		{name: "sim-small", args: []string{"--max-num-seqs", "2", "--inter-token-latency", "30ms"}, what: "2 concurrent sequences, 30ms/token"},
 	}
-	fmt.Println("infergate demo: three simulated model servers, the payload processor, the endpoint picker and the dev proxy, all on 127.0.0.1")
+	fmt.Println("infergate demo: three simulated model servers, the payload processor, the endpoint picker and the Envoy stand-in, all on 127.0.0.1")
 	var pool strings.Builder
 	pool.WriteString("name: demo\nendpoints:\n")
 	for _, s := range servers {
@@ -123,7 +126,7 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 		return err
 	}
 	proxyLog := filepath.Join(dir, "envoysim.log")
-	proxyOut, err := procs.startPiped(ctx, proxyLog, binary, "devproxy", "--port", "0",
+	proxyOut, err := procs.startPiped(ctx, proxyLog, standIn, "--port", "0",
 		"--ext-proc", "payload="+payloadAddr+",failure-mode=FailClose,tls=true",
 		"--ext-proc", "epp="+eppAddr+",failure-mode=FailClose,tls=true", "--debug-metadata")
 	if err != nil {
@@ -131,11 +134,11 @@ func run(ctx context.Context, binary string, nRequests, concurrency int) error {
 	}
 	base, err := proxyURL(proxyOut)
 	if err != nil {
-		return fmt.Errorf("devproxy: %w (log: %s)", err, childproc.Tail(proxyLog, 5))
+		return fmt.Errorf("envoysim: %w (log: %s)", err, childproc.Tail(proxyLog, 5))
 	}
 	fmt.Printf("  %-10s %s  TLS; model headers, adapter %s -> its base, e-mail masked, SSN and injection refused\n", "payload", payloadAddr, demoAdapter)
 	fmt.Printf("  %-10s %s  TLS, the default profile\n", "epp", eppAddr)
-	fmt.Printf("  %-10s %s  ext_proc filters 'payload' then 'epp' (both FailClose), routes by the picker's envoy.lb metadata\n\n", "devproxy", strings.TrimPrefix(base, "http://"))
+	fmt.Printf("  %-10s %s  ext_proc filters 'payload' then 'epp' (both FailClose), routes by the picker's envoy.lb metadata\n\n", "envoysim", strings.TrimPrefix(base, "http://"))
 	if err := waitPicks(ctx, base); err != nil {
 		return fmt.Errorf("%w (picker log: %s)", err, childproc.Tail(filepath.Join(dir, "epp.log"), 5))
 	}
@@ -396,13 +399,13 @@ func waitHTTP(ctx context.Context, url string) error {
 	return fmt.Errorf("%s did not answer within 15s", url)
 }
 
-// proxyURL reads the address the dev proxy printed when it bound port 0.
+// proxyURL reads the address the Envoy stand-in printed when it bound port 0.
 func proxyURL(out io.Reader) (string, error) {
 	sc := bufio.NewScanner(out)
 	lines := make(chan string, 1)
 	go func() {
 		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "devproxy listening on "); ok {
+			if u, ok := strings.CutPrefix(sc.Text(), "envoysim listening on "); ok {
 				lines <- u
 			}
 		}

@@ -1,6 +1,6 @@
 // Package e2e runs the real parts together on loopback: simulators as model
-// servers, the standalone endpoint picker over TLS, and the dev proxy (the
-// Envoy stand-in) in front, with HTTP requests from a real client.
+// servers, the standalone endpoint picker over TLS, and the Envoy stand-in
+// (envoysim) in front, with HTTP requests from a real client.
 package e2e
 
 import (

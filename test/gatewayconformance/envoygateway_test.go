@@ -29,7 +29,7 @@ func TestEnvoyGatewayWithExtension(t *testing.T) {
 // TestPlainEnvoyGateway: Envoy Gateway v1.9.1 without the extension, what
 // users run today, fails the profile: its routes to an InferencePool are
 // ResolvedRefs=False with reason InvalidKind and nothing reaches a pool.
-// The profile runs as a user runs it, `infergate conformance --profile
+// The profile runs as a user runs it, `infergate-conformance --profile
 // gateway`, which must fail, say why, and write a report that says so.
 func TestPlainEnvoyGateway(t *testing.T) {
 	l := startLive(t, gatewaytest.EnvoyGatewayCRDs(t))
@@ -58,7 +58,7 @@ func TestPlainEnvoyGateway(t *testing.T) {
 	}
 	report, out, passed := r.command(t, o, maxWait)
 	if passed {
-		t.Fatalf("infergate conformance passed plain Envoy Gateway:\n%s", tail(out, 80))
+		t.Fatalf("infergate-conformance passed plain Envoy Gateway:\n%s", tail(out, 80))
 	}
 	if !strings.Contains(out, "InvalidKind") {
 		t.Errorf("the run never shows reason InvalidKind:\n%s", tail(out, 80))

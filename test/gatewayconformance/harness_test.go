@@ -57,7 +57,7 @@ func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 	t.Helper()
 	c := gatewaytest.StartCluster(t, "conformance", crdDirs...)
 	return livecluster.Start(t, c, livecluster.Config{
-		Images: map[string]string{image: gatewaytest.Infergate(t)},
+		Images: map[string]string{image: gatewaytest.Command(t, "infergate")},
 		Env:    []string{"KUBECONFIG=" + c.Kubeconfig},
 	})
 }
@@ -192,13 +192,13 @@ func (r *run) reportPath(t *testing.T) string {
 	return path
 }
 
-// command runs the profile as a user does, `infergate conformance
+// command runs the profile as a user does, `infergate-conformance
 // --profile gateway` against the cluster's kubeconfig with o's settings,
 // and returns its report, its output and whether it passed.
 func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*gie.GatewayAPIInferenceExtensionConformanceReport, string, bool) {
 	t.Helper()
 	impl := o.Implementation
-	args := []string{"conformance", "--profile", "gateway", "--kubeconfig", r.Kubeconfig, "--gateway-class", o.GatewayClass,
+	args := []string{"--profile", "gateway", "--kubeconfig", r.Kubeconfig, "--gateway-class", o.GatewayClass,
 		"--epp-image", o.Images.EPP, "--model-server-image", o.Images.ModelServer, "--max-wait", maxWait.String(),
 		"--report-output", o.ReportOutput, "--organization", impl.Organization, "--project", impl.Project, "--url", impl.URL,
 		"--version", impl.Version, "--contact", strings.Join(impl.Contact, ",")}
@@ -211,7 +211,7 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	// Bounded by the run's own waits, not by a step's (gatewaytest.Ctx).
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, gatewaytest.Infergate(t), args...)
+	cmd := exec.CommandContext(ctx, gatewaytest.Command(t, "infergate-conformance"), args...)
 	outB, err := cmd.CombinedOutput()
 	out := string(outB)
 	var exit *exec.ExitError
@@ -226,7 +226,7 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	}
 	rep, rerr := report.Read(o.ReportOutput)
 	if rerr != nil {
-		t.Fatalf("infergate conformance wrote no report (%v):\n%s", rerr, tail(out, 120))
+		t.Fatalf("infergate-conformance wrote no report (%v):\n%s", rerr, tail(out, 120))
 	}
 	return rep, out, err == nil
 }

@@ -409,14 +409,15 @@ func StartPicker(t *testing.T, addr string, servers map[string]string) (stop fun
 	return stop
 }
 
-// Infergate builds the infergate command into the test's temporary folder
-// and returns its path (Go's build cache makes a second build a link).
-func Infergate(t *testing.T) string {
+// Command builds the command cmd/<name> (infergate, infergate-conformance,
+// envoysim) into the test's temporary folder and returns its path (Go's
+// build cache makes a second build a link).
+func Command(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "infergate")
-	out, err := exec.CommandContext(Ctx(t), "go", "build", "-o", bin, "github.com/infergate/infergate/cmd/infergate").CombinedOutput()
+	bin := filepath.Join(t.TempDir(), name)
+	out, err := exec.CommandContext(Ctx(t), "go", "build", "-o", bin, "github.com/infergate/infergate/cmd/"+name).CombinedOutput()
 	if err != nil {
-		t.Fatalf("go build infergate: %v\n%s", err, out)
+		t.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
 	return bin
 }

@@ -17,7 +17,6 @@ type cluster struct {
 	*gatewaytest.Cluster
 	istio       string // hack/istio.sh's folder: pilot-discovery, crds/
 	kubeVersion chartutil.KubeVersion
-	rendered    []*unstructured.Unstructured // what install applied from the charts
 }
 
 // testTimeout bounds each wait for istiod.

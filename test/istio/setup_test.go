@@ -152,18 +152,6 @@ func (c *cluster) applyChart(t *testing.T, name, release, ns string, valueDocs .
 			t.Fatalf("create %s %s/%s from %s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), name, err)
 		}
 	}
-	c.rendered = append(c.rendered, objs...)
-}
-
-// renderedOf returns what the charts rendered of a kind.
-func (c *cluster) renderedOf(kind string) []*unstructured.Unstructured {
-	var out []*unstructured.Unstructured
-	for _, o := range c.rendered {
-		if o.GetKind() == kind {
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 // endpoints writes the EndpointSlice of a Service: addrs on port.

@@ -76,7 +76,7 @@ func standIn(t *testing.T) *envoysim.Node {
 type reply struct {
 	status                int
 	upstream, pod, picked string
-	model, body           string
+	body                  string
 	reason                string
 }
 

@@ -2,7 +2,7 @@
 // real kube-apiserver and etcd (envtest; see test/controlplane). The API
 // server runs no kubelet, so the tests create Pods and set their status;
 // each fake Pod gets its own 127.0.0.0/8 address with a simulator bound to
-// it, so requests go through the dev proxy and the picker to real servers.
+// it, so requests go through the Envoy stand-in and the picker to real servers.
 package kubernetes
 
 import (

@@ -319,26 +319,6 @@ func (a *agent) event(p *corev1.Pod, msg string) {
 	a.mu.Unlock()
 }
 
-// runningPod returns a Pod in ns with labels that runs with its IP, or nil.
-func (a *agent) runningPod(ns string, labels map[string]string) *corev1.Pod {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, rp := range a.pods {
-		p := rp.pod
-		if p.Namespace != ns || p.Status.PodIP == "" {
-			continue
-		}
-		match := true
-		for k, v := range labels {
-			match = match && p.Labels[k] == v
-		}
-		if match {
-			return p
-		}
-	}
-	return nil
-}
-
 // tails are the last lines of every process's log, for a failed test.
 func (a *agent) tails() string {
 	a.mu.Lock()

@@ -157,17 +157,6 @@ func (l *Live) Lookup(ctx context.Context, host string) (string, error) {
 	return l.proxy.lookup(ctx, host)
 }
 
-// PodIP waits for a Pod matching labels in ns to run and returns it.
-func (l *Live) PodIP(t *testing.T, ns string, labels map[string]string) *corev1.Pod {
-	t.Helper()
-	var found *corev1.Pod
-	gatewaytest.WaitFor(t, fmt.Sprintf("a running pod %v in %s", labels, ns), 2*time.Minute, func() bool {
-		found = l.agent.runningPod(ns, labels)
-		return found != nil
-	})
-	return found
-}
-
 // pods lists every Pod with its node, phase and IP, for a failed test.
 func (l *Live) pods() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -38,7 +38,7 @@ const image = "infergate.test/infergate:dev"
 // that answers, and a Service whose selector matches nothing refuses.
 func TestDeploymentServesThroughItsService(t *testing.T) {
 	c := gatewaytest.StartCluster(t, "live")
-	l := livecluster.Start(t, c, livecluster.Config{Images: map[string]string{image: gatewaytest.Infergate(t)}})
+	l := livecluster.Start(t, c, livecluster.Config{Images: map[string]string{image: gatewaytest.Command(t, "infergate")}})
 	ctx := gatewaytest.Ctx(t)
 	ns := "live"
 	labels := map[string]string{"app": "echo"}

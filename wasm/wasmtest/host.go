@@ -79,7 +79,7 @@ type Host struct {
 type exports struct {
 	alloc, contextCreate, vmStart, configure, done, log, delete api.Function
 	requestHeaders, requestBody, requestTrailers                api.Function
-	responseHeaders, responseBody, responseTrailers             api.Function
+	responseHeaders, responseBody                               api.Function
 }
 
 // abiVersions are the exports this host accepts; 0.2.0 is what the Go SDK exports.
@@ -199,19 +199,18 @@ func checkExports(compiled wazero.CompiledModule) error {
 func lookupExports(mod api.Module) exports {
 	f := mod.ExportedFunction
 	return exports{
-		alloc:            f("proxy_on_memory_allocate"),
-		contextCreate:    f("proxy_on_context_create"),
-		vmStart:          f("proxy_on_vm_start"),
-		configure:        f("proxy_on_configure"),
-		done:             f("proxy_on_done"),
-		log:              f("proxy_on_log"),
-		delete:           f("proxy_on_delete"),
-		requestHeaders:   f("proxy_on_request_headers"),
-		requestBody:      f("proxy_on_request_body"),
-		requestTrailers:  f("proxy_on_request_trailers"),
-		responseHeaders:  f("proxy_on_response_headers"),
-		responseBody:     f("proxy_on_response_body"),
-		responseTrailers: f("proxy_on_response_trailers"),
+		alloc:           f("proxy_on_memory_allocate"),
+		contextCreate:   f("proxy_on_context_create"),
+		vmStart:         f("proxy_on_vm_start"),
+		configure:       f("proxy_on_configure"),
+		done:            f("proxy_on_done"),
+		log:             f("proxy_on_log"),
+		delete:          f("proxy_on_delete"),
+		requestHeaders:  f("proxy_on_request_headers"),
+		requestBody:     f("proxy_on_request_body"),
+		requestTrailers: f("proxy_on_request_trailers"),
+		responseHeaders: f("proxy_on_response_headers"),
+		responseBody:    f("proxy_on_response_body"),
 	}
 }
 

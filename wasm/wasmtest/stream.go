@@ -27,13 +27,6 @@ type LocalResponse struct {
 	GRPCStatus int32 // -1 when the plugin sent none
 }
 
-// StreamCalls counts proxy_continue_stream and proxy_close_stream calls, indexed by stream type
-// (0 request, 1 response).
-type StreamCalls struct {
-	Continue [2]int
-	Close    [2]int
-}
-
 // half is one direction of a stream: what the plugin sees now and what has gone on.
 type half struct {
 	headers     headerMap
@@ -91,7 +84,6 @@ type Stream struct {
 	local             *LocalResponse
 	reset             bool
 	done              bool
-	calls             StreamCalls
 	routeCacheCleared int
 }
 
@@ -133,10 +125,6 @@ func (s *Stream) ResponseHeaders(headers [][2]string, endOfStream bool) (Action,
 
 func (s *Stream) ResponseBody(chunk []byte, endOfStream bool) (Action, error) {
 	return s.onBody(&s.resp, s.h.fn.responseBody, "proxy_on_response_body", chunk, endOfStream)
-}
-
-func (s *Stream) ResponseTrailers(trailers [][2]string) (Action, error) {
-	return s.onTrailers(&s.resp, s.h.fn.responseTrailers, "proxy_on_response_trailers", trailers)
 }
 
 func (s *Stream) onHeaders(d *half, fn api.Function, name string, headers [][2]string, eos bool) (Action, error) {
@@ -289,13 +277,6 @@ func (s *Stream) RouteCacheCleared() int {
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
 	return s.routeCacheCleared
-}
-
-// Calls reports the plugin's proxy_continue_stream and proxy_close_stream calls for this stream.
-func (s *Stream) Calls() StreamCalls {
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	return s.calls
 }
 
 // RequestHeadersSent reports whether the request headers have gone upstream.
