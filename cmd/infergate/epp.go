@@ -7,13 +7,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/epp"
+	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/cli"
 )
 
 func newEPPCommand() *cobra.Command {
 	var (
 		c            epp.Config
-		srv          serverFlags
+		srv          = server.NewFlags(9002, 9003)
 		logs         cli.LogFlags
 		k            epp.KubeConfig
 		poolGroup    string
@@ -38,10 +39,11 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 			}
 			cli.TuneGC(serverGCPercent)
 			c.Logger = log
-			limitGoMemory()
-			if c.Server, err = srv.options(); err != nil {
+			server.LimitGoMemory()
+			if err := srv.Validate(); err != nil {
 				return err
 			}
+			c.Server = srv.Options()
 			if k.PoolName != "" || k.Namespace != "" {
 				if poolGroup != inferenceGroup {
 					return fmt.Errorf("--pool-group: %q is not served; the picker follows %s InferencePools", poolGroup, inferenceGroup)
@@ -59,7 +61,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 		},
 	}
 	fs := cmd.Flags()
-	srv.register(fs, 9002, 9003)
+	srv.AddFlags(fs)
 	fs.StringVar(&c.PoolFile, "pool-file", "", "YAML file listing the pool's endpoints (standalone mode)")
 	fs.StringVar(&k.PoolName, "pool-name", "", "InferencePool to serve (Kubernetes mode)")
 	fs.StringVar(&k.Namespace, "pool-namespace", "", "namespace of the InferencePool and its Pods (Kubernetes mode)")

@@ -92,14 +92,3 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("%q %v", out, err)
 	}
 }
-
-func TestDefaultBufferBudget(t *testing.T) {
-	for _, c := range []struct{ limit, want int64 }{
-		{0, 1 << 30},                   // no container limit
-		{512 << 20, 512 << 20 / 5 * 2}, // the charts' 512Mi
-	} {
-		if got := defaultBufferBudget(c.limit); got != c.want {
-			t.Errorf("limit %d: budget %d, want %d", c.limit, got, c.want)
-		}
-	}
-}

@@ -1,20 +1,16 @@
 package main
 
 import (
-	"time"
-
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/payload"
+	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/cli"
 )
 
 func newPayloadCommand() *cobra.Command {
-	var (
-		c    payload.Config
-		srv  serverFlags
-		logs cli.LogFlags
-	)
+	var logs cli.LogFlags
+	o := payload.NewOptions()
 	cmd := &cobra.Command{
 		Use:   "payload",
 		Short: "Run the payload processor (ext_proc): model headers from the body, guardrails, token usage",
@@ -28,16 +24,17 @@ With --configmap-namespace, adapter → base-model entries also come from the Co
 labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return err
+			}
 			log, err := logs.Logger()
 			if err != nil {
 				return err
 			}
 			cli.TuneGC(payloadGCPercent)
+			server.LimitGoMemory()
+			c := o.Config()
 			c.Logger = log
-			limitGoMemory()
-			if c.Server, err = srv.options(); err != nil {
-				return err
-			}
 			s, err := payload.New(c)
 			if err != nil {
 				return err
@@ -46,13 +43,7 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 			return s.Run(cmd.Context())
 		},
 	}
-	fs := cmd.Flags()
-	srv.register(fs, 9004, 9005)
-	fs.StringVar(&c.ConfigFile, "config-file", "", "YAML policy: models, limits, pii and deny rules (default: model headers only)")
-	fs.DurationVar(&c.ConfigPoll, "config-poll-interval", time.Second, "how often the config file is checked for changes")
-	fs.StringVar(&c.ConfigMapNamespace, "configmap-namespace", "", `read adapter ConfigMaps (label inference.llm-d.ai/ipp-managed: "true") in this namespace; "*" for all; empty: off`)
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file for --configmap-namespace (default: $KUBECONFIG, then in-cluster)")
-	fs.BoolVar(&c.KeepStreamOptions, "keep-stream-options", false, "forward streamed chat/completions requests as sent; by default the processor adds stream_options.include_usage so their tokens are metered, and removes the extra usage chunk for clients that did not ask")
-	logs.AddFlags(fs)
+	o.AddFlags(cmd.Flags())
+	logs.AddFlags(cmd.Flags())
 	return cmd
 }
