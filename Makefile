@@ -111,7 +111,7 @@ bench-envoysim:
 bench-egext:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./gateways/envoygateway/
 
-## bench-stalled: 1,000 stalled uploads against the payload processor with the charts' memory settings (budget 256 MiB, GOMEMLIMIT 90% of 512 MiB); RSS and well-behaved latency.
+## bench-stalled: 1,000 stalled uploads against the payload processor with the charts' memory settings (budget 204 MiB, 40% of the 512 MiB limit; GOMEMLIMIT 90% of it); RSS and well-behaved latency.
 bench-stalled: build
 	GOMEMLIMIT=460MiB $(GO) run ./bench/stalled --binary $(BIN)
 
