@@ -4,7 +4,9 @@
 #   deadcode -test ./...               code that nothing reaches, tests included;
 #   deadcode over the commands         code of the shipped packages that only
 #                                      tests reach (unexport it, or move it to
-#                                      an export_test.go).
+#                                      an export_test.go);
+#   hack/funclen                       functions of the product's code over
+#                                      100 lines.
 # A finding fails the run unless a line of hack/lint-exceptions.txt (an
 # extended regexp over "tool: finding", with its reason in the comment above
 # it) matches it; an exception that matches nothing fails the run too, so the
@@ -23,6 +25,7 @@ trap 'rm -f "$found" "$found.rx"' EXIT
 	# Roots: every main package; findings: the packages the image ships.
 	"$tools/deadcode" -filter 'infergate/infergate/(extproc|inference|gateways|internal|sim)($|/)' \
 		$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...) | sed 's/^/deadcode: /'
+	go run ./hack/funclen -max 100 cmd conformance extproc gateways inference internal sim wasm/payload | sed 's/^/funclen: /'
 } >"$found"
 
 grep -Ev '^[[:space:]]*(#|$)' "$exceptions" >"$found.rx" || true

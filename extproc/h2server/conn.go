@@ -422,22 +422,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.wmu.Unlock()
 	if known {
-		switch {
-		case st == nil:
-			// A new stream's id exceeds every earlier one (RFC 9113
-			// section 5.1.1), and a gRPC client sends no trailers, so this
-			// is a broken client, as grpc-go judges it too (http2_server.go
-			// operateHeaders: "received an illegal stream id").
-			return http2.ConnectionError(http2.ErrCodeProtocol)
-		case st.finished:
-			return nil // we reset it; this was in flight
-		case !f.StreamEnded():
-			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("HEADERS after the request headers without END_STREAM")}
-		}
-		// Trailers end the client's side.
-		c.halfClose(st, true)
-		c.endOfStream(st)
-		return nil
+		return c.onTrailers(st, f)
 	}
 	if id%2 == 0 {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
@@ -463,36 +448,21 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	// Requests that are HTTP/2 but not gRPC are answered, not reset, with
 	// the HTTP and gRPC statuses grpc-go gives them (operateHeaders,
 	// writeEarlyAbort).
-	contentType, hasType := "", false
-	var timeout time.Duration
-	var reject error
-	for _, hf := range f.RegularFields() {
-		switch hf.Name {
-		case "content-type":
-			contentType, hasType = hf.Value, true
-		case "content-length":
-			n, err := strconv.ParseInt(hf.Value, 10, 64)
-			if err != nil || n < 0 {
-				return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: fmt.Errorf("content-length %q", hf.Value)}
-			}
-			st.contentLength = n
-		case "grpc-timeout":
-			d, err := parseTimeout(hf.Value)
-			if err != nil && reject == nil {
-				reject = status.Errorf(codes.Internal, "malformed grpc-timeout %q: %v", hf.Value, err)
-			}
-			timeout = d
-		}
+	rf, err := readRequestFields(f)
+	if err != nil {
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
 	}
+	st.contentLength = rf.contentLength
 	switch method := f.PseudoValue("method"); {
 	case method != "POST":
 		c.earlyAbort(st, 405, status.Newf(codes.Internal, "a gRPC request is a POST, not %q", method))
 		return nil
-	case !hasType || !isGRPC(contentType):
-		c.earlyAbort(st, 415, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType))
+	case !rf.hasType || !isGRPC(rf.contentType):
+		c.earlyAbort(st, 415, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", rf.contentType))
 		return nil
 	}
-	if timeout > 0 {
+	reject := rf.reject
+	if timeout := rf.timeout; timeout > 0 {
 		st.ctx, st.cancel = context.WithTimeout(c.ctx, timeout)
 		st.expiry = time.AfterFunc(timeout, func() { c.expire(st) })
 	} else {
@@ -516,6 +486,63 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.endOfStream(st)
 	}
 	return nil
+}
+
+// onTrailers takes a HEADERS frame on a stream the connection knows: the
+// client's trailers, which end its side.
+func (c *conn) onTrailers(st *Stream, f *http2.MetaHeadersFrame) error {
+	switch {
+	case st == nil:
+		// A new stream's id exceeds every earlier one (RFC 9113 section
+		// 5.1.1), and a gRPC client sends no trailers, so this is a broken
+		// client, as grpc-go judges it too (http2_server.go
+		// operateHeaders: "received an illegal stream id").
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	case st.finished:
+		return nil // we reset it; this was in flight
+	case !f.StreamEnded():
+		return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol, Cause: errors.New("HEADERS after the request headers without END_STREAM")}
+	}
+	c.halfClose(st, true)
+	c.endOfStream(st)
+	return nil
+}
+
+// requestFields are the regular header fields of a request the transport
+// reads.
+type requestFields struct {
+	contentType   string
+	hasType       bool
+	contentLength int64 // -1 when not given
+	timeout       time.Duration
+	// reject, when set, is the gRPC status to end the call with (a
+	// malformed grpc-timeout), once the stream is set up.
+	reject error
+}
+
+// readRequestFields reads f's regular fields; a bad content-length is an
+// error (a stream error: the request is malformed).
+func readRequestFields(f *http2.MetaHeadersFrame) (requestFields, error) {
+	rf := requestFields{contentLength: -1}
+	for _, hf := range f.RegularFields() {
+		switch hf.Name {
+		case "content-type":
+			rf.contentType, rf.hasType = hf.Value, true
+		case "content-length":
+			n, err := strconv.ParseInt(hf.Value, 10, 64)
+			if err != nil || n < 0 {
+				return rf, fmt.Errorf("content-length %q", hf.Value)
+			}
+			rf.contentLength = n
+		case "grpc-timeout":
+			d, err := parseTimeout(hf.Value)
+			if err != nil && rf.reject == nil {
+				rf.reject = status.Errorf(codes.Internal, "malformed grpc-timeout %q: %v", hf.Value, err)
+			}
+			rf.timeout = d
+		}
+	}
+	return rf, nil
 }
 
 // malformed says why a request's header list is malformed (RFC 9113
