@@ -18,6 +18,7 @@ import (
 
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/internal/grpcwire"
 )
 
 // TestChat: the body is valid JSON of exactly the size asked for, cut
@@ -43,7 +44,7 @@ func TestChat(t *testing.T) {
 		// message per chunk, end of stream on the last only.
 		sent := make([]*extprocv3.ProcessingRequest, len(b.wire))
 		for i, w := range b.wire {
-			msg, rest, ok, err := NextMessage(w)
+			msg, rest, ok, err := grpcwire.Split(w)
 			sent[i] = &extprocv3.ProcessingRequest{}
 			if err != nil || !ok || len(rest) != 0 || proto.Unmarshal(msg, sent[i]) != nil {
 				t.Fatalf("size %d: message %d is not one whole gRPC message (%v)", tc.size, i, err)

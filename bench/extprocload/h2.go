@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infergate/infergate/internal/grpcwire"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -525,7 +526,7 @@ func (st *h2stream) data(b []byte) error {
 // what is left of an incomplete one.
 func (st *h2stream) messages(b []byte) ([]byte, error) {
 	for {
-		m, rest, ok, err := NextMessage(b)
+		m, rest, ok, err := grpcwire.Split(b)
 		if err != nil || !ok {
 			return rest, err
 		}

@@ -1,41 +1,23 @@
 package extprocload
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
+	"github.com/infergate/infergate/internal/grpcwire"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
-// Frame encodes m as a gRPC message on the wire: its 5-byte prefix (not
-// compressed, length), then the message.
+// Frame encodes m as a gRPC message on the wire: its prefix, then the
+// message.
 func Frame(m proto.Message) ([]byte, error) {
 	b, err := proto.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 5, 5+len(b))
-	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
-	return append(out, b...), nil
-}
-
-// NextMessage splits the first gRPC message off b: the message and what
-// follows it; ok is false while b holds less than a whole one. A
-// compressed message is an error: neither side here asks for compression.
-func NextMessage(b []byte) (msg, rest []byte, ok bool, err error) {
-	if len(b) < 5 {
-		return nil, b, false, nil
-	}
-	n := int(binary.BigEndian.Uint32(b[1:5]))
-	if len(b) < 5+n {
-		return nil, b, false, nil
-	}
-	if b[0] != 0 {
-		return nil, b, false, errors.New("a compressed gRPC message, which was not asked for")
-	}
-	return b[5 : 5+n], b[5+n:], true, nil
+	p := grpcwire.Prefix(len(b))
+	return append(p[:], b...), nil
 }
 
 // answer is what the driver needs of one ProcessingResponse; it reads

@@ -143,33 +143,3 @@ func TestFrame(t *testing.T) {
 		t.Errorf("framed % x, want 00, length %d, then the message", f[:5], len(want))
 	}
 }
-
-// TestNextMessage: a whole message is split off what follows, a partial
-// one waits for more, a compressed one is an error.
-func TestNextMessage(t *testing.T) {
-	one, err := Frame(HeadersMessage(10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	two := append(append([]byte{}, one...), one...)
-	compressed := append([]byte{}, one...)
-	compressed[0] = 1
-	for _, tc := range []struct {
-		name    string
-		in      []byte
-		ok      bool
-		rest    int
-		wantErr bool
-	}{
-		{"one", one, true, 0, false},
-		{"two", two, true, len(one), false},
-		{"prefix only", one[:4], false, 4, false},
-		{"partial", one[:len(one)-1], false, len(one) - 1, false},
-		{"compressed", compressed, false, len(one), true},
-	} {
-		msg, rest, ok, err := NextMessage(tc.in)
-		if ok != tc.ok || len(rest) != tc.rest || (err != nil) != tc.wantErr || ok && !bytes.Equal(msg, one[5:]) {
-			t.Errorf("%s: message %d bytes, rest %d, ok %v, err %v", tc.name, len(msg), len(rest), ok, err)
-		}
-	}
-}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/infergate/infergate/internal/grpcwire"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
@@ -740,31 +741,33 @@ const keptBuffer = 64 << 10
 // messageSize is the size of the message that held followed by data
 // begins, prefix included, once the prefix is in; 0 before.
 func messageSize(held, data []byte) int {
-	var prefix [5]byte
-	if n := copy(prefix[:], held); n < 5 && copy(prefix[n:], data) < 5-n {
+	var prefix [grpcwire.PrefixLen]byte
+	if n := copy(prefix[:], held); n < len(prefix) && copy(prefix[n:], data) < len(prefix)-n {
 		return 0
 	}
-	return 5 + int(binary.BigEndian.Uint32(prefix[1:]))
+	n, _ := grpcwire.Length(prefix[:]) // a compressed message fails when it is whole
+	return grpcwire.PrefixLen + int(n)
 }
 
 // messages delivers the whole messages at the start of b and returns what
 // follows them.
 func (c *conn) messages(st *Stream, b []byte) []byte {
-	for len(b) >= 5 {
-		n := binary.BigEndian.Uint32(b[1:5])
-		if b[0] != 0 {
-			c.finish(st, status.Error(codes.Internal, "a compressed message, but no compression was negotiated"))
+	for len(b) >= grpcwire.PrefixLen {
+		n, err := grpcwire.Length(b)
+		if err != nil {
+			c.finish(st, status.Error(codes.Internal, err.Error()))
 			return nil
 		}
 		if int64(n) > int64(c.s.opts.MaxRecvMsgSize) {
 			c.finish(st, status.Errorf(codes.ResourceExhausted, "received message larger than max (%d vs. %d)", n, c.s.opts.MaxRecvMsgSize))
 			return nil
 		}
-		if len(b) < 5+int(n) {
+		msg, rest, ok, _ := grpcwire.Split(b)
+		if !ok {
 			break
 		}
-		done, err := st.recv.Message(b[5 : 5+n])
-		b = b[5+n:]
+		done, err := st.recv.Message(msg)
+		b = rest
 		if done || err != nil {
 			c.finish(st, err)
 			return nil

@@ -3,11 +3,11 @@ package h2server
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"strconv"
 	"time"
 
+	"github.com/infergate/infergate/internal/grpcwire"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/status"
@@ -70,8 +70,7 @@ func (st *Stream) Send(msg []byte) error {
 		_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: c.s.blocks.headers, EndHeaders: true})
 		c.wrote = true
 	}
-	var prefix [5]byte // not compressed; the length
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
+	prefix := grpcwire.Prefix(len(msg))
 	n := 0 // written now: nothing while earlier answers wait, to keep the order
 	if len(st.pending) == 0 {
 		n = c.writeData(st, prefix[:], msg)
