@@ -5,14 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/infergate/infergate/test/childproc"
@@ -20,58 +17,27 @@ import (
 
 // child is one processor process started for one attack on one transport.
 type child struct {
-	processor, transport          string
-	grpcAddr, healthAddr, metrics string
-	cmd                           *exec.Cmd
-	log                           string
-	exited                        chan struct{} // closed once the process has been waited for
-	waitErr                       error         // set before exited closes
+	*childproc.Processor
+	processor, transport string
 }
 
 // startChild runs `infergate <processor>` on free loopback ports with the
 // given transport, logging to a file in dir, and waits until its readiness
 // service answers. extra are the processor's own flags (the picker's pool).
 func startChild(ctx context.Context, binary, processor, transport, dir string, extra ...string) (*child, error) {
-	var addrs [3]string
-	for i := range addrs {
-		a, err := childproc.FreeAddr()
-		if err != nil {
-			return nil, err
-		}
-		addrs[i] = a
-	}
-	c := &child{processor: processor, transport: transport, grpcAddr: addrs[0], healthAddr: addrs[1], metrics: addrs[2],
-		log: filepath.Join(dir, fmt.Sprintf("%s-%s-%d.log", processor, transport, time.Now().UnixNano())), exited: make(chan struct{})}
-	port := func(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
-	args := append([]string{processor, "--extproc-transport", transport, "--secure-serving=false",
-		"--grpc-bind-address", "127.0.0.1", "--grpc-port", port(c.grpcAddr),
-		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", port(c.healthAddr),
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", port(c.metrics)}, extra...)
-	logFile, err := os.Create(c.log)
+	p, err := childproc.StartProcessor(ctx, childproc.ProcessorConfig{
+		Binary: binary, Command: processor, Args: append([]string{"--extproc-transport", transport}, extra...),
+		Log: filepath.Join(dir, fmt.Sprintf("%s-%s-%d.log", processor, transport, time.Now().UnixNano())),
+		// The charts' pods set GOMEMLIMIT from their memory limit; here
+		// the processor runs without one, so that the RSS an attack costs
+		// shows in full instead of as collector work, and is compared with
+		// the limit.
+		Env: withoutEnv(os.Environ(), "GOMEMLIMIT"),
+	})
 	if err != nil {
-		return nil, fmt.Errorf("child log: %w", err)
+		return nil, fmt.Errorf("%s on %s: %w", processor, transport, err)
 	}
-	defer logFile.Close()
-	c.cmd = exec.Command(binary, args...)
-	// The charts' pods set GOMEMLIMIT from their memory limit; here the
-	// processor runs without one, so that the RSS an attack costs shows in
-	// full instead of as collector work, and is compared with the limit.
-	c.cmd.Env = withoutEnv(os.Environ(), "GOMEMLIMIT")
-	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	// A driver killed mid-attack must not leave a processor behind.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s %s: %w", binary, processor, err)
-	}
-	go func() {
-		c.waitErr = c.cmd.Wait()
-		close(c.exited)
-	}()
-	if err := childproc.WaitReady(ctx, c.healthAddr, 30*time.Second); err != nil {
-		c.stop()
-		return nil, fmt.Errorf("%s on %s: %w; its log ends:\n%s", processor, transport, err, childproc.Tail(c.log, 20))
-	}
-	return c, nil
+	return &child{Processor: p, processor: processor, transport: transport}, nil
 }
 
 func withoutEnv(env []string, name string) []string {
@@ -84,60 +50,31 @@ func withoutEnv(env []string, name string) []string {
 	return out
 }
 
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-func (c *child) alive() bool {
-	select {
-	case <-c.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 // cpu is the CPU time the process has used so far, from /proc while it
 // runs and from its exit status once it has died.
 func (c *child) cpu() (time.Duration, error) {
-	if !c.alive() {
-		st := c.cmd.ProcessState
+	if !c.Alive() {
+		st := c.Cmd.ProcessState
 		return st.UserTime() + st.SystemTime(), nil
 	}
-	d, err := childproc.CPUTime(c.pid())
-	if err != nil && !c.alive() {
+	d, err := childproc.CPUTime(c.Pid())
+	if err != nil && !c.Alive() {
 		return c.cpu()
 	}
 	return d, err
-}
-
-// stop interrupts the process and kills it if it has not exited within
-// 10 s (the drain of a stream the attack left open must not hold the
-// run); forced says it had to be killed.
-func (c *child) stop() (forced bool) {
-	if !c.alive() {
-		return false
-	}
-	_ = c.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-c.exited:
-		return false
-	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-		return true
-	}
 }
 
 // healthy says whether the process is alive and the readiness service
 // answers SERVING both on its health listener and on the ext_proc
 // listener the attack hit (gateways probe the latter), and if not, why.
 func (c *child) healthy(ctx context.Context) (bool, string) {
-	if !c.alive() {
-		return false, fmt.Sprintf("exited (%v); log: %s", c.waitErr, lastLine(c.log))
+	if !c.Alive() {
+		return false, fmt.Sprintf("exited (%v); log: %s", c.WaitErr(), lastLine(c.Log))
 	}
-	for _, addr := range []string{c.grpcAddr, c.healthAddr} {
+	for _, addr := range []string{c.GRPCAddr, c.HealthAddr} {
 		if err := childproc.WaitReady(ctx, addr, 5*time.Second); err != nil {
-			if !c.alive() {
-				return false, fmt.Sprintf("exited (%v); log: %s", c.waitErr, lastLine(c.log))
+			if !c.Alive() {
+				return false, fmt.Sprintf("exited (%v); log: %s", c.WaitErr(), lastLine(c.Log))
 			}
 			return false, fmt.Sprintf("no health answer: %v", err)
 		}

@@ -136,8 +136,10 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 	if err != nil {
 		return r, err
 	}
-	defer func() { r.forced = ch.stop() }()
-	conns, err := extprocload.Dial(ch.grpcAddr, false, 1)
+	// Killed after 10 s: the drain of a stream the attack left open must
+	// not hold the run.
+	defer func() { r.forced = ch.Stop(10 * time.Second) }()
+	conns, err := extprocload.Dial(ch.GRPCAddr, false, 1)
 	if err != nil {
 		return r, err
 	}
@@ -159,7 +161,7 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 		return r, fmt.Errorf("the victim got no answer before the attack: %w", r.base.first)
 	}
 
-	pid := ch.pid()
+	pid := ch.Pid()
 	if r.rssBefore, err = childproc.RSS(pid); err != nil {
 		return r, err
 	}
@@ -174,13 +176,13 @@ func runOne(ctx context.Context, o options, dir, processor, transport string, a 
 	}
 	r.baseCPU = cpuBefore - cpuStart
 	sampling, stopSampling := context.WithCancel(ctx)
-	rssPeak, heapPeak := sampleRSS(sampling, pid), sampleHeap(sampling, ch.metrics)
+	rssPeak, heapPeak := sampleRSS(sampling, pid), sampleHeap(sampling, ch.MetricsAddr)
 
 	stop := make(chan struct{})
 	during := make(chan sample, 1)
 	go func() { during <- v.measure(ctx, stop) }()
 	start := time.Now()
-	t := target{addr: ch.grpcAddr, scale: o.scale, rate: o.rateOf(a), start: start, until: start.Add(o.limit), hold: o.hold, obs: newObserver()}
+	t := target{addr: ch.GRPCAddr, scale: o.scale, rate: o.rateOf(a), start: start, until: start.Add(o.limit), hold: o.hold, obs: newObserver()}
 	actx, cancel := context.WithDeadline(ctx, t.until.Add(o.hold+5*time.Second))
 	r.sent, err = a.run(actx, t)
 	cancel() // closes whatever the attack left open

@@ -20,6 +20,9 @@ func WaitReady(ctx context.Context, addr string, timeout time.Duration) error {
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s did not report ready: %w", addr, context.Cause(ctx))
+		}
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
 		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			return nil

@@ -5,14 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -50,21 +46,7 @@ func (p *processor) String() string {
 // ends, and returns once its readiness health service says SERVING. The
 // picker's pool is poolFile.
 func startProcessor(t *testing.T, bin, kind, transport string, tls bool, poolFile string) (*processor, error) {
-	var addrs [3]string
-	for i := range addrs {
-		a, err := childproc.FreeAddr()
-		if err != nil {
-			return nil, err
-		}
-		addrs[i] = a
-	}
-	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
-	sub := map[string]string{kindPicker: "epp", kindPayload: "payload"}[kind]
-	args := []string{sub,
-		"--extproc-transport", transport, "--secure-serving=" + strconv.FormatBool(tls),
-		"--grpc-bind-address", "127.0.0.1", "--grpc-port", port(addrs[0]),
-		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", port(addrs[1]),
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", port(addrs[2]),
+	args := []string{"--extproc-transport", transport,
 		// A stop must not outlast the test: with nothing left open the
 		// drain is immediate, and a stream left open is a failure the
 		// scenarios report themselves.
@@ -73,45 +55,25 @@ func startProcessor(t *testing.T, bin, kind, transport string, tls bool, poolFil
 	if kind == kindPicker {
 		args = append(args, "--pool-file", poolFile)
 	}
-	p := &processor{kind: kind, transport: transport, tls: tls, addr: addrs[0], metricsAddr: addrs[2],
-		logPath: filepath.Join(t.TempDir(), fmt.Sprintf("%s-%s-tls%v.log", kind, transport, tls))}
-	logf, err := os.Create(p.logPath)
+	log := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%s-tls%v.log", kind, transport, tls))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	child, err := childproc.StartProcessor(ctx, childproc.ProcessorConfig{Binary: bin,
+		Command: map[string]string{kindPicker: "epp", kindPayload: "payload"}[kind], Args: args, TLS: tls, Log: log})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s on %s (tls=%v): %w", kind, transport, tls, err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// A test binary killed from outside runs no cleanup: the kernel ends
-	// the children with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		return nil, fmt.Errorf("start %s: %w", p, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	p := &processor{kind: kind, transport: transport, tls: tls, addr: child.GRPCAddr, metricsAddr: child.MetricsAddr, logPath: log}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("%s: stopped with %v", p, err)
-			}
-		case <-time.After(10 * time.Second):
+		if child.Stop(10 * time.Second) {
 			t.Errorf("%s: still running 10 s after SIGINT (drain timeout 2 s); killed", p)
-			_ = cmd.Process.Kill()
-			<-exited
+		} else if err := child.WaitErr(); err != nil {
+			t.Errorf("%s: stopped with %v", p, err)
 		}
-		_ = logf.Close()
 		if t.Failed() {
 			t.Logf("%s log (last lines):\n%s", p, childproc.Tail(p.logPath, 30))
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := childproc.WaitReady(ctx, addrs[1], 30*time.Second); err != nil {
-		return nil, fmt.Errorf("%s: %w\n%s", p, err, childproc.Tail(p.logPath, 20))
-	}
 	return p, nil
 }
 

@@ -23,7 +23,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -233,39 +232,13 @@ func h2specRun(h2spec, addr string, r run) (map[string]outcome, error) {
 // test ends and returns its ext_proc address once it reports ready.
 func startPayload(t *testing.T, bin string, r run) string {
 	t.Helper()
-	var addrs [3]string
-	var ports [3]string
-	for i := range addrs {
-		a, err := childproc.FreeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs[i] = a
-		_, ports[i], _ = net.SplitHostPort(a)
-	}
-	logFile := filepath.Join(t.TempDir(), "payload.log")
-	logOut, err := os.Create(logFile)
+	p, err := childproc.StartProcessor(context.Background(), childproc.ProcessorConfig{Binary: bin, Command: "payload",
+		Args: []string{"--extproc-transport", r.transport}, TLS: r.tls, Log: filepath.Join(t.TempDir(), "payload.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "payload", "--extproc-transport", r.transport, fmt.Sprintf("--secure-serving=%t", r.tls),
-		"--grpc-bind-address", "127.0.0.1", "--grpc-port", ports[0],
-		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", ports[1],
-		"--metrics-bind-address", "127.0.0.1", "--metrics-port", ports[2])
-	cmd.Stdout, cmd.Stderr = logOut, logOut
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-		_ = logOut.Close()
-	})
-	if err := childproc.WaitReady(context.Background(), addrs[1], 30*time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, childproc.Tail(logFile, 20))
-	}
-	return addrs[0]
+	t.Cleanup(func() { p.Stop(40 * time.Second) }) // past the 30 s drain
+	return p.GRPCAddr
 }
 
 // junit is the part of h2spec's JUnit report read here.
