@@ -13,20 +13,6 @@ var ErrInvalidJSON = errors.New("request body is not valid JSON")
 // maxDepth bounds nesting so a hostile body cannot exhaust the stack.
 const maxDepth = 512
 
-// ModelOf returns the top-level "model" string of a JSON object body in one
-// validating pass that builds nothing: routing needs only the model on its
-// hot path. Malformed JSON (including invalid UTF-8) is ErrInvalidJSON; a
-// valid object without a non-empty string "model" is ErrMissingModel. As in
-// encoding/json, the last of duplicate keys wins; unlike it, the key must be
-// exactly "model" (inference APIs are case-sensitive).
-func ModelOf(body []byte) (string, error) {
-	s, err := scan(body)
-	if err != nil {
-		return "", err
-	}
-	return s.model()
-}
-
 // scanner validates JSON and remembers where the values of the top-level
 // fields routing reads are (the last occurrence of a key wins, as in
 // encoding/json).

@@ -55,9 +55,6 @@ func Parse(raw []byte) (*Body, error) {
 	return &Body{s: s}, nil
 }
 
-// Raw returns the body as parsed.
-func (b *Body) Raw() []byte { return b.s.b }
-
 // Prompt is the request's prompt text, as ParseRequest gives it, read from
 // the positions the validating pass remembered (the body is not scanned
 // again).
@@ -68,7 +65,9 @@ func (b *Body) Prompt() string {
 	return sb.String()
 }
 
-// Model returns the non-empty "model" string or ErrMissingModel.
+// Model returns the non-empty "model" string or ErrMissingModel. As in
+// encoding/json, the last of duplicate keys wins; unlike it, the key must
+// be exactly "model" (inference APIs are case-sensitive).
 func (b *Body) Model() (string, error) { return b.s.model() }
 
 // ModelSpan is where the "model" value is in the body (with its quotes),
@@ -364,6 +363,7 @@ func (w *textWalker) visitAt(start int) {
 	}
 }
 
+// value walks the value at w.i; collect says whether its strings are text.
 func (w *textWalker) value(collect bool) {
 	w.space()
 	if w.i >= len(w.b) || w.stop {
@@ -371,99 +371,114 @@ func (w *textWalker) value(collect bool) {
 	}
 	switch w.b[w.i] {
 	case '"':
-		start := w.i
-		q, escaped := w.str()
-		switch t := (Text{Span: Span{start, w.i}, quoted: q, escaped: escaped}); {
-		case !collect:
-		case w.sb != nil:
-			t.appendTo(w.sb)
-		case !w.fn(t):
-			w.stop = true
-		}
+		w.text(collect)
 	case '[':
-		w.i++
-		for !w.stop {
-			w.space()
-			if w.i >= len(w.b) || w.b[w.i] == ']' {
-				w.i++
-				return
-			}
-			w.value(collect)
-			w.space()
-			if w.i < len(w.b) && w.b[w.i] == ',' {
-				w.i++
-			}
-		}
+		w.array(collect)
 	case '{':
-		w.i++
-		// isText: a "type" key of this object has the value "text";
-		// first, and w.data from more: where this object's data strings
-		// that wait for the end of it start.
-		isText, first, more := false, -1, len(w.data)
-		for !w.stop {
-			w.space()
-			if w.i >= len(w.b) || w.b[w.i] == '}' {
-				w.i++
-				if isText && first >= 0 {
-					w.visitAt(first)
-					for _, at := range w.data[more:] {
-						w.visitAt(at)
-					}
-				}
-				w.data = w.data[:more]
-				return
-			}
-			k, escaped := w.str()
-			w.space()
-			w.i++ // ':'
-			switch {
-			case !w.guard:
-				w.value(collect && (keyIs(k, escaped, "text") || keyIs(k, escaped, "content")))
-			case w.all:
-				w.value(true)
-			case guardTreeKey(k, escaped):
-				w.all = true
-				w.value(true)
-				w.all = false
-			case keyIs(k, escaped, "type"):
-				w.space()
-				if w.i < len(w.b) && w.b[w.i] == '"' {
-					// Any type "text" counts: servers differ on which of
-					// repeated keys wins, and reading too much is safe.
-					q, qe := w.str()
-					isText = isText || keyIs(q, qe, "text")
-				} else {
-					w.value(false)
-				}
-			case keyIs(k, escaped, "data"):
-				w.space()
-				if isText || w.i >= len(w.b) || w.b[w.i] != '"' {
-					w.value(isText)
-					break
-				}
-				if first < 0 {
-					first = w.i
-				} else {
-					w.data = append(w.data, w.i)
-				}
-				w.str()
-			default:
-				// Objects are weighed key by key at every depth, whatever
-				// holds them: a tool's description sits under function,
-				// a tool call's arguments under tool_calls[].function.
-				w.value(guardTextKey(k, escaped))
-			}
-			w.space()
-			if w.i < len(w.b) && w.b[w.i] == ',' {
-				w.i++
-			}
-		}
-		w.data = w.data[:more]
+		w.object(collect)
 	default: // number or literal: skip to the next delimiter
 		for w.i < len(w.b) && !strings.ContainsRune(",]} \t\n\r", rune(w.b[w.i])) {
 			w.i++
 		}
 	}
+}
+
+// text walks the string at w.i, collecting or visiting it if collect.
+func (w *textWalker) text(collect bool) {
+	start := w.i
+	q, escaped := w.str()
+	switch t := (Text{Span: Span{start, w.i}, quoted: q, escaped: escaped}); {
+	case !collect:
+	case w.sb != nil:
+		t.appendTo(w.sb)
+	case !w.fn(t):
+		w.stop = true
+	}
+}
+
+// array walks the array at w.i.
+func (w *textWalker) array(collect bool) {
+	w.i++
+	for !w.stop {
+		w.space()
+		if w.i >= len(w.b) || w.b[w.i] == ']' {
+			w.i++
+			return
+		}
+		w.value(collect)
+		w.space()
+		if w.i < len(w.b) && w.b[w.i] == ',' {
+			w.i++
+		}
+	}
+}
+
+// object walks the object at w.i.
+func (w *textWalker) object(collect bool) {
+	w.i++
+	// isText: a "type" key of this object has the value "text";
+	// first, and w.data from more: where this object's data strings
+	// that wait for the end of it start.
+	isText, first, more := false, -1, len(w.data)
+	for !w.stop {
+		w.space()
+		if w.i >= len(w.b) || w.b[w.i] == '}' {
+			w.i++
+			if isText && first >= 0 {
+				w.visitAt(first)
+				for _, at := range w.data[more:] {
+					w.visitAt(at)
+				}
+			}
+			w.data = w.data[:more]
+			return
+		}
+		k, escaped := w.str()
+		w.space()
+		w.i++ // ':'
+		switch {
+		case !w.guard:
+			w.value(collect && (keyIs(k, escaped, "text") || keyIs(k, escaped, "content")))
+		case w.all:
+			w.value(true)
+		case guardTreeKey(k, escaped):
+			w.all = true
+			w.value(true)
+			w.all = false
+		case keyIs(k, escaped, "type"):
+			w.space()
+			if w.i < len(w.b) && w.b[w.i] == '"' {
+				// Any type "text" counts: servers differ on which of
+				// repeated keys wins, and reading too much is safe.
+				q, qe := w.str()
+				isText = isText || keyIs(q, qe, "text")
+			} else {
+				w.value(false)
+			}
+		case keyIs(k, escaped, "data"):
+			w.space()
+			if isText || w.i >= len(w.b) || w.b[w.i] != '"' {
+				w.value(isText)
+				break
+			}
+			if first < 0 {
+				first = w.i
+			} else {
+				w.data = append(w.data, w.i)
+			}
+			w.str()
+		default:
+			// Objects are weighed key by key at every depth, whatever
+			// holds them: a tool's description sits under function,
+			// a tool call's arguments under tool_calls[].function.
+			w.value(guardTextKey(k, escaped))
+		}
+		w.space()
+		if w.i < len(w.b) && w.b[w.i] == ',' {
+			w.i++
+		}
+	}
+	w.data = w.data[:more]
 }
 
 // Edit replaces a span of the body with raw JSON.

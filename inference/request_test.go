@@ -88,8 +88,8 @@ func TestMaxTokensFields(t *testing.T) {
 			}
 			var got []field
 			for _, f := range b.MaxTokensFields() {
-				if string(b.Raw()[f.Start:f.End]) != string(f.JSON) {
-					t.Errorf("%s: span %v is %q, JSON %q", f.Name, f.Span, b.Raw()[f.Start:f.End], f.JSON)
+				if string(b.s.b[f.Start:f.End]) != string(f.JSON) {
+					t.Errorf("%s: span %v is %q, JSON %q", f.Name, f.Span, b.s.b[f.Start:f.End], f.JSON)
 				}
 				n, ok := f.Count()
 				got = append(got, field{f.Name, string(f.JSON), n, ok, f.Repeated})
@@ -252,8 +252,8 @@ func TestTexts(t *testing.T) {
 			}
 			var got []string
 			b.Texts(func(tx Text) bool {
-				if string(b.Raw()[tx.Start:tx.End]) != string(tx.quoted) {
-					t.Errorf("span %v is %q, text %q", tx.Span, b.Raw()[tx.Start:tx.End], tx.quoted)
+				if string(b.s.b[tx.Start:tx.End]) != string(tx.quoted) {
+					t.Errorf("span %v is %q, text %q", tx.Span, b.s.b[tx.Start:tx.End], tx.quoted)
 				}
 				got = append(got, tx.Value())
 				return true

@@ -179,10 +179,3 @@ func (c *prefixCache) usage() float64 {
 	defer c.mu.Unlock()
 	return min(float64(c.pinned+c.reserved)/float64(c.capacity), 1)
 }
-
-// contains reports whether the block is cached; for tests.
-func (c *prefixCache) contains(h uint64) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.blocks[h] != nil
-}

@@ -159,37 +159,18 @@ func withOutput(tk tokenizer, text string, n int) string {
 	return b.String()
 }
 
-// tokenEnds returns the end offset of each token of text.
-func tokenEnds(tk tokenizer, text string) []int {
-	var ends []int
-	for p := 0; p < len(text); {
-		p = tk.tokenEnd(text, p)
-		ends = append(ends, p)
-	}
-	return ends
-}
-
-// blockHashes returns the chained hashes of the full blocks of blockSize
-// tokens of text, the last token of text included. A text's hashes are
-// those of any text that starts with it, but for a last block that ends
-// with a token the longer text extends.
-func blockHashes(tk tokenizer, seed, text string, blockSize int) []uint64 {
-	var ends []int
-	left := blockSize // tokens until the block is full
-	for p := 0; p < len(text); {
-		p = tk.tokenEnd(text, p)
-		if left--; left == 0 {
-			ends, left = append(ends, p), blockSize
-		}
-	}
-	return hashBlocks(seed, text, ends)
-}
-
 // hashBlocks returns the chained hashes of the blocks of text that end at
 // ends, the first starting at offset 0. Each hash covers the block's bytes
 // and the previous hash, so a block only matches when everything before it
 // matches too. The seed keeps the caches of different models (base and
 // adapters) apart, as their KV differs.
+//
+// It is a twin of the picker's prefix.Hashes (extproc/epp/prefix/hash.go)
+// on purpose, not a shared helper: the simulator plays the model server,
+// whose cache the picker can only guess at, so the two must be free to
+// differ (here blocks end at token boundaries of the simulated tokenizer;
+// the picker cuts prompts at wire.DefaultBytesPerToken bytes a token). A
+// change to one is not a reason to change the other.
 func hashBlocks(seed, text string, ends []int) []uint64 {
 	hashes := make([]uint64, len(ends))
 	prev := xxhash.Sum64String(seed)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // tokenizers are the tokenizers the tests run against, by name.
@@ -444,4 +446,46 @@ func TestCountTokensCountsAsTheServer(t *testing.T) {
 			t.Errorf("%s: CountTokens %d, the server's usage %d", tk.name, got, want)
 		}
 	}
+}
+
+// TestDefaultTokenizerFollowsTheWire: the simulator's default bytes
+// tokenizer makes tokens of the size the picker and the payload processor
+// assume, so that an unconfigured stack agrees on a prompt's size.
+func TestDefaultTokenizerFollowsTheWire(t *testing.T) {
+	cfg := Config{}.WithDefaults()
+	if cfg.Tokenizer != TokenizerBytes || cfg.BytesPerToken != wire.DefaultBytesPerToken {
+		t.Fatalf("default tokenizer %s/%d, want %s/%d", cfg.Tokenizer, cfg.BytesPerToken, TokenizerBytes, wire.DefaultBytesPerToken)
+	}
+	if got := CountTokens("", 0, strings.Repeat("x", 10*wire.DefaultBytesPerToken)); got != 10 {
+		t.Fatalf("%d bytes make %d tokens, want 10", 10*wire.DefaultBytesPerToken, got)
+	}
+}
+
+// The two below model the simulator's token and block boundaries from the
+// whole text at once, for the tests to hold its incremental bookkeeping to.
+
+// tokenEnds returns the end offset of each token of text.
+func tokenEnds(tk tokenizer, text string) []int {
+	var ends []int
+	for p := 0; p < len(text); {
+		p = tk.tokenEnd(text, p)
+		ends = append(ends, p)
+	}
+	return ends
+}
+
+// blockHashes returns the chained hashes of the full blocks of blockSize
+// tokens of text, the last token of text included. A text's hashes are
+// those of any text that starts with it, but for a last block that ends
+// with a token the longer text extends.
+func blockHashes(tk tokenizer, seed, text string, blockSize int) []uint64 {
+	var ends []int
+	left := blockSize // tokens until the block is full
+	for p := 0; p < len(text); {
+		p = tk.tokenEnd(text, p)
+		if left--; left == 0 {
+			ends, left = append(ends, p), blockSize
+		}
+	}
+	return hashBlocks(seed, text, ends)
 }

@@ -7,12 +7,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/sim"
 )
 
-// bytesPerToken is the simulator's default tokenizer: 4 bytes of text are
-// one token.
-const bytesPerToken = sim.DefaultBytesPerToken
+// bytesPerToken is the simulator's default tokenizer, the wire convention
+// the picker starts from too: 4 bytes of text are one token.
+const bytesPerToken = wire.DefaultBytesPerToken
 
 // tokenizer is the sims' tokenizer in a run: kind sim.TokenizerBytes with n
 // bytes a token, or sim.TokenizerWords. The zero value is the sims'

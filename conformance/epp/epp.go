@@ -66,7 +66,7 @@ const DefaultModel = "conformance-model"
 // to pick), liveness (the process runs) and readiness (its endpoint set is
 // loaded).
 const (
-	ExtProcHealthService   = "envoy.service.ext_proc.v3.ExternalProcessor"
+	ExtProcHealthService   = wire.ExtProcHealthService
 	LivenessHealthService  = "liveness"
 	ReadinessHealthService = "readiness"
 )

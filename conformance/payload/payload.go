@@ -27,7 +27,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/infergate/infergate/envoysim/extprocfilter"
-	"github.com/infergate/infergate/inference/policy"
 	"github.com/infergate/infergate/inference/wire"
 )
 
@@ -58,12 +57,12 @@ type Config struct {
 
 // ExtProcHealthService is the grpc.health.v1 service name of the ext_proc
 // service.
-const ExtProcHealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+const ExtProcHealthService = wire.ExtProcHealthService
 
 // Header names the processor sets or must drop.
 const (
-	ModelHeader     = policy.ModelHeader
-	BaseModelHeader = policy.BaseModelHeader
+	ModelHeader     = wire.ModelNameHeader
+	BaseModelHeader = wire.BaseModelNameHeader
 )
 
 // Spec texts, so that callers can tell which behaviour failed.

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // TestLBMetadataShared: the envoy.lb metadata of a destination names it,
@@ -20,12 +21,12 @@ func TestLBMetadataShared(t *testing.T) {
 		return md
 	}
 	dest := func(v string) string {
-		return get(v).Struct().GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationHeader].GetStringValue()
+		return get(v).Struct().GetFields()[wire.LBNamespace].GetStructValue().GetFields()[wire.DestinationEndpointKey].GetStringValue()
 	}
 	if got := dest("10.0.0.1:8000"); got != "10.0.0.1:8000" {
 		t.Fatalf("destination %q", got)
 	}
-	if get("10.0.0.1:8000") != get("10.0.0.1:8000") {
+	if first, again := get("10.0.0.1:8000"), get("10.0.0.1:8000"); first != again {
 		t.Error("the same destination built twice")
 	}
 	if got := dest("10.0.0.1:8000,10.0.0.2:8000"); got != "10.0.0.1:8000,10.0.0.2:8000" {

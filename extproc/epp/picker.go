@@ -26,10 +26,10 @@ import (
 
 // Options configure a Picker.
 type Options struct {
-	Store     *datastore.Store
-	Scheduler *scheduling.Scheduler
-	// Priorities maps objective names to priorities.
-	Priorities map[string]int
+	// Store is the pool: its endpoints, and the objectives and model
+	// rewrites in effect, read afresh for every request.
+	Store      *datastore.Store
+	Scheduler  *scheduling.Scheduler
 	Saturation flowcontrol.UtilizationDetector
 	// Queue, when set, holds requests while the pool is full (late
 	// binding); without it only sheddable requests give way, with 429.
@@ -40,9 +40,9 @@ type Options struct {
 	EmitScores bool
 	// ConformanceTest makes the picker the test picker the upstream
 	// InferencePool conformance suite expects: each pick also asks the
-	// echo server to report it (X-Echo-Set-Header), and every response
-	// carries the endpoint the proxy says served it (ConformanceServedHeader),
-	// or why it cannot.
+	// echo server to report it (wire.EchoSetHeader), and every response
+	// carries the endpoint the proxy says served it
+	// (wire.ConformanceServedHeader), or why it cannot.
 	ConformanceTest bool
 	Registerer      prometheus.Registerer
 	Logger          logr.Logger
@@ -50,13 +50,11 @@ type Options struct {
 
 // Picker is the endpoint picker's ext_proc handler.
 type Picker struct {
-	opts       Options
-	priorities atomic.Pointer[map[string]int]
-	rewrites   atomic.Pointer[Rewrites]
-	metrics    *metrics
-	picks      []scheduling.PickObserver
-	served     []scheduling.ServedObserver
-	seq        atomic.Uint64
+	opts    Options
+	metrics *metrics
+	picks   []scheduling.PickObserver
+	served  []scheduling.ServedObserver
+	seq     atomic.Uint64
 	// lbCache holds the envoy.lb metadata of recent destination values
 	// (value → *server.EncodedMetadata), lbCached how many were stored
 	// since it was last cleared.
@@ -77,7 +75,7 @@ func (p *Picker) lbMetadata(value string) (*server.EncodedMetadata, error) {
 	if md, ok := p.lbCache.Load(value); ok {
 		return md.(*server.EncodedMetadata), nil
 	}
-	md, err := server.EncodeMetadata(lbStruct(map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(value)}))
+	md, err := server.EncodeMetadata(lbStruct(map[string]*structpb.Value{wire.DestinationEndpointKey: structpb.NewStringValue(value)}))
 	if err != nil {
 		return nil, err
 	}
@@ -91,18 +89,8 @@ func (p *Picker) lbMetadata(value string) (*server.EncodedMetadata, error) {
 
 // lbStruct puts fields in the envoy.lb namespace.
 func lbStruct(fields map[string]*structpb.Value) *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields})}}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{wire.LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields})}}
 }
-
-// SetRewrites replaces the model rewrite rules (InferenceModelRewrite).
-func (p *Picker) SetRewrites(r []datastore.ModelRewrite) {
-	rw := Rewrites(r)
-	p.rewrites.Store(&rw)
-}
-
-// SetPriorities replaces the objective → priority map (objectives change
-// at run time: a reloaded pool file, InferenceObjective watches).
-func (p *Picker) SetPriorities(m map[string]int) { p.priorities.Store(&m) }
 
 // New builds a Picker.
 func New(opts Options) (*Picker, error) {
@@ -113,7 +101,6 @@ func New(opts Options) (*Picker, error) {
 		opts.Registerer = prometheus.NewRegistry()
 	}
 	p := &Picker{opts: opts}
-	p.SetPriorities(opts.Priorities)
 	if q := opts.Queue; q != nil {
 		opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "infergate_epp_flow_control_queue_size",
@@ -178,53 +165,24 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	if req.ID == "" {
 		req.ID = strconv.FormatUint(p.seq.Add(1), 10)
 	}
-	var rewritten []byte // the body with the model rewritten, if it was
-	if r.Body != nil {
-		// One validating pass: the model now, the prompt from it later if
-		// the profile reads it.
-		parsed, err := inference.Parse(r.Body)
-		if err != nil {
-			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
-		}
-		model, err := parsed.Model()
-		if err != nil {
-			return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
-		}
-		req.Model, req.Parsed = model, parsed
-		if rw := p.rewrites.Load(); rw != nil && len(*rw) > 0 {
-			if to, ok := rw.pick(model, rand.IntN); ok {
-				if rewritten, err = rewriteModel(r.Body, to); err != nil {
-					return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
-				}
-				req.Model, req.Body, req.Parsed = to, rewritten, nil
-			}
-		}
+	rewritten, err := p.readBody(req)
+	if err != nil {
+		return reject(400, ReasonBadRequest, err.Error()), outcomeBadRequest
 	}
 	objective, priority := p.objective(r.Headers)
 	req.Priority = priority
-	req.FairnessID = firstHeader(r.Headers, FairnessHeader, LegacyFairnessHeader)
+	req.FairnessID = firstHeader(r.Headers, wire.FairnessHeader, wire.LegacyFairnessHeader)
 	x.req = req
 
 	all := p.opts.Store.Endpoints()
 	if len(all) == 0 {
 		return reject(503, ReasonNoEndpoints, "the pool has no ready endpoints"), outcomeNoEndpoints
 	}
-	candidates := make([]scheduling.Endpoint, 0, len(all))
-	hint := readSubsetHint(r.Metadata)
-	for _, e := range all {
-		if hint != nil && !hint.Allows(e) {
-			continue
-		}
-		candidates = append(candidates, scheduling.Endpoint{Endpoint: e, Metrics: e.FreshMetrics(now, p.opts.MetricsStaleness)})
+	candidates, rej := p.candidates(r.Metadata, all, now)
+	if rej != nil {
+		return rej, outcomeSubsetEmpty
 	}
-	if hint != nil && len(candidates) == 0 {
-		msg := "the proxy's endpoint subset matches no endpoint of the pool"
-		if hint.Empty() {
-			msg = "the proxy sent an empty endpoint subset"
-		}
-		return reject(503, ReasonNoEndpoints, msg), outcomeSubsetEmpty
-	}
-	if p.opts.ConformanceTest && r.Headers.Get(ConformanceShedHeader) != "" {
+	if p.opts.ConformanceTest && r.Headers.Get(wire.ShedTestHeader) != "" {
 		return &server.Decision{Reject: shedRejection(objective)}, outcomeShed
 	}
 	if q := p.opts.Queue; q != nil {
@@ -248,13 +206,74 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 		p.opts.Logger.Error(err, "scheduling failed", "request", req.ID)
 		return reject(503, ReasonNoEndpoints, "scheduling failed"), outcomeError
 	}
+	return x.answer(ctx, r.Headers, res, candidates, rewritten)
+}
+
+// readBody sets req's model from its body, rewritten when a model rewrite
+// in effect says so: rewritten is the new body then. One validating pass
+// reads the model now and the prompt later, if the profile reads it. An
+// error is a body the picker cannot read.
+func (p *Picker) readBody(req *scheduling.Request) (rewritten []byte, err error) {
+	if req.Body == nil {
+		return nil, nil
+	}
+	parsed, err := inference.Parse(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	model, err := parsed.Model()
+	if err != nil {
+		return nil, err
+	}
+	req.Model, req.Parsed = model, parsed
+	rule, ok := p.opts.Store.ModelRewrite(model)
+	if !ok {
+		return nil, nil
+	}
+	to, ok := rule.Pick(rand.IntN)
+	if !ok || to == model {
+		return nil, nil
+	}
+	if rewritten, err = rewriteModel(req.Body, to); err != nil {
+		return nil, err
+	}
+	req.Model, req.Body, req.Parsed = to, rewritten, nil
+	return rewritten, nil
+}
+
+// candidates are the endpoints of the pool the proxy's subset hint in md
+// allows (all of them without one), with their metrics as fresh at now.
+// When the hint allows none, the request is refused with the decision.
+func (p *Picker) candidates(md server.Metadata, all []*datastore.Endpoint, now time.Time) ([]scheduling.Endpoint, *server.Decision) {
+	candidates := make([]scheduling.Endpoint, 0, len(all))
+	hint := readSubsetHint(md)
+	for _, e := range all {
+		if hint != nil && !hint.Allows(e) {
+			continue
+		}
+		candidates = append(candidates, scheduling.Endpoint{Endpoint: e, Metrics: e.FreshMetrics(now, p.opts.MetricsStaleness)})
+	}
+	if hint != nil && len(candidates) == 0 {
+		msg := "the proxy's endpoint subset matches no endpoint of the pool"
+		if hint.Empty() {
+			msg = "the proxy sent an empty endpoint subset"
+		}
+		return nil, reject(503, ReasonNoEndpoints, msg)
+	}
+	return candidates, nil
+}
+
+// answer sends the request to the scheduler's pick, with the body
+// rewritten if it was, and tells the plugins that learn from picks.
+func (x *exchange) answer(ctx context.Context, h server.Headers, res *scheduling.Result, candidates []scheduling.Endpoint, rewritten []byte) (*server.Decision, string) {
+	p, req := x.p, x.req
 	targets := res.Targets()
 	x.picked = make([]string, len(targets))
 	for i, t := range targets {
 		x.picked[i] = t.Address
 	}
-	if p.opts.ConformanceTest && r.Headers.Get(ConformanceFallbackHeader) != "" {
-		x.picked = inSelectionOrder(r.Headers.Get(wire.EndpointSelectionHeader), candidates)
+	if p.opts.ConformanceTest && h.Get(wire.FallbackTestHeader) != "" {
+		x.picked = inSelectionOrder(h.Get(wire.EndpointSelectionHeader), candidates)
 	}
 	for _, o := range p.picks {
 		o.Picked(ctx, req, res)
@@ -268,29 +287,37 @@ func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time)
 	value := strings.Join(x.picked, ",")
 	d := &server.Decision{Body: rewritten, ClearRouteCache: true}
 	if p.opts.EmitScores {
-		// Every candidate's score, not only the targets', so a reader can
-		// see what the pick won against.
-		scores := map[string]*structpb.Value{}
-		for _, c := range res.Profiles[res.Primary].Candidates {
-			scores[c.Address] = structpb.NewNumberValue(c.Score)
+		d.DynamicMetadata = scoresMetadata(value, res)
+	} else {
+		var err error
+		if d.EncodedMetadata, err = p.lbMetadata(value); err != nil {
+			p.opts.Logger.Error(err, "destination metadata", "request", req.ID)
+			return reject(503, ReasonNoEndpoints, "scheduling failed"), outcomeError
 		}
-		d.DynamicMetadata = lbStruct(map[string]*structpb.Value{
-			DestinationHeader: structpb.NewStringValue(value),
-			ScoresKey:         structpb.NewStructValue(&structpb.Struct{Fields: scores}),
-		})
-	} else if d.EncodedMetadata, err = p.lbMetadata(value); err != nil {
-		p.opts.Logger.Error(err, "destination metadata", "request", req.ID)
-		return reject(503, ReasonNoEndpoints, "scheduling failed"), outcomeError
 	}
 	if log := p.opts.Logger.V(1); log.Enabled() {
 		log.Info("picked", "request", req.ID, "model", req.Model, "targets", value, "profile", res.Primary, "score", targets[0].Score)
 	}
 	// Overwrite: a client-supplied destination header must never survive.
-	d.SetHeaders = []server.Header{{Name: DestinationHeader, Value: value}}
+	d.SetHeaders = []server.Header{{Name: wire.DestinationEndpointKey, Value: value}}
 	if p.opts.ConformanceTest {
-		d.SetHeaders = append(d.SetHeaders, server.Header{Name: EchoSetHeader, Value: ConformanceServedHeader + ":" + x.picked[0]})
+		d.SetHeaders = append(d.SetHeaders, server.Header{Name: wire.EchoSetHeader, Value: wire.ConformanceServedHeader + ":" + x.picked[0]})
 	}
 	return d, outcomePicked
+}
+
+// scoresMetadata is the envoy.lb metadata naming value as the destination,
+// with every candidate's score, not only the targets', so a reader can see
+// what the pick won against.
+func scoresMetadata(value string, res *scheduling.Result) *structpb.Struct {
+	scores := map[string]*structpb.Value{}
+	for _, c := range res.Profiles[res.Primary].Candidates {
+		scores[c.Address] = structpb.NewNumberValue(c.Score)
+	}
+	return lbStruct(map[string]*structpb.Value{
+		wire.DestinationEndpointKey: structpb.NewStringValue(value),
+		wire.ScoresKey:              structpb.NewStructValue(&structpb.Struct{Fields: scores}),
+	})
 }
 
 // RejectEarly implements server.HeaderGate: without flow control, whether
@@ -371,8 +398,9 @@ func reject(status int, reason, msg string) *server.Decision {
 // objective names the request's objective and its priority (0 when the
 // objective is unknown or absent).
 func (p *Picker) objective(h server.Headers) (string, int) {
-	name := firstHeader(h, ObjectiveHeader, LegacyObjectiveHeader)
-	return name, (*p.priorities.Load())[name]
+	name := firstHeader(h, wire.ObjectiveHeader, wire.LegacyObjectiveHeader)
+	o, _ := p.opts.Store.Objective(name)
+	return name, o.Priority
 }
 
 func firstHeader(h server.Headers, names ...string) string {
@@ -392,13 +420,13 @@ func (x *exchange) HandleResponseHeaders(ctx context.Context, r *server.Response
 	// The suite compares this with the endpoint it steered to: the value
 	// must come from the proxy's report, not from the pick.
 	served := "fail: missing envoy lb metadata"
-	if lb, ok := r.Metadata[LBNamespace]; ok {
+	if lb, ok := r.Metadata[wire.LBNamespace]; ok {
 		served = "fail: missing destination endpoint served metadata"
-		if v, ok := lb.GetFields()[ServedKey]; ok {
+		if v, ok := lb.GetFields()[wire.ServedEndpointKey]; ok {
 			served = v.GetStringValue()
 		}
 	}
-	return &server.Decision{SetHeaders: []server.Header{{Name: ConformanceServedHeader, Value: served}}}
+	return &server.Decision{SetHeaders: []server.Header{{Name: wire.ConformanceServedHeader, Value: served}}}
 }
 
 func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, _ bool) ([]byte, *structpb.Struct) {
@@ -430,7 +458,7 @@ func (x *exchange) noteServed(ctx context.Context, md server.Metadata) {
 	if x.served != "" || x.picked == nil {
 		return
 	}
-	v := md[LBNamespace].GetFields()[ServedKey]
+	v := md[wire.LBNamespace].GetFields()[wire.ServedEndpointKey]
 	if v == nil {
 		return
 	}

@@ -41,7 +41,8 @@ type rig struct {
 type rigOpts struct {
 	configText  string
 	endpoints   []datastore.Spec
-	priorities  map[string]int
+	objectives  []datastore.Objective
+	rewrites    []datastore.ModelRewrite
 	bodyLimit   int64
 	emitScores  bool
 	conformance bool
@@ -63,6 +64,8 @@ func newRig(t testing.TB, o rigOpts) *rig {
 			t.Fatal(err)
 		}
 	}
+	store.SetObjectives(o.objectives)
+	store.SetModelRewrites(o.rewrites)
 	reg := prometheus.NewRegistry()
 	detector := flowcontrol.UtilizationDetector{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: time.Minute}
 	var queue *flowcontrol.Queue
@@ -79,7 +82,6 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	p, err := epp.New(epp.Options{
 		Store:      store,
 		Scheduler:  loaded.Scheduler,
-		Priorities: o.priorities,
 		Saturation: detector,
 		Queue:      queue,
 		// Scorers treat metrics as fresh for the whole test.
@@ -151,7 +153,7 @@ func (r *rig) do(t testing.TB, c call) *answer {
 	var md *corev3.Metadata
 	if c.hint != nil {
 		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			epp.SubsetNamespace: {Fields: map[string]*structpb.Value{epp.SubsetKey: c.hint}},
+			wire.SubsetHintNamespace: {Fields: map[string]*structpb.Value{wire.SubsetKey: c.hint}},
 		}}
 	}
 	hdrs := &extprocv3.ProcessingRequest{
@@ -232,7 +234,7 @@ func (a *answer) header(t *testing.T, name string) (string, bool) {
 }
 
 func (a *answer) lb(key string) string {
-	return a.metadata.GetFields()[epp.LBNamespace].GetStructValue().GetFields()[key].GetStringValue()
+	return a.metadata.GetFields()[wire.LBNamespace].GetStructValue().GetFields()[key].GetStringValue()
 }
 
 // destination checks the header and the metadata agree and returns them.
@@ -241,11 +243,11 @@ func (a *answer) destination(t *testing.T) string {
 	if a.immediate != nil {
 		t.Fatalf("immediate response %d (%s) instead of a pick", a.immediate.GetStatus().GetCode(), a.immediate.GetBody())
 	}
-	h, ok := a.header(t, epp.DestinationHeader)
+	h, ok := a.header(t, wire.DestinationEndpointKey)
 	if !ok {
 		t.Fatal("no destination header")
 	}
-	if md := a.lb(epp.DestinationHeader); md != h {
+	if md := a.lb(wire.DestinationEndpointKey); md != h {
 		t.Fatalf("header %q and envoy.lb metadata %q differ", h, md)
 	}
 	if !a.headers.GetResponse().GetClearRouteCache() {
@@ -264,7 +266,7 @@ func (a *answer) wantImmediate(t *testing.T, status int, reason string) {
 	}
 	var got string
 	for _, h := range a.immediate.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() == server.DropReasonHeader {
+		if h.GetHeader().GetKey() == wire.DropReasonHeader {
 			got = string(h.GetHeader().GetRawValue())
 		}
 	}
@@ -385,7 +387,7 @@ schedulingProfiles:
 `
 	r := newRig(t, rigOpts{configText: steered, endpoints: specs("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")})
 	for range 20 {
-		a := r.do(t, call{body: completion, headers: map[string]string{scheduling.EndpointSelectionHeader: "10.0.0.2:8000"}})
+		a := r.do(t, call{body: completion, headers: map[string]string{wire.EndpointSelectionHeader: "10.0.0.2:8000"}})
 		if got := a.destination(t); got != "10.0.0.2:8000" {
 			t.Fatalf("destination %q, want the steered 10.0.0.2:8000", got)
 		}
@@ -399,7 +401,7 @@ schedulingProfiles:
 	if len(seen) != 3 {
 		t.Fatalf("without the header the picks went to %v, want all three endpoints", seen)
 	}
-	r.do(t, call{body: completion, headers: map[string]string{scheduling.EndpointSelectionHeader: "10.0.0.9:8000"}}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
+	r.do(t, call{body: completion, headers: map[string]string{wire.EndpointSelectionHeader: "10.0.0.9:8000"}}).wantImmediate(t, 503, epp.ReasonNoEndpoints)
 }
 
 func TestNoReadyEndpointIs503(t *testing.T) {
@@ -409,16 +411,50 @@ func TestNoReadyEndpointIs503(t *testing.T) {
 }
 
 func TestSheddableRequestGets429UnderSaturation(t *testing.T) {
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1, "chat": 10}})
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), objectives: []datastore.Objective{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}}})
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
-	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
-	r.do(t, call{body: completion, headers: map[string]string{epp.LegacyObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+	r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+	r.do(t, call{body: completion, headers: map[string]string{wire.LegacyObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
 	// Non-sheddable work still gets a pick when saturated.
-	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "chat"}}).destination(t)
+	r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "chat"}}).destination(t)
 	r.do(t, call{body: completion}).destination(t)
 	// Once the pool has room, sheddable work goes through.
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{UpdatedAt: time.Now()})
-	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
+	r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}}).destination(t)
+}
+
+// The picker reads objectives from the store for every request: a source
+// that changes them (a reloaded pool file, an InferenceObjective edit)
+// changes the next request's fate.
+func TestObjectivesAreReadFromTheStore(t *testing.T) {
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
+	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
+	batch := call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}}
+	r.do(t, batch).destination(t) // unknown objective: priority 0
+	r.store.SetObjectives([]datastore.Objective{{Name: "batch", Priority: -1}})
+	r.do(t, batch).wantImmediate(t, 429, epp.ReasonSaturated)
+	r.store.SetObjectives([]datastore.Objective{{Name: "batch", Priority: 1}})
+	r.do(t, batch).destination(t)
+}
+
+func TestModelRewritesAreReadFromTheStore(t *testing.T) {
+	body := []byte(`{"model":"sql-lora","prompt":"hello"}`)
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), rewrites: []datastore.ModelRewrite{
+		{Models: []string{"sql-lora"}, Targets: []datastore.RewriteTarget{{Model: "sql-lora-v2", Weight: 1}}},
+		{Models: []string{"base"}, Targets: []datastore.RewriteTarget{{Model: "base", Weight: 1}}},
+	}})
+	if a := r.do(t, call{body: body}); string(a.body) != `{"model":"sql-lora-v2","prompt":"hello"}` {
+		t.Fatalf("rewritten body %q", a.body)
+	}
+	for _, b := range [][]byte{completion, []byte(`{"model":"base","prompt":"hello"}`)} {
+		if a := r.do(t, call{body: b}); string(a.body) != string(b) {
+			t.Errorf("body %s, which no rule changes, came back %q", b, a.body)
+		}
+	}
+	r.store.SetModelRewrites(nil)
+	if a := r.do(t, call{body: body}); string(a.body) != string(body) {
+		t.Fatalf("body %q after the rules were removed", a.body)
+	}
 }
 
 func TestPaddingOutsideThePromptDoesNotFillThePool(t *testing.T) {
@@ -426,7 +462,7 @@ func TestPaddingOutsideThePromptDoesNotFillThePool(t *testing.T) {
 	// must count as 1 token of pending KV, or a few such requests make an
 	// idle pool look saturated and shed everyone's sheddable traffic.
 	const kvTokens = 16 * 1024 // BlockSize 16 × 1024 blocks
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), bodyLimit: 4 << 20, priorities: map[string]int{"batch": -1}})
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), bodyLimit: 4 << 20, objectives: []datastore.Objective{{Name: "batch", Priority: -1}}})
 	ep := r.store.Get("10.0.0.1:8000")
 	ep.SetMetrics(&datastore.Metrics{BlockSize: 16, NumGPUBlocks: 1024, UpdatedAt: time.Now()})
 	padded := []byte(fmt.Sprintf(`{"model":"m","prompt":"hi","user":%q}`, strings.Repeat("x", 1<<20)))
@@ -436,7 +472,7 @@ func TestPaddingOutsideThePromptDoesNotFillThePool(t *testing.T) {
 	if got := ep.Pending(); got > 3 {
 		t.Fatalf("pending KV %d tokens after three 1-token prompts", got)
 	}
-	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).destination(t)
+	r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}}).destination(t)
 
 	// The prompt itself still counts: a long prompt is real KV.
 	long := []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("word ", kvTokens)))
@@ -444,15 +480,15 @@ func TestPaddingOutsideThePromptDoesNotFillThePool(t *testing.T) {
 	if got := ep.Pending(); got < kvTokens/2 {
 		t.Fatalf("pending KV %d tokens after a %d-byte prompt", got, len(long))
 	}
-	r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
+	r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}}).wantImmediate(t, 429, epp.ReasonSaturated)
 }
 
 func TestShedRequestsAreToldToComeBackSpreadOut(t *testing.T) {
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1}})
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), objectives: []datastore.Objective{{Name: "batch", Priority: -1}}})
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
 	seen := map[int]bool{}
 	for range 20 {
-		a := r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}})
+		a := r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}})
 		a.wantImmediate(t, 429, epp.ReasonSaturated)
 		h := map[string]string{}
 		for _, hv := range a.immediate.GetHeaders().GetSetHeaders() {
@@ -473,7 +509,7 @@ func TestShedRequestsAreToldToComeBackSpreadOut(t *testing.T) {
 }
 
 func TestSheddableRequestIsRefusedBeforeItsBody(t *testing.T) {
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), priorities: map[string]int{"batch": -1}})
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), objectives: []datastore.Objective{{Name: "batch", Priority: -1}}})
 	r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: 50, UpdatedAt: time.Now()})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -486,7 +522,7 @@ func TestSheddableRequestIsRefusedBeforeItsBody(t *testing.T) {
 	err = st.Send(&extprocv3.ProcessingRequest{
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":method", RawValue: []byte("POST")}, {Key: epp.ObjectiveHeader, RawValue: []byte("batch")},
+			{Key: ":method", RawValue: []byte("POST")}, {Key: wire.ObjectiveHeader, RawValue: []byte("batch")},
 		}}}},
 	})
 	if err != nil {
@@ -540,13 +576,13 @@ func TestBadBodies(t *testing.T) {
 func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
 	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000")})
 	for _, body := range [][]byte{completion, nil} {
-		a := r.do(t, call{body: body, headers: map[string]string{epp.DestinationHeader: "6.6.6.6:22"}})
+		a := r.do(t, call{body: body, headers: map[string]string{wire.DestinationEndpointKey: "6.6.6.6:22"}})
 		if a.destination(t) != "10.0.0.1:8000" {
 			t.Fatal("client header survived")
 		}
 		var overwrite bool
 		for _, h := range a.headers.GetResponse().GetHeaderMutation().GetSetHeaders() {
-			if h.GetHeader().GetKey() == epp.DestinationHeader {
+			if h.GetHeader().GetKey() == wire.DestinationEndpointKey {
 				overwrite = h.GetAppendAction() == corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 			}
 		}
@@ -576,7 +612,7 @@ func respondHeaders(t *testing.T, a *answer, md *corev3.Metadata) *extprocv3.Hea
 }
 
 func servedMetadata(fields map[string]*structpb.Value) *corev3.Metadata {
-	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.LBNamespace: {Fields: fields}}}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{wire.LBNamespace: {Fields: fields}}}
 }
 
 // TestConformanceTestMode: the picker the upstream conformance suite runs
@@ -585,15 +621,15 @@ func servedMetadata(fields map[string]*structpb.Value) *corev3.Metadata {
 func TestConformanceTestMode(t *testing.T) {
 	r := newRig(t, rigOpts{conformance: true, endpoints: specs("10.0.0.1:3000")})
 	a := r.do(t, call{})
-	if got, _ := a.header(t, epp.EchoSetHeader); got != epp.ConformanceServedHeader+":10.0.0.1:3000" {
-		t.Fatalf("%s = %q", epp.EchoSetHeader, got)
+	if got, _ := a.header(t, wire.EchoSetHeader); got != wire.ConformanceServedHeader+":10.0.0.1:3000" {
+		t.Fatalf("%s = %q", wire.EchoSetHeader, got)
 	}
 	cases := []struct {
 		name string
 		md   *corev3.Metadata
 		want string
 	}{
-		{"served reported", servedMetadata(map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue("10.0.0.1:3000")}), "10.0.0.1:3000"},
+		{"served reported", servedMetadata(map[string]*structpb.Value{wire.ServedEndpointKey: structpb.NewStringValue("10.0.0.1:3000")}), "10.0.0.1:3000"},
 		{"no envoy.lb metadata", nil, "fail: missing envoy lb metadata"},
 		{"no served key", servedMetadata(map[string]*structpb.Value{"other": structpb.NewStringValue("x")}), "fail: missing destination endpoint served metadata"},
 	}
@@ -602,18 +638,18 @@ func TestConformanceTestMode(t *testing.T) {
 			h := respondHeaders(t, r.do(t, call{body: completion}), tc.md)
 			var got string
 			for _, o := range h.GetResponse().GetHeaderMutation().GetSetHeaders() {
-				if o.GetHeader().GetKey() == epp.ConformanceServedHeader {
+				if o.GetHeader().GetKey() == wire.ConformanceServedHeader {
 					got = string(o.GetHeader().GetRawValue())
 				}
 			}
 			if got != tc.want {
-				t.Fatalf("%s = %q, want %q", epp.ConformanceServedHeader, got, tc.want)
+				t.Fatalf("%s = %q, want %q", wire.ConformanceServedHeader, got, tc.want)
 			}
 		})
 	}
 	// The shed header: refused as a saturated pool refuses, with the
 	// pause to come back after.
-	shed := r.do(t, call{headers: map[string]string{epp.ConformanceShedHeader: "1"}, body: completion})
+	shed := r.do(t, call{headers: map[string]string{wire.ShedTestHeader: "1"}, body: completion})
 	shed.wantImmediate(t, 429, epp.ReasonSaturated)
 	if !slices.ContainsFunc(shed.immediate.GetHeaders().GetSetHeaders(), func(o *corev3.HeaderValueOption) bool {
 		return o.GetHeader().GetKey() == "retry-after"
@@ -631,7 +667,7 @@ func TestConformanceTestMode(t *testing.T) {
 		{"192.0.2.1:3000,10.0.0.2:3000", "10.0.0.2:3000"},
 	} {
 		for range 5 { // the scheduler picks at random among them: the answer must not vary
-			a := lists.do(t, call{headers: map[string]string{epp.ConformanceFallbackHeader: "true", wire.EndpointSelectionHeader: tc.selection}, body: completion})
+			a := lists.do(t, call{headers: map[string]string{wire.FallbackTestHeader: "true", wire.EndpointSelectionHeader: tc.selection}, body: completion})
 			if got := a.destination(t); got != tc.want {
 				t.Fatalf("selection %q with the fallback header: destination %q, want %q", tc.selection, got, tc.want)
 			}
@@ -640,11 +676,11 @@ func TestConformanceTestMode(t *testing.T) {
 	// Outside the mode neither header is added, and the shed header is
 	// nobody's to send.
 	plain := newRig(t, rigOpts{endpoints: specs("10.0.0.1:3000")})
-	if plain.do(t, call{headers: map[string]string{epp.ConformanceShedHeader: "1"}, body: completion}).immediate != nil {
+	if plain.do(t, call{headers: map[string]string{wire.ShedTestHeader: "1"}, body: completion}).immediate != nil {
 		t.Fatal("the shed header refused a request outside conformance-test mode")
 	}
 	a = plain.do(t, call{})
-	if _, ok := a.header(t, epp.EchoSetHeader); ok {
+	if _, ok := a.header(t, wire.EchoSetHeader); ok {
 		t.Fatal("X-Echo-Set-Header outside conformance-test mode")
 	}
 	if h := respondHeaders(t, plain.do(t, call{body: completion}), nil); len(h.GetResponse().GetHeaderMutation().GetSetHeaders()) != 0 {
@@ -659,7 +695,7 @@ func TestServedEndpointIsRecorded(t *testing.T) {
 		t.Helper()
 		var md *corev3.Metadata
 		if served != "" {
-			md = servedMetadata(map[string]*structpb.Value{epp.ServedKey: structpb.NewStringValue(served)})
+			md = servedMetadata(map[string]*structpb.Value{wire.ServedEndpointKey: structpb.NewStringValue(served)})
 		}
 		respondHeaders(t, a, md)
 	}
@@ -722,7 +758,7 @@ schedulingProfiles:
 	if a.destination(t) != "10.0.0.2:8000" {
 		t.Fatal("the idle endpoint should win")
 	}
-	scores := a.metadata.GetFields()[epp.LBNamespace].GetStructValue().GetFields()[epp.ScoresKey].GetStructValue().GetFields()
+	scores := a.metadata.GetFields()[wire.LBNamespace].GetStructValue().GetFields()[wire.ScoresKey].GetStructValue().GetFields()
 	if len(scores) != 3 {
 		t.Fatalf("scores for %d endpoints, want 3: %v", len(scores), scores)
 	}
@@ -774,8 +810,8 @@ func TestServedEndpointReachesLearningPlugins(t *testing.T) {
 	if d.Reject != nil {
 		t.Fatalf("rejected: %+v", d.Reject)
 	}
-	md, _ := structpb.NewStruct(map[string]any{epp.ServedKey: "10.0.0.2:8000"})
-	ex.Close(ctx, server.Summary{ResponseMetadata: server.Metadata{epp.LBNamespace: md}, ResponseStatus: 200})
+	md, _ := structpb.NewStruct(map[string]any{wire.ServedEndpointKey: "10.0.0.2:8000"})
+	ex.Close(ctx, server.Summary{ResponseMetadata: server.Metadata{wire.LBNamespace: md}, ResponseStatus: 200})
 	if len(l.served) != 1 || l.served[0] != "10.0.0.2:8000" || len(l.picked[0]) != 1 {
 		t.Fatalf("learner saw served %v picked %v", l.served, l.picked)
 	}
@@ -816,14 +852,14 @@ func TestDefaultProfileKeepsPrefixesTogether(t *testing.T) {
 }
 
 func TestFlowControlHoldsRequestsUntilThePoolHasRoom(t *testing.T) {
-	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), queueTTL: 5 * time.Second, priorities: map[string]int{"batch": -1}})
+	r := newRig(t, rigOpts{endpoints: specs("10.0.0.1:8000"), queueTTL: 5 * time.Second, objectives: []datastore.Objective{{Name: "batch", Priority: -1}}})
 	full := func(q int) {
 		r.store.Get("10.0.0.1:8000").SetMetrics(&datastore.Metrics{WaitingQueueSize: q, UpdatedAt: time.Now()})
 	}
 	full(20)
 	got := make(chan *answer, 1)
 	go func() {
-		got <- r.do(t, call{body: completion, headers: map[string]string{epp.ObjectiveHeader: "batch"}})
+		got <- r.do(t, call{body: completion, headers: map[string]string{wire.ObjectiveHeader: "batch"}})
 	}()
 	select {
 	case a := <-got:

@@ -16,8 +16,8 @@ import (
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
 	"github.com/infergate/infergate/extproc/epp/kube"
+	"github.com/infergate/infergate/extproc/epp/poolfile"
 	"github.com/infergate/infergate/extproc/server"
-	"github.com/infergate/infergate/internal/filewatch"
 	"github.com/infergate/infergate/internal/kubeconfig"
 )
 
@@ -45,7 +45,8 @@ type Config struct {
 	// MetricsStaleness: endpoint metrics older than this count as unknown.
 	MetricsStaleness time.Duration
 	EmitScores       bool
-	// PoolFilePoll is how often the pool file is checked for changes.
+	// PoolFilePoll is how often the pool file is checked for changes; 0
+	// means a second.
 	PoolFilePoll time.Duration
 	Logger       logr.Logger
 }
@@ -64,12 +65,11 @@ type KubeConfig struct {
 // Service is a prepared endpoint picker: config loaded and validated,
 // listeners bound. Run serves it.
 type Service struct {
-	cfg     Config
 	store   *datastore.Store
 	picker  *Picker
 	srv     *server.Server
 	scraper *datalayer.Scraper
-	pool    *poolFileSource    // standalone mode
+	pool    *poolfile.Source   // standalone mode
 	kube    kube.Options       // Kubernetes mode
 	queue   *flowcontrol.Queue // nil unless flow control is on
 }
@@ -85,16 +85,62 @@ func NewService(cfg Config) (*Service, error) {
 	case cfg.Kube != nil && (cfg.Kube.PoolName == "" || cfg.Kube.Namespace == ""):
 		return nil, errors.New("--pool-name and --pool-namespace are both required in Kubernetes mode")
 	}
-	var restCfg *rest.Config
-	if k := cfg.Kube; k != nil {
-		restCfg = k.RestConfig
-		if restCfg == nil {
-			var err error
-			if restCfg, err = kubeconfig.Load(k.Kubeconfig); err != nil {
-				return nil, err
-			}
+	restCfg, err := restConfig(cfg.Kube)
+	if err != nil {
+		return nil, err
+	}
+	loaded, err := loadConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	// The sources write the pool into the store; the picker reads it.
+	store := datastore.New()
+	var pool *poolfile.Source
+	if cfg.PoolFile != "" {
+		pool, err = poolfile.Open(poolfile.Options{Path: cfg.PoolFile, EngineLabel: loaded.DataLayer.EngineLabel,
+			Poll: cfg.PoolFilePoll, Store: store, Logger: cfg.Logger.WithName("pool-file")})
+		if err != nil {
+			return nil, err
 		}
 	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	scraper, err := newScraper(cfg, loaded, reg)
+	if err != nil {
+		return nil, err
+	}
+	picker, queue, err := newPicker(cfg, loaded, store, reg)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
+	if err != nil {
+		return nil, err
+	}
+	svc := &Service{store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}
+	if k := cfg.Kube; k != nil {
+		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
+			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
+			SetReady: srv.SetReady, Logger: cfg.Logger.WithName("kubernetes")}
+	}
+	return svc, nil
+}
+
+// restConfig is the Kubernetes client config of k (nil in standalone mode).
+func restConfig(k *KubeConfig) (*rest.Config, error) {
+	switch {
+	case k == nil:
+		return nil, nil
+	case k.RestConfig != nil:
+		return k.RestConfig, nil
+	}
+	return kubeconfig.Load(k.Kubeconfig)
+}
+
+// loadConfig loads the EndpointPickerConfig cfg names, or the default one.
+func loadConfig(cfg Config) (*config.Loaded, error) {
 	if cfg.ConfigFile != "" && cfg.ConfigText != "" {
 		return nil, errors.New("--config-file and --config-text are mutually exclusive")
 	}
@@ -124,24 +170,11 @@ func NewService(cfg Config) (*Service, error) {
 	if len(loaded.Ignored) > 0 {
 		cfg.Logger.Info("config settings accepted but not acted on by this picker", "settings", loaded.Ignored)
 	}
-	if cfg.PoolFilePoll <= 0 {
-		cfg.PoolFilePoll = time.Second
-	}
+	return loaded, nil
+}
 
-	store := datastore.New()
-	var pool *poolFileSource
-	priorities := map[string]int{}
-	if cfg.PoolFile != "" {
-		pool = &poolFileSource{path: cfg.PoolFile, engineLabel: loaded.DataLayer.EngineLabel, store: store, log: cfg.Logger.WithName("pool-file")}
-		pf, err := pool.load()
-		if err != nil {
-			return nil, err
-		}
-		priorities = pf.Priorities()
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// newScraper is the data layer the config describes.
+func newScraper(cfg Config, loaded *config.Loaded, reg prometheus.Registerer) (*datalayer.Scraper, error) {
 	interval := loaded.DataLayer.Interval
 	if cfg.RefreshInterval > 0 {
 		interval = cfg.RefreshInterval
@@ -157,6 +190,12 @@ func NewService(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data layer: %w", err)
 	}
+	return scraper, nil
+}
+
+// newPicker is the picker over store that the config describes, with its
+// flow-control queue when the config turns flow control on.
+func newPicker(cfg Config, loaded *config.Loaded, store *datastore.Store, reg prometheus.Registerer) (*Picker, *flowcontrol.Queue, error) {
 	detector := flowcontrol.UtilizationDetector{
 		QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
 		KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
@@ -174,7 +213,6 @@ func NewService(cfg Config) (*Service, error) {
 	picker, err := New(Options{
 		Store:            store,
 		Scheduler:        loaded.Scheduler,
-		Priorities:       priorities,
 		Saturation:       detector,
 		Queue:            queue,
 		MetricsStaleness: cfg.MetricsStaleness,
@@ -184,23 +222,9 @@ func NewService(cfg Config) (*Service, error) {
 		Logger:           cfg.Logger.WithName("picker"),
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if pool != nil {
-		pool.picker = picker
-	}
-	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
-	if err != nil {
-		return nil, err
-	}
-	svc := &Service{cfg: cfg, store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}
-	if k := cfg.Kube; k != nil {
-		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
-			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
-			SetReady: srv.SetReady, SetPriorities: picker.SetPriorities, SetRewrites: picker.SetRewrites,
-			Logger: cfg.Logger.WithName("kubernetes")}
-	}
-	return svc, nil
+	return picker, queue, nil
 }
 
 // GRPCAddr, HealthAddr and MetricsAddr are the bound listener addresses.
@@ -224,7 +248,7 @@ func (s *Service) Run(ctx context.Context) error {
 	srcErr := make(chan error, 1)
 	if s.pool != nil {
 		// A pool file is loaded at start: ready at once.
-		go filewatch.Watch(ctx, s.pool.path, s.pool.stamp, s.cfg.PoolFilePoll, s.pool.reload)
+		go s.pool.Run(ctx)
 		s.srv.SetReady(s.store.Synced())
 	} else {
 		go func() {
@@ -245,45 +269,4 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}
 	return err
-}
-
-// poolFileSource feeds the store from a pool file and reloads it when the
-// file changes; a broken edit is logged and the previous set kept.
-type poolFileSource struct {
-	path        string
-	engineLabel string
-	store       *datastore.Store
-	picker      *Picker
-	log         logr.Logger
-	stamp       filewatch.Stamp
-}
-
-func (p *poolFileSource) load() (*datastore.PoolFile, error) {
-	stamp, err := filewatch.StampOf(p.path)
-	if err != nil {
-		return nil, fmt.Errorf("pool file: %w", err)
-	}
-	pf, err := datastore.LoadPoolFile(p.path)
-	if err != nil {
-		return nil, err
-	}
-	specs := pf.Specs()
-	for i := range specs {
-		specs[i] = specs[i].EngineFromLabel(p.engineLabel)
-	}
-	if err := p.store.Replace(specs); err != nil {
-		return nil, fmt.Errorf("pool file %s: %w", p.path, err)
-	}
-	p.stamp = stamp
-	return pf, nil
-}
-
-func (p *poolFileSource) reload() {
-	pf, err := p.load()
-	if err != nil {
-		p.log.Error(err, "pool file changed but cannot be used; keeping the previous endpoints")
-		return
-	}
-	p.picker.SetPriorities(pf.Priorities())
-	p.log.Info("pool file reloaded", "endpoints", len(pf.Endpoints))
 }

@@ -5,17 +5,18 @@ import (
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // readSubsetHint returns the proxy's restriction of the candidates, or nil
 // when it sent none. The value is accepted as a list of strings or as one
 // comma-separated string, since proxies send both.
 func readSubsetHint(md server.Metadata) *datastore.AddressSet {
-	st := md[SubsetNamespace]
+	st := md[wire.SubsetHintNamespace]
 	if st == nil {
 		return nil
 	}
-	v, ok := st.GetFields()[SubsetKey]
+	v, ok := st.GetFields()[wire.SubsetKey]
 	if !ok {
 		return nil
 	}

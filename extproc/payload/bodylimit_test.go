@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // TestPolicyBodyLimitAppliesAsChunksArrive: the policy's maxBodyBytes
@@ -56,7 +56,7 @@ func TestPolicyBodyLimitAppliesAsChunksArrive(t *testing.T) {
 		t.Fatalf("want immediate 413, got %v", resp)
 	}
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() == server.DropReasonHeader && string(h.GetHeader().GetRawValue()) == "request-too-large" {
+		if h.GetHeader().GetKey() == wire.DropReasonHeader && string(h.GetHeader().GetRawValue()) == "request-too-large" {
 			return
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // metric reads one series from reg: a gauge's or counter's value, 0 when
@@ -63,7 +64,7 @@ func wantOverloaded(t *testing.T, r *extprocv3.ProcessingResponse) {
 		t.Fatalf("want immediate 503, got %v", r)
 	}
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() == server.DropReasonHeader && string(h.GetHeader().GetRawValue()) == server.ReasonOverloaded {
+		if h.GetHeader().GetKey() == wire.DropReasonHeader && string(h.GetHeader().GetRawValue()) == server.ReasonOverloaded {
 			return
 		}
 	}

@@ -12,8 +12,6 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/infergate/infergate/inference/wire"
 )
 
 // Handler creates one Exchange per ext_proc stream, that is per HTTP request.
@@ -128,13 +126,11 @@ type Decision struct {
 // forwarding the request.
 type Rejection struct {
 	Status int
-	// Reason goes into the drop-reason header; short, machine-readable.
+	// Reason goes into the drop-reason header (wire.DropReasonHeader);
+	// short, machine-readable.
 	Reason string
 	// Message goes into the JSON error body; for humans.
 	Message string
 	// Headers are added to the answer, after content-type and the drop reason.
 	Headers []Header
 }
-
-// DropReasonHeader carries Rejection.Reason.
-const DropReasonHeader = wire.DropReasonHeader

@@ -6,6 +6,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/infergate/infergate/inference"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // ImmediateResponse turns a rejection into an ext_proc immediate response:
@@ -16,7 +17,7 @@ func ImmediateResponse(r *Rejection) *extprocv3.ProcessingResponse {
 		rawHeader("content-type", "application/json"),
 	}}
 	if r.Reason != "" {
-		hm.SetHeaders = append(hm.SetHeaders, rawHeader(DropReasonHeader, r.Reason))
+		hm.SetHeaders = append(hm.SetHeaders, rawHeader(wire.DropReasonHeader, r.Reason))
 	}
 	for _, h := range r.Headers {
 		hm.SetHeaders = append(hm.SetHeaders, rawHeader(h.Name, h.Value))

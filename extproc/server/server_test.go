@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/extproc/server"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // recorder is a Handler whose exchanges record what they saw and answer
@@ -292,7 +293,7 @@ func testOversizedBodyIs413(t *testing.T, transport string) {
 	}
 	var reason string
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() == server.DropReasonHeader {
+		if h.GetHeader().GetKey() == wire.DropReasonHeader {
 			reason = string(h.GetHeader().GetRawValue())
 		}
 	}

@@ -39,7 +39,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/infergate/infergate/gateways/internal/xdsbuild"
-	"github.com/infergate/infergate/inference/policy"
 	"github.com/infergate/infergate/inference/wire"
 )
 
@@ -216,7 +215,7 @@ func check(c Config) error {
 			return fmt.Errorf("%s: a pool without models takes every request, so it must be the last", where)
 		}
 		if len(p.Models) > 0 && c.Payload == nil {
-			return fmt.Errorf("%s.models: routing by model needs the payload processor, which sets %s", where, policy.BaseModelHeader)
+			return fmt.Errorf("%s.models: routing by model needs the payload processor, which sets %s", where, wire.BaseModelNameHeader)
 		}
 		if p.Picker.FailOpen && len(p.Endpoints) == 0 {
 			return fmt.Errorf("%s.endpoints: a FailOpen pool needs its endpoints, to balance over when the picker is down", where)
@@ -342,7 +341,7 @@ func modelMatcher(models []string) *routev3.HeaderMatcher {
 		quoted[i] = regexp.QuoteMeta(m)
 	}
 	pattern := strings.Join(quoted, "|")
-	return &routev3.HeaderMatcher{Name: policy.BaseModelHeader, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+	return &routev3.HeaderMatcher{Name: wire.BaseModelNameHeader, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
 		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{
 			Regex: "^(?:" + pattern + ")$",
 		}}},

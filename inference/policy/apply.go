@@ -14,20 +14,15 @@ import (
 	"github.com/infergate/infergate/inference/wire"
 )
 
-// Header names the processors set, and the reasons a rejection carries.
+// Header names the processors set besides the model headers
+// (wire.ModelNameHeader, wire.BaseModelNameHeader) and the drop reason
+// (wire.DropReasonHeader), and the reasons a rejection carries.
 const (
-	// Header names are lower-case, as HTTP/2 and Envoy's header maps have
-	// them; X-Gateway-Model-Name is the same header.
-	ModelHeader     = "x-gateway-model-name"
-	BaseModelHeader = "x-gateway-base-model-name"
 	// MaskedHeader lists the rules that masked something, comma-separated,
 	// so the upstream and the access log can tell the prompt was changed.
 	MaskedHeader = "x-infergate-masked"
 	// GuardrailHeader names the rule that rejected a request.
 	GuardrailHeader = "x-infergate-guardrail"
-	// DropReasonHeader carries the machine-readable reason of a rejection;
-	// the same header the endpoint picker uses.
-	DropReasonHeader = wire.DropReasonHeader
 
 	ReasonTooLarge         = "request-too-large"
 	ReasonInvalidJSON      = "invalid-json"
@@ -49,11 +44,9 @@ const (
 // OwnHeaders are the request headers only the processor may set: a client
 // copy is removed (or overwritten) so it cannot steer routing or claim
 // masking.
-func OwnHeaders() []string { return []string{ModelHeader, BaseModelHeader, MaskedHeader} }
-
-// BytesPerToken is the prompt-size estimate: about four bytes of English
-// text per token for the common tokenizers. Limits on tokens use it.
-const BytesPerToken = 4
+func OwnHeaders() []string {
+	return []string{wire.ModelNameHeader, wire.BaseModelNameHeader, MaskedHeader}
+}
 
 // maxMaskPasses bounds re-masking: a pass can in theory join text into a
 // new finding, and the result must hold none.
@@ -114,7 +107,7 @@ type Rejection struct {
 
 // Headers returns the request headers to set for a forwarded request.
 func (r *Result) Headers() [][2]string {
-	h := [][2]string{{ModelHeader, r.Model}, {BaseModelHeader, r.BaseModel}}
+	h := [][2]string{{wire.ModelNameHeader, r.Model}, {wire.BaseModelNameHeader, r.BaseModel}}
 	if len(r.Masked) > 0 {
 		h = append(h, [2]string{MaskedHeader, strings.Join(r.Masked, ",")})
 	}
@@ -124,7 +117,7 @@ func (r *Result) Headers() [][2]string {
 // Response renders a rejection as the HTTP answer both deliveries send:
 // headers and an OpenAI-style JSON error body.
 func (r *Rejection) Response() (headers [][2]string, body []byte) {
-	headers = [][2]string{{"content-type", "application/json"}, {DropReasonHeader, r.Reason}}
+	headers = [][2]string{{"content-type", "application/json"}, {wire.DropReasonHeader, r.Reason}}
 	if r.Rule != "" {
 		headers = append(headers, [2]string{GuardrailHeader, r.Rule})
 	}
@@ -204,7 +197,9 @@ func (p *Policy) Apply(raw []byte) Result {
 		return reject(413, ReasonPromptTooLarge, "", "prompt of %d bytes exceeds the limit of %d bytes", promptBytes, l)
 	}
 	if l := p.limits.MaxPromptTokens; l > 0 {
-		if est := (promptBytes + BytesPerToken - 1) / BytesPerToken; est > l {
+		// No tokenizer here: tokens are estimated from bytes, by the same
+		// ratio as everywhere else.
+		if est := (promptBytes + wire.DefaultBytesPerToken - 1) / wire.DefaultBytesPerToken; est > l {
 			return reject(413, ReasonPromptTooLong, "", "prompt of about %d tokens exceeds the limit of %d tokens", est, l)
 		}
 	}

@@ -146,123 +146,110 @@ func DecodeJSON(data []byte) (*Config, error) {
 // Compile validates c and builds the Policy. Errors name the field, e.g.
 // "pii[2].action: ...".
 func Compile(c *Config) (*Policy, error) {
-	p := &Policy{limits: c.Limits, base: map[string]string{}, allowTemplate: c.AllowChatTemplate, strictText: c.StrictText}
-	var errs []error
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	cc := &compiler{
+		p:     &Policy{limits: c.Limits, base: map[string]string{}, allowTemplate: c.AllowChatTemplate, strictText: c.StrictText},
+		names: map[string]string{},
+	}
+	cc.models(c.Models)
+	cc.limits(c.Limits)
+	cc.piiRules(c.PII)
+	cc.denyRules(c.Deny)
+	if err := errors.Join(cc.errs...); err != nil {
+		return nil, err
+	}
+	return cc.p, nil
+}
 
-	switch c.Models.Unknown {
+// compiler builds a Policy, collecting every error of the config so that
+// one run names them all.
+type compiler struct {
+	p    *Policy
+	errs []error
+	// names maps each rule name to the field that gave it first: names
+	// are unique across PII and deny rules.
+	names map[string]string
+}
+
+func (cc *compiler) fail(format string, args ...any) {
+	cc.errs = append(cc.errs, fmt.Errorf(format, args...))
+}
+
+// ruleName checks the name of the rule at field.
+func (cc *compiler) ruleName(field, name string) {
+	if name == "" {
+		cc.fail("%s.name: empty", field)
+		return
+	}
+	if prev, ok := cc.names[name]; ok {
+		cc.fail("%s.name: %q is also %s", field, name, prev)
+	}
+	cc.names[name] = field
+}
+
+func (cc *compiler) models(m Models) {
+	p := cc.p
+	switch m.Unknown {
 	case "", UnknownPassthrough:
 	case ActionReject:
 		p.rejectUnknown = true
 	default:
-		fail("models.unknown: %q is not passthrough or reject", c.Models.Unknown)
+		cc.fail("models.unknown: %q is not passthrough or reject", m.Unknown)
 	}
-	for i, b := range c.Models.Bases {
+	for i, b := range m.Bases {
 		if b.Name == "" {
-			fail("models.bases[%d].name: empty", i)
+			cc.fail("models.bases[%d].name: empty", i)
 			continue
 		}
 		if prev, ok := p.base[b.Name]; ok && prev != b.Name {
-			fail("models.bases[%d].name: %q is already an adapter of %q", i, b.Name, prev)
+			cc.fail("models.bases[%d].name: %q is already an adapter of %q", i, b.Name, prev)
 		}
 		p.base[b.Name] = b.Name
 		for j, a := range b.Adapters {
 			if prev, ok := p.base[a]; ok {
 				// The multi-pool routing guide requires unique names: one
 				// adapter on two bases could not pick a pool.
-				fail("models.bases[%d].adapters[%d]: %q already maps to %q", i, j, a, prev)
+				cc.fail("models.bases[%d].adapters[%d]: %q already maps to %q", i, j, a, prev)
 				continue
 			}
 			if a == "" {
-				fail("models.bases[%d].adapters[%d]: empty", i, j)
+				cc.fail("models.bases[%d].adapters[%d]: empty", i, j)
 				continue
 			}
 			p.base[a] = b.Name
 		}
 	}
-	for i, a := range c.Models.Allow {
+	for i, a := range m.Allow {
 		if a == "" || a == "*" {
-			fail("models.allow[%d]: %q allows nothing or everything; leave the list out instead", i, a)
+			cc.fail("models.allow[%d]: %q allows nothing or everything; leave the list out instead", i, a)
 		}
 	}
-	p.allow = c.Models.Allow
+	p.allow = m.Allow
+}
 
-	l := c.Limits
+func (cc *compiler) limits(l Limits) {
 	for name, v := range map[string]int64{"maxBodyBytes": l.MaxBodyBytes, "maxPromptBytes": l.MaxPromptBytes,
 		"maxPromptTokens": l.MaxPromptTokens, "maxTokens": l.MaxTokens} {
 		if v < 0 {
-			fail("limits.%s: %d is negative", name, v)
+			cc.fail("limits.%s: %d is negative", name, v)
 		}
 	}
 	switch l.MaxTokensAction {
 	case "", ActionReject:
 	case ActionClamp:
-		p.clamp = true
+		cc.p.clamp = true
 	default:
-		fail("limits.maxTokensAction: %q is not reject or clamp", l.MaxTokensAction)
+		cc.fail("limits.maxTokensAction: %q is not reject or clamp", l.MaxTokensAction)
 	}
+}
 
-	names := map[string]string{}
-	seenName := func(field, name string) {
-		if name == "" {
-			fail("%s.name: empty", field)
-			return
-		}
-		if prev, ok := names[name]; ok {
-			fail("%s.name: %q is also %s", field, name, prev)
-		}
-		names[name] = field
-	}
-	if len(c.PII) > maxPIIRules {
-		fail("pii: %d rules; at most %d", len(c.PII), maxPIIRules)
+func (cc *compiler) piiRules(rules []PIIRule) {
+	p := cc.p
+	if len(rules) > maxPIIRules {
+		cc.fail("pii: %d rules; at most %d", len(rules), maxPIIRules)
 	}
 	byKind := map[pii.Kind]int{}
-	for i, r := range c.PII {
-		field := fmt.Sprintf("pii[%d]", i)
-		seenName(field, r.Name)
-		cr := piiRule{name: r.Name, replacement: r.Replacement}
-		switch r.Action {
-		case ActionMask:
-		case ActionReject:
-			cr.reject = true
-		default:
-			fail("%s.action: %q is not mask or reject", field, r.Action)
-		}
-		if cr.replacement == "" {
-			cr.replacement = "[" + strings.ToUpper(strings.ReplaceAll(r.Name, "-", "_")) + "]"
-		}
-		switch {
-		case (r.Detector == "") == (r.Pattern == ""):
-			fail("%s: set exactly one of detector and pattern", field)
-		case r.Detector != "":
-			set, err := pii.ParseKind(r.Detector)
-			if err != nil {
-				fail("%s.detector: %w", field, err)
-				break
-			}
-			for k := pii.Email; set != 0 && int(k) < 16; k++ {
-				if !set.Has(k) {
-					continue
-				}
-				if prev, ok := byKind[k]; ok {
-					fail("%s.detector: %s is already detected by pii[%d]", field, k, prev)
-				}
-				byKind[k] = i
-			}
-			p.kinds |= set
-		default:
-			re, err := regexp.Compile(r.Pattern)
-			if err != nil {
-				fail("%s.pattern: %w", field, err)
-				break
-			}
-			if re.MatchString("") {
-				fail("%s.pattern: %q matches the empty string", field, r.Pattern)
-				break
-			}
-			cr.re = re
-		}
-		p.pii = append(p.pii, cr)
+	for i, r := range rules {
+		p.pii = append(p.pii, cc.piiRule(i, r, byKind))
 	}
 	for k := range p.ruleOfKind {
 		p.ruleOfKind[k] = -1
@@ -270,17 +257,69 @@ func Compile(c *Config) (*Policy, error) {
 	for k, i := range byKind {
 		p.ruleOfKind[k] = i
 	}
+}
 
-	for i, r := range c.Deny {
+// piiRule compiles rule i, r; byKind records which rule detects each
+// built-in kind, which only one may.
+func (cc *compiler) piiRule(i int, r PIIRule, byKind map[pii.Kind]int) piiRule {
+	field := fmt.Sprintf("pii[%d]", i)
+	cc.ruleName(field, r.Name)
+	cr := piiRule{name: r.Name, replacement: r.Replacement}
+	switch r.Action {
+	case ActionMask:
+	case ActionReject:
+		cr.reject = true
+	default:
+		cc.fail("%s.action: %q is not mask or reject", field, r.Action)
+	}
+	if cr.replacement == "" {
+		cr.replacement = "[" + strings.ToUpper(strings.ReplaceAll(r.Name, "-", "_")) + "]"
+	}
+	switch {
+	case (r.Detector == "") == (r.Pattern == ""):
+		cc.fail("%s: set exactly one of detector and pattern", field)
+	case r.Detector != "":
+		set, err := pii.ParseKind(r.Detector)
+		if err != nil {
+			cc.fail("%s.detector: %w", field, err)
+			break
+		}
+		for k := pii.Email; set != 0 && int(k) < 16; k++ {
+			if !set.Has(k) {
+				continue
+			}
+			if prev, ok := byKind[k]; ok {
+				cc.fail("%s.detector: %s is already detected by pii[%d]", field, k, prev)
+			}
+			byKind[k] = i
+		}
+		cc.p.kinds |= set
+	default:
+		re, err := regexp.Compile(r.Pattern)
+		if err != nil {
+			cc.fail("%s.pattern: %w", field, err)
+			break
+		}
+		if re.MatchString("") {
+			cc.fail("%s.pattern: %q matches the empty string", field, r.Pattern)
+			break
+		}
+		cr.re = re
+	}
+	return cr
+}
+
+func (cc *compiler) denyRules(rules []DenyRule) {
+	for i, r := range rules {
 		field := fmt.Sprintf("deny[%d]", i)
-		seenName(field, r.Name)
+		cc.ruleName(field, r.Name)
 		dr := denyRule{name: r.Name, message: r.Message}
 		if len(r.Contains) == 0 && r.Regex == "" {
-			fail("%s: set contains or regex", field)
+			cc.fail("%s: set contains or regex", field)
 		}
 		for j, s := range r.Contains {
 			if strings.TrimSpace(s) == "" {
-				fail("%s.contains[%d]: empty", field, j)
+				cc.fail("%s.contains[%d]: empty", field, j)
 				continue
 			}
 			// Phrases are compared in the texts' folded form, so they are
@@ -290,7 +329,7 @@ func Compile(c *Config) (*Policy, error) {
 		if r.Regex != "" {
 			re, err := regexp.Compile(r.Regex)
 			if err != nil {
-				fail("%s.regex: %w", field, err)
+				cc.fail("%s.regex: %w", field, err)
 			} else {
 				dr.re = re
 			}
@@ -298,11 +337,7 @@ func Compile(c *Config) (*Policy, error) {
 		if dr.message == "" {
 			dr.message = fmt.Sprintf("the request was refused by the %q rule", r.Name)
 		}
-		p.lowerText = p.lowerText || len(dr.contains) > 0
-		p.deny = append(p.deny, dr)
+		cc.p.lowerText = cc.p.lowerText || len(dr.contains) > 0
+		cc.p.deny = append(cc.p.deny, dr)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return p, nil
 }

@@ -96,9 +96,6 @@ func StartProcessor(ctx context.Context, cfg ProcessorConfig) (*Processor, error
 // Pid is the child's process id.
 func (p *Processor) Pid() int { return p.Cmd.Process.Pid }
 
-// Exited is closed once the child has exited and been waited for.
-func (p *Processor) Exited() <-chan struct{} { return p.exited }
-
 // Alive says whether the child has not exited yet.
 func (p *Processor) Alive() bool {
 	select {

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/infergate/infergate/inference/policy"
+	"github.com/infergate/infergate/inference/wire"
 	"github.com/infergate/infergate/wasm/wasmtest"
 )
 
@@ -55,7 +55,7 @@ func TestHostCallFailureRefuses(t *testing.T) {
 			if lr == nil {
 				t.Fatal("no answer: the request would hang")
 			}
-			if lr.Status != 500 || headerMap(lr.Headers)[policy.DropReasonHeader] != "processing-failed" ||
+			if lr.Status != 500 || headerMap(lr.Headers)[wire.DropReasonHeader] != "processing-failed" ||
 				!strings.Contains(string(lr.Body), `"type":"processing-failed"`) {
 				t.Errorf("answered %d %q %s; want 500 processing-failed", lr.Status, lr.Headers, lr.Body)
 			}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 const (
@@ -128,7 +129,7 @@ func (l *Learner) Observe(addr string, c datastore.TokenCounters, at time.Time) 
 	}
 	s.predHit += predicted
 	s.predTotal += routed
-	if s.predTotal > window*datastore.DefaultBytesPerToken {
+	if s.predTotal > window*wire.DefaultBytesPerToken {
 		s.predHit, s.predTotal = s.predHit/2, s.predTotal/2
 	}
 	if c.PrefixQueries >= 0 && prev.PrefixQueries >= 0 && c.PrefixHits >= 0 && prev.PrefixHits >= 0 {
@@ -149,7 +150,7 @@ func (s *server) estimate(c datastore.TokenCounters) Estimate {
 	if s.tokens >= MinTokens && s.bytes > 0 {
 		e.BytesPerToken = min(max(s.bytes/s.tokens, minRatio), maxRatio)
 	}
-	if s.predTotal >= MinTokens*datastore.DefaultBytesPerToken {
+	if s.predTotal >= MinTokens*wire.DefaultBytesPerToken {
 		e.PredictedHitRate = s.predHit / s.predTotal
 	}
 	if s.queries >= MinTokens {

@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 )
 
@@ -194,8 +195,36 @@ const (
 )
 
 func build(c *EndpointPickerConfig) (*Loaded, error) {
+	l, err := newLoaded(c)
+	if err != nil {
+		return nil, err
+	}
+	builtins := scheduling.Builtins()
+	d, err := l.declare(c.Plugins, builtins)
+	if err != nil {
+		return nil, err
+	}
+	producers, err := prefixProducer(d.plugins, d.producers, builtins)
+	if err != nil {
+		return nil, err
+	}
+	profiles, err := buildProfiles(c.SchedulingProfiles, d.plugins, builtins)
+	if err != nil {
+		return nil, err
+	}
+	handler, err := profileHandler(d.handlers, profiles, builtins)
+	if err != nil {
+		return nil, err
+	}
+	l.Scheduler = &scheduling.Scheduler{Producers: producers, Handler: handler, Profiles: profiles}
+	return l, nil
+}
+
+// newLoaded checks the file's apiVersion and kind and applies its settings
+// outside the plugins over the defaults.
+func newLoaded(c *EndpointPickerConfig) (*Loaded, error) {
 	l := &Loaded{
-		DataLayer:    DataLayer{Scheme: "http", Path: "/metrics", Interval: 50 * time.Millisecond, InsecureSkipVerify: true, EngineLabel: "llm-d.ai/engine-type"},
+		DataLayer:    DataLayer{Scheme: "http", Path: "/metrics", Interval: 50 * time.Millisecond, InsecureSkipVerify: true, EngineLabel: datastore.EngineLabel},
 		Saturation:   Saturation{QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8, MetricsStaleness: 200 * time.Millisecond, SheddableThreshold: 0.8},
 		FeatureGates: map[string]bool{},
 	}
@@ -223,12 +252,23 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 		}
 	}
 	slices.Sort(l.Ignored)
+	return l, nil
+}
 
-	builtins := scheduling.Builtins()
-	plugins := map[string]scheduling.Plugin{}
-	var handlers []scheduling.ProfileHandler
-	var producers []scheduling.Producer
-	for i, ps := range c.Plugins {
+// declared are the scheduling plugins a config declares, by name, and
+// those of them that are profile handlers and producers.
+type declared struct {
+	plugins   map[string]scheduling.Plugin
+	handlers  []scheduling.ProfileHandler
+	producers []scheduling.Producer
+}
+
+// declare builds the plugins that specs declare: the scheduling plugins,
+// and the settings of the other parts of the picker that configs declare
+// as plugins too.
+func (l *Loaded) declare(specs []PluginSpec, builtins map[string]scheduling.Factory) (*declared, error) {
+	d := &declared{plugins: map[string]scheduling.Plugin{}}
+	for i, ps := range specs {
 		field := fmt.Sprintf("plugins[%d]", i)
 		if ps.Type == "" {
 			return nil, fmt.Errorf("%s.type: required", field)
@@ -237,7 +277,7 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 		if name == "" {
 			name = ps.Type
 		}
-		if isOtherPlugin(name, c.Plugins[:i]) {
+		if isOtherPlugin(name, specs[:i]) {
 			return nil, fmt.Errorf("%s.name: %q is used by another plugin", field, name)
 		}
 		var err error
@@ -253,29 +293,35 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 			if !ok {
 				return nil, fmt.Errorf("%s.type: unknown plugin type %q (known: %s)", field, ps.Type, strings.Join(knownTypes(builtins), ", "))
 			}
-			var p scheduling.Plugin
-			if p, err = f(name, ps.Parameters); err == nil {
-				plugins[name] = p
-				if h, ok := p.(scheduling.ProfileHandler); ok {
-					handlers = append(handlers, h)
-				}
-				if pr, ok := p.(scheduling.Producer); ok {
-					producers = append(producers, pr)
-				}
-			}
+			err = d.add(f, name, ps.Parameters)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %w", field, name, err)
 		}
 	}
+	return d, nil
+}
 
-	producers, err := prefixProducer(plugins, producers, builtins)
+// add builds one scheduling plugin.
+func (d *declared) add(f scheduling.Factory, name string, params json.RawMessage) error {
+	p, err := f(name, params)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	d.plugins[name] = p
+	if h, ok := p.(scheduling.ProfileHandler); ok {
+		d.handlers = append(d.handlers, h)
+	}
+	if pr, ok := p.(scheduling.Producer); ok {
+		d.producers = append(d.producers, pr)
+	}
+	return nil
+}
 
+// buildProfiles builds the scheduling profiles from the declared plugins.
+func buildProfiles(specs []ProfileSpec, plugins map[string]scheduling.Plugin, builtins map[string]scheduling.Factory) (map[string]*scheduling.Profile, error) {
 	profiles := map[string]*scheduling.Profile{}
-	for i, ps := range c.SchedulingProfiles {
+	for i, ps := range specs {
 		field := fmt.Sprintf("schedulingProfiles[%d]", i)
 		if ps.Name == "" {
 			return nil, fmt.Errorf("%s.name: required", field)
@@ -292,25 +338,35 @@ func build(c *EndpointPickerConfig) (*Loaded, error) {
 	if len(profiles) == 0 {
 		return nil, errors.New("schedulingProfiles: at least one profile is required")
 	}
+	return profiles, nil
+}
 
+// profileHandler is the one declared profile handler, or the
+// single-profile handler for a config of one profile that declares none.
+func profileHandler(handlers []scheduling.ProfileHandler, profiles map[string]*scheduling.Profile, builtins map[string]scheduling.Factory) (scheduling.ProfileHandler, error) {
 	switch {
 	case len(handlers) > 1:
 		return nil, fmt.Errorf("plugins: %d profile handlers declared (%s and %s); use one", len(handlers), handlers[0].Name(), handlers[1].Name())
 	case len(handlers) == 0 && len(profiles) > 1:
 		return nil, fmt.Errorf("plugins: %d profiles need a profile handler that chooses between them", len(profiles))
 	case len(handlers) == 0:
-		h, _ := builtins["single-profile-handler"]("single-profile-handler", nil)
-		handlers = append(handlers, h.(scheduling.ProfileHandler))
-	case handlers[0].Type() == "single-profile-handler" && len(profiles) > 1:
-		return nil, fmt.Errorf("plugins: single-profile-handler %q cannot run %d profiles", handlers[0].Name(), len(profiles))
+		h, _ := builtins[scheduling.SingleProfileHandlerType](scheduling.SingleProfileHandlerType, nil)
+		return h.(scheduling.ProfileHandler), nil
+	case handlers[0].Type() == scheduling.SingleProfileHandlerType && len(profiles) > 1:
+		return nil, fmt.Errorf("plugins: %s %q cannot run %d profiles", scheduling.SingleProfileHandlerType, handlers[0].Name(), len(profiles))
 	}
-	l.Scheduler = &scheduling.Scheduler{Producers: producers, Handler: handlers[0], Profiles: profiles}
-	return l, nil
+	return handlers[0], nil
 }
 
-// prefixConsumers are the plugin types that read the prefix producer's
-// per-request match.
-var prefixConsumers = []string{"prefix-cache-scorer", "prefix-cache-affinity-filter", "no-hit-lru-scorer"}
+// readsPrefixMatch reports whether plugins of type typ read the prefix
+// producer's per-request match.
+func readsPrefixMatch(typ string) bool {
+	switch typ {
+	case scheduling.PrefixCacheScorerType, scheduling.PrefixAffinityFilterType, scheduling.NoHitLRUScorerType:
+		return true
+	}
+	return false
+}
 
 // prefixProducer injects the prefix producer with its defaults when a
 // plugin needs it and the config declares none, and refuses two: they
@@ -329,7 +385,7 @@ func prefixProducer(plugins map[string]scheduling.Plugin, producers []scheduling
 		return producers, nil
 	}
 	for _, p := range plugins {
-		if slices.Contains(prefixConsumers, p.Type()) {
+		if readsPrefixMatch(p.Type()) {
 			pr, err := builtins[scheduling.PrefixProducerType](scheduling.PrefixProducerType, nil)
 			if err != nil {
 				return nil, err
@@ -384,7 +440,7 @@ func buildProfile(ps ProfileSpec, plugins map[string]scheduling.Plugin, builtins
 		}
 	}
 	if p.Picker == nil {
-		pk, _ := builtins["max-score-picker"]("max-score-picker", nil)
+		pk, _ := builtins[scheduling.MaxScorePickerType](scheduling.MaxScorePickerType, nil)
 		p.Picker = pk.(scheduling.Picker)
 	}
 	return p, nil

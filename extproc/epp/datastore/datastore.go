@@ -1,7 +1,9 @@
 // Package datastore holds the endpoint picker's view of its pool: the
 // endpoints that may serve, their labels and engine, and their latest
-// model-server metrics. It is fed by a static pool file or by Kubernetes;
-// the scheduler reads it the same way either way.
+// model-server metrics; and the objectives and model rewrites that name
+// the pool. Sources write it (a static pool file, or Kubernetes); the
+// picker reads it for every request, the same way either way, so every
+// read is an atomic load of an immutable snapshot.
 package datastore
 
 import (
@@ -13,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Engine names select the metric mapping for an endpoint.
@@ -115,18 +119,14 @@ type Endpoint struct {
 	bytesPerToken atomic.Uint64
 }
 
-// DefaultBytesPerToken is the prompt bytes per token assumed of a server
-// until its own counters say otherwise: about right for English text
-// with the common tokenizers.
-const DefaultBytesPerToken = 4.0
-
 // BytesPerToken is how many prompt bytes make one of the server's tokens:
-// learned from its counters, else DefaultBytesPerToken.
+// learned from its counters, else wire.DefaultBytesPerToken, which is
+// assumed of a server until its own counters say otherwise.
 func (e *Endpoint) BytesPerToken() float64 {
 	if v := math.Float64frombits(e.bytesPerToken.Load()); v > 0 {
 		return v
 	}
-	return DefaultBytesPerToken
+	return wire.DefaultBytesPerToken
 }
 
 // SetBytesPerToken records the learned ratio; 0 returns to the default.
@@ -171,26 +171,24 @@ func (e *Endpoint) FreshMetrics(now time.Time, maxAge time.Duration) *Metrics {
 	return m
 }
 
-// IP returns the endpoint's host part.
-func (e *Endpoint) IP() string {
-	host, _, _ := net.SplitHostPort(e.Address)
-	return host
-}
-
-// Store is the set of endpoints. It is safe for concurrent use; readers get
-// immutable snapshots.
+// Store is the pool's state: its endpoints, objectives and model rewrites.
+// It is safe for concurrent use; readers get immutable snapshots.
 type Store struct {
-	mu        sync.Mutex
-	byAddress map[string]*Endpoint
-	snapshot  atomic.Pointer[[]*Endpoint]
-	synced    atomic.Bool
+	mu         sync.Mutex
+	byAddress  map[string]*Endpoint
+	snapshot   atomic.Pointer[[]*Endpoint]
+	synced     atomic.Bool
+	objectives atomic.Pointer[map[string]Objective]
+	rewrites   atomic.Pointer[[]ModelRewrite]
 }
 
-// New returns an empty, unsynced store.
+// New returns an empty, unsynced store with no objectives and no rewrites.
 func New() *Store {
 	s := &Store{byAddress: map[string]*Endpoint{}}
 	empty := []*Endpoint{}
 	s.snapshot.Store(&empty)
+	s.SetObjectives(nil)
+	s.SetModelRewrites(nil)
 	return s
 }
 

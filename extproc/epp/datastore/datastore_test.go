@@ -1,7 +1,6 @@
 package datastore
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
@@ -50,37 +49,5 @@ func TestFreshMetrics(t *testing.T) {
 	e.SetScrapeError("boom")
 	if e.ScrapeError() != "boom" || e.Metrics() == nil {
 		t.Fatal("a failed scrape must keep the last metrics and record the error")
-	}
-}
-
-func TestParsePoolFile(t *testing.T) {
-	cases := []struct {
-		name, text, wantErr string
-	}{
-		{"ok", "name: p\nendpoints:\n- address: 10.0.0.1:8000\n  engine: vllm\n  labels: {a: b}\nobjectives:\n- {name: batch, priority: -1}\n", ""},
-		{"hostname", "endpoints:\n- address: sim.local:8000\n", "endpoints[0]: address \"sim.local:8000\": host must be an IP address"},
-		{"no port", "endpoints:\n- address: 10.0.0.1\n", "endpoints[0]: address \"10.0.0.1\""},
-		{"duplicate", "endpoints:\n- address: 10.0.0.1:1\n- address: 10.0.0.1:1\n", "endpoints[1].address: 10.0.0.1:1 listed twice"},
-		{"bad engine", "endpoints:\n- address: 10.0.0.1:1\n  engine: tgi\n", `unknown engine "tgi"`},
-		{"unknown field", "endpoint:\n- address: 10.0.0.1:1\n", `unknown field "endpoint"`},
-		{"objective without name", "endpoints: []\nobjectives:\n- priority: 1\n", "objectives[0].name: required"},
-		{"empty", "", "empty"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			pf, err := ParsePoolFile([]byte(tc.text))
-			if tc.wantErr == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(pf.Specs()) != 1 || pf.Priorities()["batch"] != -1 {
-					t.Fatalf("parsed %+v", pf)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want %q", err, tc.wantErr)
-			}
-		})
 	}
 }

@@ -51,11 +51,6 @@ func (d UtilizationDetector) Saturation(now time.Time, eps []*datastore.Endpoint
 	return total / float64(len(eps))
 }
 
-// Saturated reports whether the pool is at or beyond capacity.
-func (d UtilizationDetector) Saturated(now time.Time, eps []*datastore.Endpoint) bool {
-	return d.Saturation(now, eps) >= 1
-}
-
 // Shed reports whether a sheddable request should be refused now.
 func (d UtilizationDetector) Shed(now time.Time, eps []*datastore.Endpoint) bool {
 	at := d.SheddableThreshold

@@ -33,8 +33,10 @@ func TestUtilizationDetector(t *testing.T) {
 			if got := d.Saturation(now, tc.eps); got != tc.want {
 				t.Errorf("saturation = %v, want %v", got, tc.want)
 			}
-			if got := d.Saturated(now, tc.eps); got != tc.saturated {
-				t.Errorf("saturated = %v, want %v", got, tc.saturated)
+			// Without a SheddableThreshold, sheddable work is shed once
+			// the pool is full.
+			if got := d.Shed(now, tc.eps); got != tc.saturated {
+				t.Errorf("shed = %v, want %v", got, tc.saturated)
 			}
 		})
 	}

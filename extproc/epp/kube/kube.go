@@ -1,9 +1,11 @@
-// Package kube feeds the endpoint picker from Kubernetes: the InferencePool
-// it serves and the Pods the pool selects. Every ready Pod with an IP
-// becomes one endpoint per target port (data-parallel ranks); scale-out,
-// scale-in, readiness flips and IP changes follow from the watch without a
-// restart, and a missing pool is an empty endpoint set (the picker then
-// answers 503) until it comes back.
+// Package kube feeds the endpoint picker's datastore from Kubernetes: the
+// InferencePool it serves, the Pods the pool selects, and the
+// InferenceObjectives and InferenceModelRewrites that name the pool. It is
+// the pool-file source's sibling (package poolfile). Every ready Pod with
+// an IP becomes one endpoint per target port (data-parallel ranks);
+// scale-out, scale-in, readiness flips and IP changes follow from the
+// watch without a restart, and a missing pool is an empty endpoint set
+// (the picker then answers 503) until it comes back.
 //
 // Pods are watched directly rather than through EndpointSlices: the
 // picker needs the pod's labels (engine type, role) anyway, and it is one
@@ -57,21 +59,18 @@ type Options struct {
 	LeaderElection bool
 	// LeaseName defaults to "<pool>-epp".
 	LeaseName string
-	Store     *datastore.Store
+	// Store receives the pool's endpoints, and the InferenceObjectives
+	// and InferenceModelRewrites (oldest object first) that name the
+	// pool, after every change.
+	Store *datastore.Store
 	// SetReady is called whenever readiness changes: synced, and leader
 	// when leader election is on.
 	SetReady func(bool)
-	// SetPriorities receives the objective → priority map of the
-	// InferenceObjectives that name this pool, after every change.
-	SetPriorities func(map[string]int)
-	// SetRewrites receives the rules of the InferenceModelRewrites that
-	// name this pool, oldest object first, after every change.
-	SetRewrites func([]datastore.ModelRewrite)
-	Logger      logr.Logger
+	Logger   logr.Logger
 }
 
-// Scheme holds the kinds the picker reads.
-func Scheme() (*runtime.Scheme, error) {
+// newScheme holds the kinds the picker reads.
+func newScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -101,7 +100,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace == "" || o.PoolName == "" {
 		return errors.New("--pool-name and --pool-namespace are required in Kubernetes mode")
 	}
-	scheme, err := Scheme()
+	scheme, err := newScheme()
 	if err != nil {
 		return err
 	}
@@ -127,7 +126,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	r := &reconciler{client: mgr.GetClient(), key: types.NamespacedName{Namespace: o.Namespace, Name: o.PoolName},
-		engineLabel: o.EngineLabel, store: o.Store, setPriorities: o.SetPriorities, setRewrites: o.SetRewrites, log: o.Logger.WithName("pool"), first: make(chan struct{})}
+		engineLabel: o.EngineLabel, store: o.Store, log: o.Logger.WithName("pool"), first: make(chan struct{})}
 	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: r.key}}
 	})
@@ -206,8 +205,6 @@ type reconciler struct {
 	log         logr.Logger
 	// objectives and rewrites are true when their CRDs are served.
 	objectives, rewrites bool
-	setPriorities        func(map[string]int)
-	setRewrites          func([]datastore.ModelRewrite)
 
 	mu sync.Mutex
 	// first closes after the first endpoint set is in the store.
@@ -223,19 +220,19 @@ func (r *reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if r.objectives && r.setPriorities != nil {
-		prio, err := r.priorities(ctx)
+	if r.objectives {
+		objs, err := r.inferenceObjectives(ctx)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		r.setPriorities(prio)
+		r.store.SetObjectives(objs)
 	}
-	if r.rewrites && r.setRewrites != nil {
+	if r.rewrites {
 		rw, err := r.modelRewrites(ctx)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		r.setRewrites(rw)
+		r.store.SetModelRewrites(rw)
 	}
 	if err := r.store.Replace(specs); err != nil {
 		// A spec the store refuses (an engine label it does not know) is
@@ -310,17 +307,17 @@ func (r *reconciler) ofPool(ctx context.Context, gvk schema.GroupVersionKind) ([
 	return out, nil
 }
 
-// priorities maps the names of the pool's objectives to their priority
-// (unset: 0).
-func (r *reconciler) priorities(ctx context.Context) (map[string]int, error) {
+// inferenceObjectives are the pool's objectives, each named after its
+// object, with its priority (unset: 0).
+func (r *reconciler) inferenceObjectives(ctx context.Context) ([]datastore.Objective, error) {
 	objs, err := r.ofPool(ctx, ObjectiveGVK)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]int, len(objs))
+	out := make([]datastore.Objective, 0, len(objs))
 	for _, o := range objs {
 		prio, _, _ := unstructured.NestedInt64(o.Object, "spec", "priority")
-		out[o.GetName()] = int(prio)
+		out = append(out, datastore.Objective{Name: o.GetName(), Priority: int(prio)})
 	}
 	return out, nil
 }
@@ -371,7 +368,7 @@ func Specs(pods []corev1.Pod, ports []inferencev1.Port, engineLabel string) []da
 	var out []datastore.Spec
 	for i := range pods {
 		p := &pods[i]
-		if !Ready(p) {
+		if !ready(p) {
 			continue
 		}
 		for rank, port := range ports {
@@ -390,9 +387,9 @@ func Specs(pods []corev1.Pod, ports []inferencev1.Port, engineLabel string) []da
 	return out
 }
 
-// Ready reports whether a pod should take traffic: running, Ready, an IP,
+// ready reports whether a pod should take traffic: running, Ready, an IP,
 // and not on its way out.
-func Ready(p *corev1.Pod) bool {
+func ready(p *corev1.Pod) bool {
 	if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase != corev1.PodRunning {
 		return false
 	}

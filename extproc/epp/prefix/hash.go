@@ -9,21 +9,20 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
-// BytesPerToken is the tokenizer-free estimate of prompt bytes per token.
-// Block identity only needs to be stable, not exact, so a byte count
-// stands in for a tokenizer.
-const BytesPerToken = 4
-
 // Hashes returns the chained hashes of the prompt's full blocks of
-// blockTokens estimated tokens, at most maxBlocks of them. Block i's hash
+// blockTokens estimated tokens (wire.DefaultBytesPerToken bytes each: block
+// identity only needs to be stable, not exact, so a byte count stands in
+// for a tokenizer), at most maxBlocks of them. Block i's hash
 // covers its bytes and block i−1's hash, and the chain is seeded by the
 // model, so equal hashes mean equal prefixes of the same model: a hit on
 // block i implies the whole prefix up to i. A trailing partial block is not
 // hashed, as servers cache only full blocks.
 func Hashes(model, prompt string, blockTokens, maxBlocks int) []uint64 {
-	blockBytes := blockTokens * BytesPerToken
+	blockBytes := blockTokens * wire.DefaultBytesPerToken
 	n := min(len(prompt)/blockBytes, maxBlocks)
 	if n <= 0 {
 		return nil

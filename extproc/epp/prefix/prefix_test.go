@@ -6,20 +6,22 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 func text(tokens int, seed string) string {
 	var b strings.Builder
-	for b.Len() < tokens*BytesPerToken {
+	for b.Len() < tokens*wire.DefaultBytesPerToken {
 		b.WriteString(seed)
 	}
-	return b.String()[:tokens*BytesPerToken]
+	return b.String()[:tokens*wire.DefaultBytesPerToken]
 }
 
 func TestHashesChain(t *testing.T) {
 	base := text(64, "abcdefgh")
 	other := "X" + base[1:] // differs in block 0
-	late := base[:40*BytesPerToken] + "Y" + base[40*BytesPerToken+1:]
+	late := base[:40*wire.DefaultBytesPerToken] + "Y" + base[40*wire.DefaultBytesPerToken+1:]
 	h := Hashes("m", base, 16, 100)
 	if len(h) != 4 {
 		t.Fatalf("64 tokens in blocks of 16: %d hashes", len(h))

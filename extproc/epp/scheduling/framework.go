@@ -9,10 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/go-logr/logr"
 	"maps"
-	"math/rand/v2"
 	"slices"
+
+	"github.com/go-logr/logr"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/inference"
@@ -295,18 +295,3 @@ func clamp01(v float64) float64 {
 	}
 	return v
 }
-
-// named is embedded by every built-in plugin.
-type named struct{ typ, name string }
-
-func (n named) Type() string { return n.typ }
-func (n named) Name() string { return n.name }
-
-// rng is the randomness source; plugins take one so tests can seed it.
-type rng interface {
-	Float64() float64
-	IntN(n int) int
-	Shuffle(n int, swap func(i, j int))
-}
-
-var _ rng = (*rand.Rand)(nil)

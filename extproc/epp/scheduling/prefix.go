@@ -15,11 +15,18 @@ import (
 	"github.com/infergate/infergate/extproc/epp/calibrate"
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/prefix"
+	"github.com/infergate/infergate/inference/wire"
 )
 
-// PrefixProducerType is the producer the prefix plugins read from; the
-// config injects one when a profile uses them and none is declared.
-const PrefixProducerType = "approx-prefix-cache-producer"
+// Plugin types of the prefix-aware plugins. PrefixProducerType is the
+// producer the others read from; the config injects one when a profile
+// uses them and none is declared.
+const (
+	PrefixProducerType       = "approx-prefix-cache-producer"
+	PrefixCacheScorerType    = "prefix-cache-scorer"
+	PrefixAffinityFilterType = "prefix-cache-affinity-filter"
+	NoHitLRUScorerType       = "no-hit-lru-scorer"
+)
 
 // Request attributes of the prefix plugins: the producer's *PrefixMatch,
 // and a flag the affinity filter sets when load overrides affinity.
@@ -96,7 +103,7 @@ type told struct {
 	drift         time.Time
 }
 
-func newPrefixProducer(name string, params json.RawMessage) (Plugin, error) {
+func newPrefixProducer(id named, params json.RawMessage) (Plugin, error) {
 	p := struct {
 		BlockSizeTokens        int   `json:"blockSizeTokens"`
 		MaxPrefixBlocksToMatch int   `json:"maxPrefixBlocksToMatch"`
@@ -112,7 +119,7 @@ func newPrefixProducer(name string, params json.RawMessage) (Plugin, error) {
 		}
 	}
 	return &prefixProducer{
-		named:       named{PrefixProducerType, name},
+		named:       id,
 		blockTokens: p.BlockSizeTokens,
 		maxBlocks:   p.MaxPrefixBlocksToMatch,
 		autoTune:    p.AutoTune == nil || *p.AutoTune,
@@ -164,7 +171,7 @@ func (p *prefixProducer) Produce(_ context.Context, req *Request, eps []Endpoint
 // tune gives a new scrape of the endpoint to the learner, and sizes the
 // endpoint's memory like its real KV cache once the server publishes block
 // size and count: the server's tokens, at its learned bytes per token, in
-// the index's blocks of blockTokens × prefix.BytesPerToken bytes. The
+// the index's blocks of blockTokens × wire.DefaultBytesPerToken bytes. The
 // index then forgets about when the server evicts. The scrape and the
 // learned ratio only change together, so Produce calls it only for a
 // scrape it has not seen.
@@ -177,7 +184,7 @@ func (p *prefixProducer) tune(e Endpoint) {
 		return
 	}
 	serverTokens := float64(e.Metrics.BlockSize) * float64(e.Metrics.NumGPUBlocks)
-	blocks := int(serverTokens * e.BytesPerToken() / float64(p.blockTokens*prefix.BytesPerToken))
+	blocks := int(serverTokens * e.BytesPerToken() / float64(p.blockTokens*wire.DefaultBytesPerToken))
 	p.mu.Lock()
 	changed := p.capacities[e.Address] != blocks
 	p.capacities[e.Address] = blocks
@@ -218,7 +225,7 @@ func (p *prefixProducer) report(addr string, est calibrate.Estimate) {
 	switch {
 	case logUncounted:
 		p.log.Info("the server reports no prompt-token counter; its tokenizer is assumed to make the default bytes per token",
-			"endpoint", addr, "bytesPerToken", datastore.DefaultBytesPerToken)
+			"endpoint", addr, "bytesPerToken", float64(wire.DefaultBytesPerToken))
 	case logRatio:
 		p.log.Info("learned the server's tokenizer ratio; the prefix index is sized with it", "endpoint", addr, "bytesPerToken", est.BytesPerToken)
 	}
@@ -265,7 +272,7 @@ func (p *prefixProducer) routed(req *Request, m *PrefixMatch, addr string, sign 
 	if req.Body == nil {
 		return
 	}
-	p.learner.Routed(addr, sign*len(req.Prompt()), sign*m.Blocks[addr]*m.BlockTokens*prefix.BytesPerToken)
+	p.learner.Routed(addr, sign*len(req.Prompt()), sign*m.Blocks[addr]*m.BlockTokens*wire.DefaultBytesPerToken)
 }
 
 func (p *prefixProducer) Served(_ context.Context, req *Request, picked []string, served string) {
@@ -322,7 +329,7 @@ func (p *prefixProducer) Collect(ch chan<- prometheus.Metric) {
 	for addr, est := range p.learner.Estimates() {
 		ratio, calibrated := est.BytesPerToken, 1.0
 		if ratio == 0 {
-			ratio, calibrated = datastore.DefaultBytesPerToken, 0
+			ratio, calibrated = wire.DefaultBytesPerToken, 0
 		}
 		ch <- prometheus.MustNewConstMetric(bytesPerTokenDesc, prometheus.GaugeValue, ratio, addr)
 		ch <- prometheus.MustNewConstMetric(calibratedDesc, prometheus.GaugeValue, calibrated, addr)
@@ -342,7 +349,7 @@ type prefixScorer struct {
 	weight, scaleTokens float64
 }
 
-func newPrefixScorer(name string, params json.RawMessage) (Plugin, error) {
+func newPrefixScorer(id named, params json.RawMessage) (Plugin, error) {
 	p := struct {
 		MatchLengthWeight      float64 `json:"matchLengthWeight"`
 		MatchLengthScaleTokens float64 `json:"matchLengthScaleTokens"`
@@ -356,7 +363,7 @@ func newPrefixScorer(name string, params json.RawMessage) (Plugin, error) {
 	if !(p.MatchLengthScaleTokens > 0) {
 		return nil, fmt.Errorf("parameters.matchLengthScaleTokens: must be positive, got %v", p.MatchLengthScaleTokens)
 	}
-	return &prefixScorer{named: named{"prefix-cache-scorer", name}, weight: p.MatchLengthWeight, scaleTokens: p.MatchLengthScaleTokens}, nil
+	return &prefixScorer{named: id, weight: p.MatchLengthWeight, scaleTokens: p.MatchLengthScaleTokens}, nil
 }
 
 func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {
@@ -397,7 +404,7 @@ type prefixAffinityFilter struct {
 // runningSlack is added to the running-requests bound.
 const runningSlack = 4
 
-func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error) {
+func newPrefixAffinityFilter(id named, params json.RawMessage) (Plugin, error) {
 	p := struct {
 		AffinityThreshold  float64 `json:"affinityThreshold"`
 		MaxWaitingQueueGap int     `json:"maxWaitingQueueGap"`
@@ -415,7 +422,7 @@ func newPrefixAffinityFilter(name string, params json.RawMessage) (Plugin, error
 	if !(p.MaxRunningRatio >= 1) {
 		return nil, fmt.Errorf("parameters.maxRunningRatio: must be at least 1, got %v", p.MaxRunningRatio)
 	}
-	return &prefixAffinityFilter{named: named{"prefix-cache-affinity-filter", name},
+	return &prefixAffinityFilter{named: id,
 		threshold: p.AffinityThreshold, maxQueueGap: p.MaxWaitingQueueGap, runningRatio: p.MaxRunningRatio}, nil
 }
 
@@ -486,7 +493,7 @@ type noHitLRUScorer struct {
 	seq      uint64
 }
 
-func newNoHitLRUScorer(name string, params json.RawMessage) (Plugin, error) {
+func newNoHitLRUScorer(id named, params json.RawMessage) (Plugin, error) {
 	p := struct {
 		LRUSize int `json:"lruSize"`
 	}{LRUSize: 1024}
@@ -496,7 +503,7 @@ func newNoHitLRUScorer(name string, params json.RawMessage) (Plugin, error) {
 	if p.LRUSize < 1 {
 		return nil, fmt.Errorf("parameters.lruSize: must be at least 1, got %d", p.LRUSize)
 	}
-	return &noHitLRUScorer{named: named{"no-hit-lru-scorer", name}, size: p.LRUSize, lastCold: map[string]uint64{}}, nil
+	return &noHitLRUScorer{named: id, size: p.LRUSize, lastCold: map[string]uint64{}}, nil
 }
 
 func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {

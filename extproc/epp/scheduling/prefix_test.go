@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 func promptBody(prefix string, tokens int) []byte {
@@ -151,7 +152,7 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 	ctx := context.Background()
 	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
 	picker := build(t, "max-score-picker", "").(Picker)
-	SetRand(picker, seeded())
+	setRand(picker, seeded())
 	eps := threeEndpoints()
 	count := map[string]int{}
 	for range 9 {
@@ -271,7 +272,7 @@ func TestPrefixProducerFallsBackWithoutCounters(t *testing.T) {
 	p := build(t, PrefixProducerType, "").(*prefixProducer)
 	p.SetLogger(logs.logger())
 	e := serveAndScrape(t, p, 7, 0, false, distinctPrompts, 100, 4)
-	if got := e.BytesPerToken(); got != datastore.DefaultBytesPerToken {
+	if got := e.BytesPerToken(); got != wire.DefaultBytesPerToken {
 		t.Fatalf("bytes per token %v without counters, want the default", got)
 	}
 	if n := logs.count("reports no prompt-token counter"); n != 1 {

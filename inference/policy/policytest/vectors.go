@@ -97,19 +97,6 @@ func Load() ([]Vector, error) {
 	return out, nil
 }
 
-// Configs returns each named configuration as JSON.
-func Configs() (map[string][]byte, error) {
-	var f file
-	if err := json.Unmarshal(vectorsJSON, &f); err != nil {
-		return nil, fmt.Errorf("vectors.json: %w", err)
-	}
-	out := make(map[string][]byte, len(f.Configs))
-	for k, v := range f.Configs {
-		out[k] = v
-	}
-	return out, nil
-}
-
 // Outcome is what a delivery did with a request: forwarded it (Status 200,
 // the request headers and body the upstream saw) or answered it (the
 // status, response headers and body of the immediate answer).
