@@ -79,11 +79,11 @@ type Service struct {
 func NewService(cfg Config) (*Service, error) {
 	switch {
 	case cfg.PoolFile == "" && cfg.Kube == nil:
-		return nil, errors.New("--pool-file (standalone) or --pool-name and --pool-namespace (Kubernetes) is required")
+		return nil, errors.New("a pool file (standalone) or a pool to follow (Kubernetes) is required")
 	case cfg.PoolFile != "" && cfg.Kube != nil:
-		return nil, errors.New("--pool-file and --pool-name are mutually exclusive")
+		return nil, errors.New("a pool file and a pool to follow are mutually exclusive")
 	case cfg.Kube != nil && (cfg.Kube.PoolName == "" || cfg.Kube.Namespace == ""):
-		return nil, errors.New("--pool-name and --pool-namespace are both required in Kubernetes mode")
+		return nil, errors.New("the pool to follow needs its name and namespace")
 	}
 	restCfg, err := restConfig(cfg.Kube)
 	if err != nil {
@@ -142,7 +142,7 @@ func restConfig(k *KubeConfig) (*rest.Config, error) {
 // loadConfig loads the EndpointPickerConfig cfg names, or the default one.
 func loadConfig(cfg Config) (*config.Loaded, error) {
 	if cfg.ConfigFile != "" && cfg.ConfigText != "" {
-		return nil, errors.New("--config-file and --config-text are mutually exclusive")
+		return nil, errors.New("a config file and a config text are mutually exclusive")
 	}
 	var loaded *config.Loaded
 	var err error
@@ -152,7 +152,7 @@ func loadConfig(cfg Config) (*config.Loaded, error) {
 	case cfg.ConfigText != "":
 		loaded, err = config.Load([]byte(cfg.ConfigText))
 		if err != nil {
-			err = fmt.Errorf("--config-text: %w", err)
+			err = fmt.Errorf("config text: %w", err)
 		}
 	default:
 		def := config.DefaultConfig
