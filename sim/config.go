@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Defaults applied by Config.WithDefaults to zero-valued fields.
@@ -38,7 +40,7 @@ const (
 	DefaultBlockSize       = 16
 	DefaultTimeScale       = 1.0
 	DefaultTokenizer       = TokenizerBytes
-	DefaultBytesPerToken   = 4
+	DefaultBytesPerToken   = wire.DefaultBytesPerToken
 )
 
 // Tokenizers the simulator offers (Config.Tokenizer).

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // Echo makes the server the model server the upstream InferencePool
@@ -79,7 +81,7 @@ func (s *Server) echoRoutes() http.Handler {
 			writeError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
-		setEchoHeaders(w, r.Header["X-Echo-Set-Header"])
+		setEchoHeaders(w, r.Header.Values(wire.EchoSetHeader))
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = w.Write(js)

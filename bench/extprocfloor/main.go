@@ -22,6 +22,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/inference/wire"
 	"google.golang.org/grpc"
 )
 
@@ -77,7 +78,7 @@ func serveGRPC(ctx context.Context, ln net.Listener) error {
 func pickAnswer() *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-			{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.0.0.1:8000")}}}}}}}}
+			{Header: &corev3.HeaderValue{Key: wire.DestinationEndpointKey, RawValue: []byte("10.0.0.1:8000")}}}}}}}}
 }
 
 // bodyAnswer sends a request's body back, whole, as its last chunk.

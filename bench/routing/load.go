@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // result is what one request measured. Durations are wall clock.
@@ -116,7 +118,7 @@ func (c *client) send(ctx context.Context, to target, r request) result {
 		req.Header.Set(selectionHeader, to.steer)
 	}
 	if r.Objective != "" {
-		req.Header.Set("x-llm-d-inference-objective", r.Objective)
+		req.Header.Set(wire.ObjectiveHeader, r.Objective)
 	}
 	start := time.Now()
 	resp, err := c.http.Do(req)
@@ -208,8 +210,8 @@ type usageEvent struct {
 type target struct{ base, steer string }
 
 // selectionHeader names the endpoints the picker's header-based-testing-filter
-// keeps (scheduling.EndpointSelectionHeader).
-const selectionHeader = "test-epp-endpoint-selection"
+// keeps.
+const selectionHeader = wire.EndpointSelectionHeader
 
 // router picks a request's target.
 type router func(r request) target

@@ -18,6 +18,7 @@ import (
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference"
 	"github.com/infergate/infergate/inference/policy"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // MetadataNamespace holds what the processor reports for a request:
@@ -197,7 +198,7 @@ func (x *exchange) rejected(r *policy.Rejection) *server.Rejection {
 	x.pr.metrics.requests.WithLabelValues("rejected", r.Reason).Inc()
 	rej := &server.Rejection{Status: r.Status, Reason: r.Reason, Message: r.Message}
 	if r.Rule != "" {
-		rej.Headers = []server.Header{{Name: policy.GuardrailHeader, Value: r.Rule}}
+		rej.Headers = []server.Header{{Name: wire.GuardrailHeader, Value: r.Rule}}
 	}
 	x.pr.log.V(1).Info("request rejected", "status", r.Status, "reason", r.Reason, "rule", r.Rule)
 	return rej

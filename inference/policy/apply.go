@@ -14,16 +14,8 @@ import (
 	"github.com/infergate/infergate/inference/wire"
 )
 
-// Header names the processors set besides the model headers
-// (wire.ModelNameHeader, wire.BaseModelNameHeader) and the drop reason
-// (wire.DropReasonHeader), and the reasons a rejection carries.
+// The reasons a rejection carries (in wire.DropReasonHeader).
 const (
-	// MaskedHeader lists the rules that masked something, comma-separated,
-	// so the upstream and the access log can tell the prompt was changed.
-	MaskedHeader = "x-infergate-masked"
-	// GuardrailHeader names the rule that rejected a request.
-	GuardrailHeader = "x-infergate-guardrail"
-
 	ReasonTooLarge         = "request-too-large"
 	ReasonInvalidJSON      = "invalid-json"
 	ReasonMissingModel     = "missing-model"
@@ -45,7 +37,7 @@ const (
 // copy is removed (or overwritten) so it cannot steer routing or claim
 // masking.
 func OwnHeaders() []string {
-	return []string{wire.ModelNameHeader, wire.BaseModelNameHeader, MaskedHeader}
+	return []string{wire.ModelNameHeader, wire.BaseModelNameHeader, wire.MaskedHeader}
 }
 
 // maxMaskPasses bounds re-masking: a pass can in theory join text into a
@@ -109,7 +101,7 @@ type Rejection struct {
 func (r *Result) Headers() [][2]string {
 	h := [][2]string{{wire.ModelNameHeader, r.Model}, {wire.BaseModelNameHeader, r.BaseModel}}
 	if len(r.Masked) > 0 {
-		h = append(h, [2]string{MaskedHeader, strings.Join(r.Masked, ",")})
+		h = append(h, [2]string{wire.MaskedHeader, strings.Join(r.Masked, ",")})
 	}
 	return h
 }
@@ -119,7 +111,7 @@ func (r *Result) Headers() [][2]string {
 func (r *Rejection) Response() (headers [][2]string, body []byte) {
 	headers = [][2]string{{"content-type", "application/json"}, {wire.DropReasonHeader, r.Reason}}
 	if r.Rule != "" {
-		headers = append(headers, [2]string{GuardrailHeader, r.Rule})
+		headers = append(headers, [2]string{wire.GuardrailHeader, r.Rule})
 	}
 	return headers, inference.ErrorJSON(r.Status, r.Reason, r.Message)
 }

@@ -22,7 +22,7 @@ var steeringHeaders = []string{wire.DestinationEndpointKey, wire.SubsetKey, wire
 func StripsRequestHeader(name string) bool {
 	name = strings.ToLower(name)
 	switch name {
-	case wire.ModelNameHeader, wire.BaseModelNameHeader, MaskedHeader, wire.EndpointSelectionHeader:
+	case wire.ModelNameHeader, wire.BaseModelNameHeader, wire.MaskedHeader, wire.EndpointSelectionHeader:
 		return true
 	}
 	return strings.HasPrefix(name, wire.DestinationEndpointKey)

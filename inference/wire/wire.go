@@ -49,6 +49,12 @@ const (
 	// them: X-Gateway-Model-Name is the same header.
 	ModelNameHeader     = "x-gateway-model-name"
 	BaseModelNameHeader = "x-gateway-base-model-name"
+	// MaskedHeader lists the guardrail rules that masked something,
+	// comma-separated, so the upstream and the access log can tell the
+	// prompt was changed.
+	MaskedHeader = "x-infergate-masked"
+	// GuardrailHeader names the guardrail rule that rejected a request.
+	GuardrailHeader = "x-infergate-guardrail"
 )
 
 // Names of the conformance tests: the upstream suite's and infergate's own.

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/infergate/infergate/inference/wire"
 )
 
 const (
@@ -81,8 +83,8 @@ func guardrails(ctx context.Context, base, metricsURL string) error {
 		if resp.StatusCode != 200 && json.Unmarshal(raw, &eb) == nil {
 			msg = eb.Error.Message
 		}
-		fmt.Printf("| %s | %d | %s | %s | %s |\n", p.what, resp.StatusCode, orDash(resp.Header.Get("x-llm-d-request-dropped-reason")),
-			orDash(resp.Header.Get("x-infergate-guardrail")), msg)
+		fmt.Printf("| %s | %d | %s | %s | %s |\n", p.what, resp.StatusCode, orDash(resp.Header.Get(wire.DropReasonHeader)),
+			orDash(resp.Header.Get(wire.GuardrailHeader)), msg)
 		if resp.StatusCode != p.want {
 			wrong++
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/infergate/infergate/inference/policy"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 func main() {}
@@ -116,8 +117,8 @@ func (s *stream) OnHttpRequestBody(size int, endOfStream bool) types.Action {
 	}
 	if len(res.Masked) == 0 {
 		// A client must not be able to claim its prompt was masked.
-		if err := proxywasm.RemoveHttpRequestHeader(policy.MaskedHeader); err != nil {
-			return s.fail("removing the client's "+policy.MaskedHeader, err)
+		if err := proxywasm.RemoveHttpRequestHeader(wire.MaskedHeader); err != nil {
+			return s.fail("removing the client's "+wire.MaskedHeader, err)
 		}
 	}
 	if res.Body != nil {
