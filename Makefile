@@ -68,11 +68,12 @@ controlplane:
 	hack/envoygateway.sh
 	hack/istio.sh
 
-## test-unit: the inner loop (about 2 minutes warm): the packages that need no control plane and no outside tool, with the race detector; no lint. make test runs them too.
+## test-unit: the inner loop (1m40s warm on 2 cores): the packages that need no control plane and no outside tool, but for the slowest end-to-end runs, with the race detector; no lint. make test runs them too.
 # Left out: the packages that start control planes (test/charts renders
 # against a kube-apiserver), h2spec and grpc-js, the GAIE reference build,
-# and the HTTP/2 attack suite (about 95 s alone).
-NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack
+# and the slowest end-to-end runs: the HTTP/2 attack suite (about 95 s),
+# the image build (about 50 s) and test/e2e (about 35 s).
+NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack ./internal/ociimage ./test/e2e
 test-unit:
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -vxF "$$($(GO) list $(NOT_UNIT))")
 
