@@ -94,7 +94,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(p, server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: o.bodyLimit}, Logger: logr.Discard()})
+	srv, err := server.New(p, server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: o.bodyLimit, RequestIdleTimeout: 30 * time.Second} /* the flag's default */, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

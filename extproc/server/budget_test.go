@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -208,6 +209,42 @@ func testRequestIdleTimeout(t *testing.T, transport string) {
 			t.Fatal("the response path was cut by the request idle timeout")
 		}
 	})
+}
+
+// TestTimedOutStreamsAreLetGo: a stream answered 408 by the idle
+// watchdog is ended by the processor (trailers, not left for the client to
+// close) and gives back its --max-streams slot at once: a client holding
+// header-only streams open cannot keep others out past the idle timeout.
+func TestTimedOutStreamsAreLetGo(t *testing.T) { eachTransport(t, testTimedOutStreamsAreLetGo) }
+
+func testTimedOutStreamsAreLetGo(t *testing.T, transport string) {
+	const idle, held = 150 * time.Millisecond, 8
+	reg := prometheus.NewRegistry()
+	srv, _, _ := start(t, transport, &recorder{}, server.Options{Registerer: reg,
+		Limits: server.Limits{RequestIdleTimeout: idle, MaxStreams: held}})
+	conn := dial(t, srv.GRPCAddr(), nil)
+	var streams []extprocv3.ExternalProcessor_ProcessClient
+	for range held {
+		st := openStream(t, conn)
+		mustSend(t, st, reqHeaders(false, ":method", "POST")) // and nothing more, never closed
+		streams = append(streams, st)
+	}
+	waitMetric(t, reg, "infergate_extproc_open_streams", held)
+	for i, st := range streams {
+		if ir := mustRecv(t, st).GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 408 {
+			t.Fatalf("stream %d: want immediate 408, got %v", i, ir)
+		}
+		// The processor ends the call: the next receive is the end, OK.
+		if m, err := st.Recv(); err != io.EOF {
+			t.Fatalf("stream %d after its 408: %v, %v; want the call ended (EOF)", i, m, err)
+		}
+	}
+	waitMetric(t, reg, "infergate_extproc_open_streams", 0)
+	st := openStream(t, conn)
+	mustSend(t, st, reqHeaders(true, ":method", "GET"))
+	if mustRecv(t, st).GetRequestHeaders() == nil {
+		t.Fatal("a request after the held streams timed out was not served")
+	}
 }
 
 // TestAnnouncedBodySizesTheBuffer: the first chunk of a body whose

@@ -58,7 +58,9 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 		if ps == nil {
 			return h2Refused{out: out}, nil
 		}
-		return &h2Process{s: h.s, ctx: st.Context(), st: ps, h2: st}, nil
+		p := &h2Process{s: h.s, ctx: st.Context(), st: ps, h2: st}
+		ps.setEndCall(p.endTimedOut)
+		return p, nil
 	case methodHealthCheck:
 		return &h2Health{s: h.s, ctx: st.Context(), out: h2Sender{st: st, codec: h.codec}}, nil
 	}
@@ -165,6 +167,15 @@ func (p *h2Process) Close(err error) {
 	if closeNow {
 		p.s.closeStream(p.ctx, p.st, err)
 	}
+}
+
+// endTimedOut ends the call the idle watchdog answered 408, from the
+// watchdog's goroutine, and lets go of the stream's state (its
+// --max-streams slot) at once rather than when the connection next reads
+// a frame; the transport's Close then finds it closed.
+func (p *h2Process) endTimedOut() {
+	p.h2.End(nil)
+	p.Close(nil)
 }
 
 // h2Refused answers a stream over the cap, as refuse does on grpc-go.

@@ -17,11 +17,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/extproc/h2server"
 	"github.com/infergate/infergate/inference/wire"
@@ -353,6 +355,17 @@ func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
 	st := s.openStream(ctx, gs)
 	if st == nil {
 		return refuse(gs)
+	}
+	// The 408 of the idle watchdog ends the call from the watchdog's
+	// goroutine, as a handler's return would: the status is written
+	// (trailers, and RST_STREAM if the client has not half-closed) and the
+	// stream's context cancelled, which is what wakes RecvMsg here
+	// (grpc-go internal/transport http2_server.go finishStream: "cancel
+	// needs to be called to interrupt the potential blocking on other
+	// goroutines"). grpc-go's transport stream, which the context carries,
+	// has WriteStatus; TestTimedOutStreamsAreLetGo fails if that changes.
+	if ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ WriteStatus(*status.Status) error }); ok {
+		st.setEndCall(func() { _ = ts.WriteStatus(status.New(codes.OK, "")) })
 	}
 	err := st.run(ctx, gs)
 	s.closeStream(ctx, st, err)

@@ -54,6 +54,11 @@ type stream struct {
 	decided  bool      // the request was answered (or refused)
 	timedOut bool
 	closed   bool // the handler is returning: the stream is not to be used
+	// endCall, set by the transport before the stream runs, ends the call
+	// from the watchdog's goroutine once it has answered 408: a request
+	// answered is let go by the processor, not left open (holding its
+	// --max-streams slot) for as long as the client likes.
+	endCall func()
 }
 
 // ReasonRequestTimeout is the drop reason of a request that stalled
@@ -80,24 +85,57 @@ func (s *stream) close() {
 	s.releaseBody()
 }
 
-// onIdle answers 408 a request that has not moved for the idle timeout
-// and frees its body. run keeps waiting in Recv until the proxy, having
-// the answer, ends the stream.
+// onIdle answers 408 a request that has not moved for the idle timeout,
+// frees its body and ends the call. Envoy's filter, given an immediate
+// response, stops processing and closes its side (ext_proc.cc
+// Filter::onReceiveMessage, kImmediateResponse: processing_complete_,
+// closeStreamMaybeGraceful), and a close from the server after that is
+// ignored (Filter::onGrpcCloseWithStatus returns when processing is
+// complete); a client that is not Envoy is let go all the same.
 func (s *stream) onIdle() {
+	if answered, end := s.answerTimeout(); answered && end != nil {
+		end()
+	}
+}
+
+// answeredTimeout reports whether the idle watchdog has answered 408.
+func (s *stream) answeredTimeout() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.timedOut
+}
+
+// setEndCall sets how the call ends after a 408 (see endCall), and ends
+// it at once if the watchdog has answered already.
+func (s *stream) setEndCall(end func()) {
+	s.mu.Lock()
+	timedOut := s.timedOut
+	s.endCall = end
+	s.mu.Unlock()
+	if timedOut {
+		end()
+	}
+}
+
+// answerTimeout answers 408 if the request is still undecided and has not
+// moved for the idle timeout; it reports whether it did, and how to end
+// the call.
+func (s *stream) answerTimeout() (answered bool, end func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.decided || s.timedOut || s.closed {
-		return
+		return false, nil
 	}
 	if wait := s.idle - time.Since(s.last); wait > 0 {
 		s.timer.Reset(wait)
-		return
+		return false, nil
 	}
 	s.timedOut = true
 	s.releaseBody()
 	s.budget.timeouts.Inc()
 	_ = s.out.Send(ImmediateResponse(&Rejection{Status: 408, Reason: ReasonRequestTimeout,
 		Message: fmt.Sprintf("the request sent nothing for %s before its end", s.idle)}))
+	return true, s.endCall
 }
 
 // sender is where a stream's answers go: a grpc-go stream, or an
@@ -129,8 +167,8 @@ func (s *stream) run(ctx context.Context, in interface{ RecvMsg(any) error }) er
 	var msg inbound
 	for {
 		err := in.RecvMsg(&msg)
-		if errors.Is(err, io.EOF) {
-			return nil
+		if errors.Is(err, io.EOF) || err != nil && s.answeredTimeout() {
+			return nil // the proxy's end; or the call ended after a 408
 		}
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
