@@ -48,13 +48,16 @@ var ibanLengths = map[string]int{
 	"UA": 29, "VA": 22, "VG": 24, "XK": 20,
 }
 
-// iban matches an IBAN written compactly or in groups of four separated by
-// single spaces, of its country's length and with a valid mod-97 check.
+// iban matches an IBAN in either case, written compactly or in groups of
+// four apart by a space or a dash ("GB82 WEST 1234 5698 7654 32",
+// "gb82-west-..."), of its country's length and with a valid mod-97
+// check. It may follow letters ("ibanGB82..."), as the numbers do: the
+// check is what tells an IBAN.
 func iban(text string, i int) Match {
-	if i+4 > len(text) || !isUpper(text[i+1]) || !isDigit(text[i+2]) || !isDigit(text[i+3]) {
+	if i+4 > len(text) || !isAlpha(text[i+1]) || !isDigit(text[i+2]) || !isDigit(text[i+3]) {
 		return Match{}
 	}
-	want, ok := ibanLengths[text[i:i+2]]
+	want, ok := ibanLengths[string([]byte{upper(text[i]), upper(text[i+1])})]
 	if !ok {
 		return Match{}
 	}
@@ -64,15 +67,15 @@ func iban(text string, i int) Match {
 	end := i
 	for j < len(text) && n < want {
 		c := text[j]
-		if isDigit(c) || isUpper(c) {
-			buf[n] = c
+		if isDigit(c) || isAlpha(c) {
+			buf[n] = upper(c)
 			n++
 			j++
 			end = j
 			continue
 		}
-		// A space only between groups of four.
-		if c == ' ' && n%4 == 0 && j+1 < len(text) && (isDigit(text[j+1]) || isUpper(text[j+1])) {
+		// A separator only between groups of four.
+		if (c == ' ' || c == '-') && n%4 == 0 && j+1 < len(text) && (isDigit(text[j+1]) || isAlpha(text[j+1])) {
 			j++
 			continue
 		}
@@ -82,6 +85,13 @@ func iban(text string, i int) Match {
 		return Match{}
 	}
 	return Match{IBAN, i, end}
+}
+
+func upper(c byte) byte {
+	if c >= 'a' && c <= 'z' {
+		return c - 'a' + 'A'
+	}
+	return c
 }
 
 // mod97 is the ISO 7064 check: move the first four characters to the end,

@@ -84,7 +84,6 @@ type Match struct {
 const (
 	clsNone = iota
 	clsDigit
-	clsUpper
 	clsAt
 	clsColon
 	clsPlus  // '+' of an international phone number
@@ -94,9 +93,6 @@ const (
 var class = func() (t [256]uint8) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = clsDigit
-	}
-	for c := 'A'; c <= 'Z'; c++ {
-		t[c] = clsUpper
 	}
 	t['@'], t[':'], t['+'], t['('] = clsAt, clsColon, clsPlus, clsParen
 	return t
@@ -115,16 +111,21 @@ func Find(dst []Match, text string, set Set) []Match {
 		switch cls {
 		case clsDigit, clsPlus, clsParen:
 			// Not inside a number, nor in the middle of a dotted number
-			// ("1.2.3.4.5" holds no address). After a letter is fine:
-			// "ssn078-05-1120" is a number to a model.
-			if i > from && (isDigit(text[i-1]) || text[i-1] == '_' || (text[i-1] == '.' && i-1 > from && isDigit(text[i-2]))) {
+			// ("1.2.3.4.5" holds no address). After a letter or '_' is
+			// fine: "ssn078-05-1120" and "ssn_078-05-1120" are numbers to
+			// a model.
+			if i > from && (isDigit(text[i-1]) || (text[i-1] == '.' && i-1 > from && isDigit(text[i-2]))) {
 				continue
 			}
-			m = numeric(text, i, set, i > from && isAlpha(text[i-1]))
-		case clsUpper:
-			if set.Has(IBAN) && (i == from || !isWord(text[i-1])) {
-				m = iban(text, i)
+			// An IBAN is found at its check digits, after the country's
+			// two letters: letters themselves are not dispatched, which
+			// keeps prose cheap to scan.
+			if set.Has(IBAN) && i-2 >= from && isAlpha(text[i-1]) && isAlpha(text[i-2]) {
+				if m = iban(text, i-2); m.Kind != 0 {
+					break
+				}
 			}
+			m = numeric(text, i, set, i > from && (isAlpha(text[i-1]) || text[i-1] == '_'))
 		case clsAt:
 			if set.Has(Email) {
 				m = email(text, from, i)
@@ -149,7 +150,6 @@ func Find(dst []Match, text string, set Set) []Match {
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
 func isAlpha(c byte) bool { return (c|0x20) >= 'a' && (c|0x20) <= 'z' }
 func isWord(c byte) bool  { return isDigit(c) || isAlpha(c) || c == '_' }
 
@@ -230,70 +230,81 @@ func ipv4(text string, i int) int {
 	return i
 }
 
-// ssn matches AAA-GG-SSSS (dashes, spaces or a mix) under the SSA's rules:
-// area not 000, 666 or 9xx; group not 00; serial not 0000.
+// ssn matches AAA-GG-SSSS under the SSA's rules (area not 000, 666 or
+// 9xx; group not 00; serial not 0000), the groups apart by a run of up to
+// three separators (see groupSep): "078-05-1120", "078 - 05 - 1120",
+// "078.05.1120".
 func ssn(text string, i int) int {
-	if i+11 > len(text) {
-		return 0
-	}
-	s := text[i : i+11]
-	if !dashOrSpace(s[3]) || !dashOrSpace(s[6]) {
-		return 0
-	}
-	for _, k := range [...]int{0, 1, 2, 4, 5, 7, 8, 9, 10} {
-		if !isDigit(s[k]) {
+	var groups [3]string
+	j := i
+	for g, n := range [...]int{3, 2, 4} {
+		if g > 0 {
+			k := sepRun(text, j)
+			if k == j {
+				return 0
+			}
+			j = k
+		}
+		if j+n > len(text) || digitRun(text, j) != j+n {
 			return 0
 		}
+		groups[g], j = text[j:j+n], j+n
 	}
-	area, group, serial := s[0:3], s[4:6], s[7:11]
+	area, group, serial := groups[0], groups[1], groups[2]
 	if area == "000" || area == "666" || area[0] == '9' || group == "00" || serial == "0000" {
 		return 0
 	}
-	if !endsNumber(text, i+11) {
-		return 0
-	}
-	return i + 11
+	return j
 }
 
-func dashOrSpace(c byte) bool { return c == '-' || c == ' ' }
+// groupSep is a byte that may stand between the digit groups of a
+// number: a space, a dash, a dot, a slash or an underscore.
+func groupSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '/' || c == '_' }
 
-// card matches 13–19 digits, optionally grouped by spaces or dashes (a
-// separator of up to three of them, as in "4111 - 1111"), that pass the
-// Luhn check and start with a known issuer prefix.
-func card(text string, i int) int {
+// sepRun returns the end of the run of up to three groupSep bytes at i
+// ("4111 - 1111"), or i when there is none.
+func sepRun(text string, i int) int {
 	const maxSep = 3
+	j := i
+	for j < len(text) && j-i < maxSep && groupSep(text[j]) {
+		j++
+	}
+	return j
+}
+
+// card matches 13–19 digits, optionally in groups apart by separators
+// (see sepRun), that pass the Luhn check and start with a known issuer
+// prefix. Where more groups follow (a card pasted with its expiry and
+// security code, "4111 1111 1111 1111 12 27 123"), the longest run of
+// whole groups that is a card is: the scan goes back group by group.
+func card(text string, i int) int {
 	var digits [19]byte
+	var ends [19]int // ends[n-1]: where a group ends after n digits; 0 if none does
 	n := 0
 	j := i
-	end := i
 	for j < len(text) {
-		c := text[j]
-		if isDigit(c) {
-			if n == len(digits) {
-				return 0 // longer than any card number
-			}
-			digits[n] = c - '0'
+		e := digitRun(text, j)
+		if e == j || n+e-j > len(digits) {
+			break // no group here, or one that takes the number past 19 digits
+		}
+		for k := j; k < e; k++ {
+			digits[n] = text[k] - '0'
 			n++
-			j++
-			end = j
-			continue
 		}
-		if dashOrSpace(c) && n > 0 {
-			k := j
-			for k < len(text) && k-j < maxSep && dashOrSpace(text[k]) {
-				k++
-			}
-			if k < len(text) && isDigit(text[k]) {
-				j = k
-				continue
-			}
+		ends[n-1] = e
+		k := sepRun(text, e)
+		if k == e || k >= len(text) || !isDigit(text[k]) {
+			break
 		}
-		break
+		j = k
 	}
-	if n < 13 || !endsNumber(text, end) || !luhn(digits[:n]) || !issuer(digits[:n]) {
-		return 0
+	for m := n; m >= 13; m-- {
+		end := ends[m-1]
+		if end != 0 && endsNumber(text, end) && luhn(digits[:m]) && issuer(digits[:m]) {
+			return end
+		}
 	}
-	return end
+	return 0
 }
 
 func luhn(d []byte) bool {

@@ -29,7 +29,9 @@ import (
 //     as nothing and tokenizers mostly skip them.
 //   - Every run of white space (tabs, newlines, any Unicode space) becomes
 //     one " ".
-//   - Every dash (Unicode Pd, the minus sign) becomes "-".
+//   - Every dash (Unicode Pd) and what is drawn as one (the minus sign,
+//     the modifier letter minus, the hyphen bullet, the heavy minus sign,
+//     the box-drawing horizontals) becomes "-".
 //   - Decimal digits of any script become ASCII digits.
 //
 // Letters keep their case and script: look-alike letters are folded by
@@ -189,7 +191,7 @@ func (f *folder) appendRune(r rune) {
 	case r < utf8.RuneSelf:
 		f.out = append(f.out, byte(r))
 	case ignorable(r):
-	case unicode.Is(unicode.Pd, r) || r == '\u2212': // the minus sign is Sm
+	case unicode.Is(unicode.Pd, r) || dashLike(r):
 		f.out = append(f.out, '-')
 	case unicode.Is(unicode.Nd, r):
 		f.out = append(f.out, byte('0'+digitValue(r)))
@@ -298,4 +300,20 @@ var lookalike = map[rune]rune{
 	'α': 'a', 'ι': 'i', 'κ': 'k', 'ν': 'v', 'ο': 'o', 'ρ': 'p', 'τ': 't', 'υ': 'u', 'χ': 'x',
 	// Letters of other blocks and scripts that NFKC leaves alone
 	'ı': 'i', 'ɑ': 'a', 'ɡ': 'g', 'ո': 'n', 'ս': 'u', 'օ': 'o',
+}
+
+// dashLike reports the characters outside Unicode's dash punctuation (Pd)
+// that are drawn as a dash, and that a reader (and a model) takes for one
+// between the digit groups of a number.
+func dashLike(r rune) bool {
+	switch r {
+	case '\u2212', // minus sign (Sm)
+		'\u02D7', // modifier letter minus sign
+		'\u2043', // hyphen bullet
+		'\u2796', // heavy minus sign
+		'\u2500', '\u2501', // box drawings light and heavy horizontal
+		'\u23AF': // horizontal line extension
+		return true
+	}
+	return false
 }
