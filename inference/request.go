@@ -211,6 +211,15 @@ type Text struct {
 // Value decodes the string.
 func (t Text) Value() string { return stringValue(t.quoted, t.escaped) }
 
+// Len is the length of the decoded string, found without a copy unless
+// the string has escapes.
+func (t Text) Len() int {
+	if !t.escaped {
+		return len(t.quoted) - 2
+	}
+	return len(stringValue(t.quoted, true))
+}
+
 // appendTo writes the decoded string to sb, without an intermediate
 // string when it has no escapes (the routing hot path: prompt extraction).
 func (t Text) appendTo(sb *strings.Builder) {

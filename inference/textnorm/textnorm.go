@@ -308,9 +308,9 @@ var lookalike = map[rune]rune{
 func dashLike(r rune) bool {
 	switch r {
 	case '\u2212', // minus sign (Sm)
-		'\u02D7', // modifier letter minus sign
-		'\u2043', // hyphen bullet
-		'\u2796', // heavy minus sign
+		'\u02D7',           // modifier letter minus sign
+		'\u2043',           // hyphen bullet
+		'\u2796',           // heavy minus sign
 		'\u2500', '\u2501', // box drawings light and heavy horizontal
 		'\u23AF': // horizontal line extension
 		return true
