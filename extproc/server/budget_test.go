@@ -250,8 +250,8 @@ func testTimedOutStreamsAreLetGo(t *testing.T, transport string) {
 // TestAnnouncedBodySizesTheBuffer: the first chunk of a body whose
 // content-length says how large it is gets a buffer for all of it (so the
 // body is not copied as it grows), bounded so a false announcement takes at
-// most 1 MiB of the budget, and only what the chunk needs when the budget
-// cannot spare the rest.
+// most 64 KiB past what has arrived, and only what the chunk needs when the
+// budget cannot spare the rest.
 func TestAnnouncedBodySizesTheBuffer(t *testing.T) { eachTransport(t, testAnnouncedBodySizesTheBuffer) }
 
 func testAnnouncedBodySizesTheBuffer(t *testing.T, transport string) {
@@ -264,7 +264,8 @@ func testAnnouncedBodySizesTheBuffer(t *testing.T, transport string) {
 	}{
 		{"no content-length", 8 << 20, "", 1000, 1000},
 		{"announced", 8 << 20, "4000", 1000, 4000},
-		{"announced beyond the bound", 8 << 20, "104857600", 1000, 1 << 20},
+		{"announced beyond the bound", 8 << 20, "104857600", 1000, 1000 + 64<<10},
+		{"a byte announcing a megabyte", 8 << 20, "1048576", 1, 1 + 64<<10},
 		{"not a number", 8 << 20, "lots", 1000, 1000},
 		{"the budget cannot spare it", 2000, "4000", 1000, 1000},
 		{"the announced buffer holds the rest", 4000, "4000", 1000, 4000},

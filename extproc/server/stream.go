@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -270,19 +271,21 @@ func (s *stream) onRequestHeaders(ctx context.Context, endOfStream bool) error {
 	}
 }
 
-// presizeMax bounds the buffer a request's content-length alone may
-// allocate before its bytes arrive, so that a false announcement cannot
-// take much of the budget for nothing.
-const presizeMax = 1 << 20
+// presizeSlack bounds how far past the bytes that have arrived a
+// request's content-length may size its buffer: a false announcement (a
+// 1-byte upload announcing a megabyte, many of them trickling) takes at
+// most this of the budget for nothing, and a true one of up to this much
+// more is still buffered without a copy.
+const presizeSlack = 64 << 10
 
-// announcedBody is the body size the request's content-length announces,
-// at most presizeMax; 0 when it announces none.
+// announcedBody is the body size the request's content-length announces;
+// 0 when it announces none.
 func (s *stream) announcedBody() int {
 	n, err := strconv.ParseInt(s.req.Headers.Get("content-length"), 10, 64)
 	if err != nil || n <= 0 {
 		return 0
 	}
-	return int(min(n, presizeMax))
+	return int(min(n, math.MaxInt32))
 }
 
 func (s *stream) onRequestBody(ctx context.Context, chunk []byte, endOfStream bool) error {
@@ -312,10 +315,15 @@ func (s *stream) onRequestBody(ctx context.Context, chunk []byte, endOfStream bo
 		// budget for the capacity, not the length: the allocation is what
 		// the memory limit sees. A body in one chunk gets exactly its size.
 		newCap := max(need, 2*cap(s.body))
-		if cap(s.body) == 0 {
-			// The first chunk: size for the whole body when the request
-			// says how large it is, so it is not copied as it grows.
-			newCap = max(need, s.announcedBody())
+		if announced := s.announcedBody(); announced >= need {
+			if cap(s.body) == 0 {
+				// The first chunk: size for the whole body the request
+				// announces, so that it is not copied as it grows, but
+				// never more than presizeSlack past what has arrived.
+				newCap = min(announced, need+presizeSlack)
+			} else {
+				newCap = min(newCap, announced) // nor grow past it
+			}
 		}
 		if l := s.limits.MaxRequestBodyBytes; l > 0 {
 			newCap = min(newCap, int(l))
