@@ -83,7 +83,36 @@ func (b *Body) ModelSpan() (Span, bool) {
 // Stream reports "stream": true.
 func (b *Body) Stream() bool {
 	sp := b.s.fields[fieldStream]
-	return sp.end > 0 && string(b.s.b[sp.start:sp.end]) == "true"
+	if sp.end == 0 {
+		return false
+	}
+	return truthy(b.s.b[sp.start:sp.end])
+}
+
+// truthy says whether a JSON value is true as the model servers read a
+// boolean field: vLLM and SGLang declare "stream" a bool in pydantic
+// models, which in lax mode also take 1 (or 1.0) and the strings "1",
+// "on", "t", "true", "y" and "yes" in any case (pydantic's bool
+// validation). A request one of them streams must be metered as a stream.
+func truthy(raw []byte) bool {
+	v := string(raw)
+	switch {
+	case v == "true":
+		return true
+	case len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9'):
+		f, err := strconv.ParseFloat(v, 64)
+		return err == nil && f == 1
+	case len(v) > 0 && v[0] == '"':
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return false
+		}
+		switch strings.ToLower(s) {
+		case "1", "on", "t", "true", "y", "yes":
+			return true
+		}
+	}
+	return false
 }
 
 // StreamUsageEdit returns the edit that makes a streamed request ask for

@@ -79,3 +79,28 @@ func TestUsageChunkFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamAsServersReadIt: "stream" is a stream whenever the model
+// server (pydantic, lax mode) reads it as true.
+func TestStreamAsServersReadIt(t *testing.T) {
+	for _, c := range []struct {
+		value  string
+		stream bool
+	}{
+		{`true`, true}, {`1`, true}, {`1.0`, true}, {`"true"`, true}, {`"True"`, true}, {`"1"`, true},
+		{`"yes"`, true}, {`"on"`, true}, {`"t"`, true}, {`"Y"`, true},
+		{`false`, false}, {`0`, false}, {`2`, false}, {`"false"`, false}, {`"0"`, false}, {`"no"`, false},
+		{`"tru\u0065"`, true}, {`null`, false}, {`[]`, false}, {`{}`, false},
+	} {
+		b, err := Parse([]byte(`{"model":"m","stream":` + c.value + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Stream(); got != c.stream {
+			t.Errorf("stream %s: Stream() = %t, want %t", c.value, got, c.stream)
+		}
+		if _, edit := b.StreamUsageEdit(); edit != c.stream {
+			t.Errorf("stream %s: usage edit %t, want %t", c.value, edit, c.stream)
+		}
+	}
+}
