@@ -161,7 +161,8 @@ func (b *Body) HasChatTemplate() bool { return b.s.fields[fieldChatTemplate].end
 // parsers differ on which copy wins: a guardrail that read one copy must
 // not forward a body whose server reads the other.
 func (b *Body) RepeatedKey() string {
-	for _, f := range []int{fieldModel, fieldStream, fieldStreamOptions, fieldPrompt, fieldMessages, fieldSystem, fieldInput, fieldInstructions} {
+	for _, f := range []int{fieldModel, fieldStream, fieldStreamOptions, fieldPrompt, fieldMessages, fieldSystem, fieldInput, fieldInstructions,
+		fieldTools, fieldSuffix, fieldChatTemplate} {
 		if b.s.repeated&(1<<f) != 0 {
 			return fieldNames[f]
 		}

@@ -361,6 +361,14 @@ func headerUnsafe(model string) string {
 			return fmt.Sprintf("contains the control character %#02x at byte %d", c, i)
 		}
 	}
+	// Servers may resolve a model name as a path (a Hugging Face id, a
+	// local directory): "meta-llama/../x" would pass an allow-list entry
+	// "meta-llama/*" and name another model.
+	for seg := range strings.SplitSeq(model, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Sprintf("has a %q path segment", seg)
+		}
+	}
 	return ""
 }
 
