@@ -24,9 +24,12 @@ import (
 //   - Unicode NFKC: compatibility forms become their plain letters and
 //     digits (full-width "４１１１" → "4111", "＠" → "@", "ﬁ" → "fi", no-break
 //     and other fixed-width spaces → " ").
-//   - Default-ignorable code points (zero-width spaces and joiners, soft
-//     hyphens, bidi controls, variation selectors) are dropped: they render
-//     as nothing and tokenizers mostly skip them.
+//   - Tag characters (U+E0020–U+E007E) become the ASCII they mirror: they
+//     render as nothing, but a model reads them ("ASCII smuggling").
+//   - Other default-ignorable code points (zero-width spaces and joiners,
+//     soft hyphens, bidi controls, variation selectors, the language and
+//     cancel tags) are dropped: they render as nothing and tokenizers
+//     mostly skip them.
 //   - Every run of white space (tabs, newlines, any Unicode space) becomes
 //     one " ".
 //   - Every dash (Unicode Pd) and what is drawn as one (the minus sign,
@@ -190,6 +193,10 @@ func (f *folder) appendRune(r rune) {
 		}
 	case r < utf8.RuneSelf:
 		f.out = append(f.out, byte(r))
+	case r >= tagFirst && r <= tagLast:
+		// A tag character renders as nothing but spells its ASCII
+		// ("ASCII smuggling"): tokenizers give it tokens a model can read.
+		f.out = append(f.out, byte(r-tagBase))
 	case ignorable(r):
 	case unicode.Is(unicode.Pd, r) || dashLike(r):
 		f.out = append(f.out, '-')
@@ -277,10 +284,35 @@ func Latin(s string) string {
 	}, s)
 }
 
-// Skeleton is the key phrases are compared by: Latin, lower-cased. s is
-// Folded already. Skeleton changes lengths; its result is for matching
-// only, never for rewriting.
-func Skeleton(s string) string { return strings.ToLower(Latin(s)) }
+// Skeleton is the key phrases are compared by: accents and other
+// combining marks removed ("ignóre" reads as "ignore" to a model), Latin,
+// lower-cased. s is Folded already. Skeleton changes lengths; its result
+// is for matching only, never for rewriting.
+func Skeleton(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return strings.ToLower(Latin(withoutMarks(s)))
+		}
+	}
+	return strings.ToLower(s) // ASCII: no marks, no look-alikes
+}
+
+// withoutMarks decomposes s (NFD) and drops its combining marks (Mn).
+func withoutMarks(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.Is(unicode.Mn, r) {
+			return -1
+		}
+		return r
+	}, norm.NFD.String(s))
+}
+
+// The tag characters, and the base that maps them to ASCII.
+const (
+	tagBase  = 0xE0000
+	tagFirst = tagBase + 0x20
+	tagLast  = tagBase + 0x7E
+)
 
 // lookalike maps Cyrillic and Greek letters to the Latin letter they are
 // drawn like in common fonts (after Unicode's confusables data,

@@ -173,3 +173,34 @@ func BenchmarkFold(b *testing.B) {
 		})
 	}
 }
+
+// TestTagsAndMarks: tag characters read as the ASCII they mirror (and
+// map back to their own bytes); marks and accents leave the skeleton.
+func TestTagsAndMarks(t *testing.T) {
+	tags := func(s string) string {
+		var b strings.Builder
+		for _, r := range s {
+			b.WriteRune(0xE0000 + r)
+		}
+		return b.String()
+	}
+	orig := "\U000E0001a " + tags("SSN 078") + " b\U000E007F" // the language and cancel tags are dropped
+	f := Fold(orig)
+	if f.S != "a SSN 078 b" {
+		t.Fatalf("Fold(tags) = %q", f.S)
+	}
+	start, end := f.Span(2, 9) // "SSN 078"
+	if got := orig[start:end]; got != tags("SSN 078") {
+		t.Fatalf("the span of the decoded tags maps back to %q", got)
+	}
+	for in, want := range map[string]string{
+		"ignóre prévious": "ignore previous",
+		"igno\u0301re":    "ignore",
+		"İGNORE":          "ignore",
+		"plain":           "plain",
+	} {
+		if got := Skeleton(Fold(in).S); got != want {
+			t.Errorf("Skeleton(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
