@@ -29,6 +29,14 @@ var noConfigDocuments = []struct{ name, data string }{
 	{"empty first document", "---\n---\nlimits: {maxTokens: 1}\n"},
 }
 
+// cutShortDocuments are files that end after a section's key: each would
+// load as a policy without that section's rules.
+var cutShortDocuments = []struct{ name, data string }{
+	{"after pii", "limits: {maxTokens: 1}\npii:\n"},
+	{"after deny", "pii: [{name: email, detector: email, action: mask}]\ndeny:\n"},
+	{"after models", "models:\n"},
+}
+
 func writeConfig(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
@@ -50,6 +58,48 @@ func TestStartRefusesNoConfigDocument(t *testing.T) {
 			}
 			if !errors.Is(err, policy.ErrNoConfig) || !strings.Contains(err.Error(), path) {
 				t.Errorf("err = %v, want ErrNoConfig naming %s", err, path)
+			}
+		})
+	}
+}
+
+// TestCutShortDocumentsAreRefused: a file that ends after a section's key
+// stops the processor at start-up, and an edit that does is refused with
+// the last good policy kept: a truncated write must not drop guardrails.
+func TestCutShortDocumentsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, doc := range cutShortDocuments {
+		t.Run("start/"+doc.name, func(t *testing.T) {
+			path := filepath.Join(dir, "start.yaml")
+			writeConfig(t, path, doc.data)
+			svc, err := New(Config{Server: server.Options{GRPCAddr: "127.0.0.1:0"}, ConfigFile: path, Logger: logr.Discard()})
+			if err == nil {
+				stop(t, svc)
+				t.Fatal("the processor started on a file cut short")
+			}
+			if !errors.Is(err, policy.ErrNullField) || !strings.Contains(err.Error(), path) {
+				t.Errorf("err = %v, want ErrNullField naming %s", err, path)
+			}
+		})
+	}
+	path := filepath.Join(dir, "reload.yaml")
+	writeConfig(t, path, "pii: [{name: email, detector: email, action: mask}]\n")
+	svc, err := New(Config{Server: server.Options{GRPCAddr: "127.0.0.1:0"}, ConfigFile: path, ConfigPoll: time.Hour, Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop(t, svc)
+	good := svc.proc.policy.Load()
+	for _, doc := range cutShortDocuments {
+		t.Run("reload/"+doc.name, func(t *testing.T) {
+			errorsBefore := reloadErrors(t, svc)
+			writeConfig(t, path, doc.data)
+			svc.reloadFile()
+			if svc.proc.policy.Load() != good {
+				t.Error("the policy was replaced by a file cut short")
+			}
+			if got := reloadErrors(t, svc); got != errorsBefore+1 {
+				t.Errorf("reload errors %v, want %v", got, errorsBefore+1)
 			}
 		})
 	}

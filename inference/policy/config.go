@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/infergate/infergate/inference/pii"
@@ -119,6 +121,11 @@ const maxPIIRules = 64
 // caught half-written or a template that rendered nothing than a wish.
 var ErrNoConfig = errors.New("the configuration is empty or null; write {} for a policy that only sets the model headers")
 
+// ErrNullField is a top-level field written with no value ("pii:" and
+// nothing after it): what a file cut short looks like, and loaded it would
+// drop every rule of the section without a word.
+var ErrNullField = errors.New("has no value (is the file cut short?); write [] or {} for none")
+
 // DecodeJSON reads a Config from JSON, refusing unknown fields so that a
 // misspelt key fails at start-up instead of silently doing nothing. No
 // data at all (the Wasm plugin given no configuration) is the zero Config;
@@ -139,6 +146,15 @@ func DecodeJSON(data []byte) (*Config, error) {
 	}
 	if dec.More() {
 		return nil, errors.New("decode: data after the configuration object")
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &fields); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		if string(bytes.TrimSpace(fields[name])) == "null" {
+			return nil, fmt.Errorf("%s: %w", name, ErrNullField)
+		}
 	}
 	return &c, nil
 }
