@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -41,7 +42,22 @@ type Processor struct {
 // answers SERVING; on failure the child is stopped and the error ends with
 // its log's last lines. The kernel kills the child if the caller dies
 // first (Pdeathsig), so a killed test or driver leaves none behind.
+//
+// The ports are free when chosen (FreeAddr), but another process may bind
+// one of them before the child does: tests run side by side, and the
+// kernel hands ephemeral ports out in turn. A child that fails on that
+// ("address already in use") is started again on fresh ports, twice at
+// most.
 func StartProcessor(ctx context.Context, cfg ProcessorConfig) (*Processor, error) {
+	for attempt := 1; ; attempt++ {
+		p, err := startProcessor(ctx, cfg)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return p, err
+		}
+	}
+}
+
+func startProcessor(ctx context.Context, cfg ProcessorConfig) (*Processor, error) {
 	var addrs [3]string
 	for i := range addrs {
 		a, err := FreeAddr()
