@@ -4,6 +4,7 @@
 package inference
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"math"
@@ -102,12 +103,8 @@ func truthy(raw []byte) bool {
 	case len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9'):
 		f, err := strconv.ParseFloat(v, 64)
 		return err == nil && f == 1
-	case len(v) > 0 && v[0] == '"':
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return false
-		}
-		switch strings.ToLower(s) {
+	case len(v) > 1 && v[0] == '"': // validated by the scan already
+		switch strings.ToLower(stringValue(raw, bytes.IndexByte(raw, '\\') >= 0)) {
 		case "1", "on", "t", "true", "y", "yes":
 			return true
 		}

@@ -300,7 +300,7 @@ func card(text string, i int) int {
 	}
 	for m := n; m >= 13; m-- {
 		end := ends[m-1]
-		if end != 0 && endsNumber(text, end) && luhn(digits[:m]) && issuer(digits[:m]) {
+		if end != 0 && luhn(digits[:m]) && issuer(digits[:m]) { // a group's end is no digit's
 			return end
 		}
 	}
