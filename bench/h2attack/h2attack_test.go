@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/test/childproc"
 	"golang.org/x/net/http2/hpack"
 )
 
@@ -29,12 +28,7 @@ func TestAttacks(t *testing.T) {
 	// package-level state carries its path; this is the one test that
 	// needs it. It is built without -race: the processor under attack is
 	// the production build.
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "infergate")
-	build := exec.Command("go", "build", "-o", bin, "github.com/infergate/infergate/cmd/infergate")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building infergate: %v\n%s", err, out)
-	}
+	bin, dir := childproc.Command(t, "infergate"), t.TempDir() // dir: the processors' logs
 	o := options{binary: bin, processors: []string{"payload"}, transports: []string{"grpc", "h2"}, attacks: attacks(),
 		scale: 1, limit: 1500 * time.Millisecond, hold: time.Second, rate: ownRates, rateScale: 1, measure: 500 * time.Millisecond, workers: 4}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

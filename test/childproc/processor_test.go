@@ -2,7 +2,6 @@ package childproc
 
 import (
 	"context"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,10 +10,7 @@ import (
 
 func TestStartProcessor(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "infergate")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/infergate/infergate/cmd/infergate").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := Command(t, "infergate")
 	ctx := context.Background()
 	p, err := StartProcessor(ctx, ProcessorConfig{Binary: bin, Command: "payload", Log: filepath.Join(dir, "payload.log"),
 		Args: []string{"--drain-timeout", "1s"}})

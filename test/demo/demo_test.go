@@ -2,10 +2,11 @@ package main
 
 import (
 	"context"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/test/childproc"
 )
 
 // TestDemoRunsToTheEnd builds the binaries and runs a shortened demo, so
@@ -13,9 +14,8 @@ import (
 func TestDemoRunsToTheEnd(t *testing.T) {
 	dir := t.TempDir()
 	bin, standIn := filepath.Join(dir, "infergate"), filepath.Join(dir, "envoysim")
-	build := exec.Command("go", "build", "-o", dir, "github.com/infergate/infergate/cmd/infergate", "github.com/infergate/infergate/cmd/envoysim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := childproc.Build(t.Context(), dir, "infergate", "envoysim"); err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/conformance/report"
 	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/gateways/envoygateway"
+	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/controlplane"
 	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/livecluster"
@@ -57,7 +58,7 @@ func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 	t.Helper()
 	c := gatewaytest.StartCluster(t, "conformance", crdDirs...)
 	return livecluster.Start(t, c, livecluster.Config{
-		Images: map[string]string{image: gatewaytest.Command(t, "infergate")},
+		Images: map[string]string{image: childproc.Command(t, "infergate")},
 		Env:    []string{"KUBECONFIG=" + c.Kubeconfig},
 	})
 }
@@ -211,7 +212,7 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	// Bounded by the run's own waits, not by a step's (gatewaytest.Ctx).
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, gatewaytest.Command(t, "infergate-conformance"), args...)
+	cmd := exec.CommandContext(ctx, childproc.Command(t, "infergate-conformance"), args...)
 	outB, err := cmd.CombinedOutput()
 	out := string(outB)
 	var exit *exec.ExitError

@@ -409,19 +409,6 @@ func StartPicker(t *testing.T, addr string, servers map[string]string) (stop fun
 	return stop
 }
 
-// Command builds the command cmd/<name> (infergate, infergate-conformance,
-// envoysim) into the test's temporary folder and returns its path (Go's
-// build cache makes a second build a link).
-func Command(t *testing.T, name string) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	out, err := exec.CommandContext(Ctx(t), "go", "build", "-o", bin, "github.com/infergate/infergate/cmd/"+name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build %s: %v\n%s", name, err, out)
-	}
-	return bin
-}
-
 // PrivateMounts mounts an empty tmpfs on each folder (made if missing),
 // for a test in its own mount namespace: control planes that read fixed
 // paths (Envoy Gateway's /certs, in-cluster credentials) find the test's

@@ -425,13 +425,7 @@ func keepaliveTooOften(ctx context.Context, r run) (*result, error) {
 
 func TestInterop(t *testing.T) {
 	js := findJS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	bin, err := buildInfergate(ctx, t.TempDir())
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs := startProcessors(t, bin)
+	procs := startProcessors(t, childproc.Command(t, "infergate"))
 	for _, sc := range scenarios() {
 		t.Run(sc.name, func(t *testing.T) {
 			results := runScenario(t, js, procs, sc)

@@ -105,7 +105,7 @@ type outcome struct {
 
 func TestH2spec(t *testing.T) {
 	h2spec := gatewaytest.Built(t, "INFERGATE_H2SPEC", "h2spec.sh")
-	bin := gatewaytest.Command(t, "infergate")
+	bin := childproc.Command(t, "infergate")
 	var runs []run
 	for _, transport := range []string{"grpc", "h2"} {
 		for _, tls := range []bool{false, true} {

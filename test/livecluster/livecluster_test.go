@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/gatewaytest"
 	"github.com/infergate/infergate/test/livecluster"
 )
@@ -38,7 +39,7 @@ const image = "infergate.test/infergate:dev"
 // that answers, and a Service whose selector matches nothing refuses.
 func TestDeploymentServesThroughItsService(t *testing.T) {
 	c := gatewaytest.StartCluster(t, "live")
-	l := livecluster.Start(t, c, livecluster.Config{Images: map[string]string{image: gatewaytest.Command(t, "infergate")}})
+	l := livecluster.Start(t, c, livecluster.Config{Images: map[string]string{image: childproc.Command(t, "infergate")}})
 	ctx := gatewaytest.Ctx(t)
 	ns := "live"
 	labels := map[string]string{"app": "echo"}

@@ -9,23 +9,6 @@ import (
 	"strings"
 )
 
-// buildInfergate builds cmd/infergate into dir, without -race even when
-// the test runs with it: the children are the subject, not the test's own
-// goroutines, and a race build would only slow them down.
-func buildInfergate(ctx context.Context, dir string) (string, error) {
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "infergate")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/infergate")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/infergate: %w\n%s", err, out)
-	}
-	return bin, nil
-}
-
 // moduleRoot is the folder of this repository's go.mod (test/controlplane
 // has the same, but importing it would link the API server's client
 // libraries into this small test).
