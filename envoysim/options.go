@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"strings"
@@ -277,7 +276,7 @@ func (o *Options) xdsTLSConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.XDSServerName}
 	if o.XDSCAFile != "" {
-		pem, err := readSmallFile(o.XDSCAFile)
+		pem, err := os.ReadFile(o.XDSCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("--xds-ca-file: %w", err)
 		}
@@ -295,13 +294,4 @@ func (o *Options) xdsTLSConfig() (*tls.Config, error) {
 		cfg.Certificates = []tls.Certificate{cert}
 	}
 	return cfg, nil
-}
-
-func readSmallFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, 1<<20))
 }
