@@ -10,8 +10,8 @@ type Usage struct {
 	PromptTokens, CompletionTokens, TotalTokens int64
 }
 
-// MaxUsageBuffer bounds what a UsageReader holds: a non-streamed body up to
-// this size, or one SSE line. Larger ones pass without usage being read.
+// MaxUsageBuffer bounds what a UsageReader holds of one SSE line; a
+// longer line passes without its usage being read.
 const MaxUsageBuffer = 1 << 20
 
 // UsageReader finds the usage of a response as its body streams past,
@@ -19,11 +19,14 @@ const MaxUsageBuffer = 1 << 20
 // the current line and reads the data lines that carry "usage" (OpenAI's
 // final chunk with stream_options.include_usage, Anthropic's message_start
 // and message_delta, the responses API's response.completed); for a JSON
-// body it keeps up to MaxUsageBuffer bytes and reads the usage at the end.
+// body it follows the document's structure and keeps only the top-level
+// "usage" value, so an answer of any size is metered while the reader
+// holds a few hundred bytes.
 type UsageReader struct {
 	sse      bool
 	buf      []byte
 	overflow bool
+	doc      jsonUsage
 	usage    Usage
 	found    bool
 }
@@ -36,14 +39,7 @@ func NewUsageReader(contentType string) *UsageReader {
 // Write takes the next body chunk; it never fails.
 func (u *UsageReader) Write(chunk []byte) {
 	if !u.sse {
-		if u.overflow {
-			return
-		}
-		if len(u.buf)+len(chunk) > MaxUsageBuffer {
-			u.overflow, u.buf = true, nil
-			return
-		}
-		u.buf = append(u.buf, chunk...)
+		u.doc.write(chunk, u.readUsage)
 		return
 	}
 	for len(chunk) > 0 {
@@ -82,14 +78,10 @@ func (u *UsageReader) line(l []byte) {
 }
 
 // Usage returns what was found once the body has ended (it also reads a
-// final SSE line without a newline, and a buffered JSON body).
+// final SSE line without a newline).
 func (u *UsageReader) Usage() (Usage, bool) {
-	if len(u.buf) > 0 && !u.overflow {
-		if u.sse {
-			u.line(u.buf)
-		} else {
-			u.read(u.buf)
-		}
+	if u.sse && len(u.buf) > 0 && !u.overflow {
+		u.line(u.buf)
 		u.buf = u.buf[:0]
 	}
 	if u.found && u.usage.TotalTokens == 0 {
@@ -119,21 +111,36 @@ func (u *UsageReader) read(doc []byte) {
 		return
 	}
 	for _, w := range []*wireUsage{d.Usage, nested(d.Message), nested(d.Response)} {
-		if w == nil {
-			continue
-		}
-		u.found = true
-		set := func(dst *int64, vals ...*int64) {
-			for _, v := range vals {
-				if v != nil && *v > 0 {
-					*dst = *v
-				}
+		u.merge(w)
+	}
+}
+
+// readUsage takes a top-level "usage" value of a JSON body; as when
+// decoding a document, the last of repeated keys wins.
+func (u *UsageReader) readUsage(value []byte) {
+	u.usage, u.found = Usage{}, false
+	var w *wireUsage
+	if json.Unmarshal(value, &w) == nil {
+		u.merge(w)
+	}
+}
+
+// merge takes the counts of one usage object.
+func (u *UsageReader) merge(w *wireUsage) {
+	if w == nil {
+		return
+	}
+	u.found = true
+	set := func(dst *int64, vals ...*int64) {
+		for _, v := range vals {
+			if v != nil && *v > 0 {
+				*dst = *v
 			}
 		}
-		set(&u.usage.PromptTokens, w.PromptTokens, w.InputTokens)
-		set(&u.usage.CompletionTokens, w.CompletionTokens, w.OutputTokens)
-		set(&u.usage.TotalTokens, w.TotalTokens)
 	}
+	set(&u.usage.PromptTokens, w.PromptTokens, w.InputTokens)
+	set(&u.usage.CompletionTokens, w.CompletionTokens, w.OutputTokens)
+	set(&u.usage.TotalTokens, w.TotalTokens)
 }
 
 func nested(s *struct{ Usage *wireUsage }) *wireUsage {

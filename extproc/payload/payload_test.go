@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,6 +225,34 @@ func TestUsageReportedWithoutHoldingTheStream(t *testing.T) {
 		if got := md[k].GetNumberValue(); got != want {
 			t.Errorf("%s = %v, want %v (metadata %v)", k, got, want, md)
 		}
+	}
+}
+
+// TestLargeAnswerUsageIsReported: a non-streamed answer over a mebibyte
+// (a long completion, logprobs) is metered like a short one.
+func TestLargeAnswerUsageIsReported(t *testing.T) {
+	r := newRig(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ex := r.client.Open(ctx)
+	defer ex.Close()
+	if _, err := ex.RunRequest(extprocfilter.Request{Body: [][]byte{[]byte(`{"model":"m","prompt":"hi"}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	answer := []byte(`{"choices":[{"text":"` + strings.Repeat("word ", 600_000) + `"}],"usage":{"prompt_tokens":1,"completion_tokens":600000,"total_tokens":600001}}`)
+	var chunks [][]byte
+	for b := answer; len(b) > 0; b = b[min(len(b), 64<<10):] {
+		chunks = append(chunks, b[:min(len(b), 64<<10)])
+	}
+	res, err := ex.RunResponse(extprocfilter.Response{Headers: extprocfilter.Headers{{Key: "content-type", Value: "application/json"}}, Body: chunks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Body) != len(answer) {
+		t.Errorf("client got %d bytes of the %d-byte answer", len(res.Body), len(answer))
+	}
+	if got := res.DynamicMetadata[payload.MetadataNamespace].GetFields()["llm_total_token"].GetNumberValue(); got != 600001 {
+		t.Errorf("llm_total_token %v, want 600001", got)
 	}
 }
 

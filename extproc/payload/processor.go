@@ -8,6 +8,7 @@ package payload
 import (
 	"context"
 	"math"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -123,8 +124,7 @@ func (x *exchange) HandleRequest(_ context.Context, req *server.Request) *server
 // streamed requests only): without stream_options.include_usage the server reports
 // none, and a token-based limit would charge the request nothing.
 func (x *exchange) askStreamUsage(req *server.Request, d *server.Decision) {
-	path, _, _ := strings.Cut(req.Headers.Get(":path"), "?")
-	if !strings.HasSuffix(path, "/chat/completions") && !strings.HasSuffix(path, "/completions") {
+	if !openAITextAPI(req.Headers.Get(":path")) {
 		return // Anthropic and the responses API report usage on their own
 	}
 	body := req.Body
@@ -138,6 +138,19 @@ func (x *exchange) askStreamUsage(req *server.Request, d *server.Decision) {
 	if e, ok := b.StreamUsageEdit(); ok {
 		d.Body, x.addedUsage = b.Rewrite([]inference.Edit{e}), true
 	}
+}
+
+// openAITextAPI says whether a request path is OpenAI's chat or
+// completions API as the model server routes it: the servers (uvicorn,
+// under vLLM and SGLang) percent-decode the path first, so
+// "/v1/chat/completion%73" is the chat API too. A path that does not
+// decode is left as sent.
+func openAITextAPI(target string) bool {
+	path, _, _ := strings.Cut(target, "?")
+	if decoded, err := url.PathUnescape(path); err == nil {
+		path = decoded
+	}
+	return strings.HasSuffix(path, "/chat/completions") || strings.HasSuffix(path, "/completions")
 }
 
 func (x *exchange) HandleResponseHeaders(_ context.Context, resp *server.Response) *server.Decision {

@@ -27,6 +27,9 @@ func TestStreamUsageIsMetered(t *testing.T) {
 	}{
 		{"chat, not asked", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, true},
 		{"completions with a query, asked not to", "/v1/completions?x=1", `{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":false}}`, true},
+		// The servers (uvicorn) decode the path before routing it.
+		{"chat, path percent-encoded", "/v1/chat/completion%73", `{"model":"m","messages":[],"stream":true}`, true},
+		{"completions, path percent-encoded", "/v1/%63ompletions?stream=1", `{"model":"m","prompt":"hi","stream":"true"}`, true},
 		{"chat, asked", "/v1/chat/completions", `{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}`, false},
 		{"not streamed", "/v1/chat/completions", `{"model":"m","messages":[]}`, false},
 		{"Anthropic messages", "/v1/messages", `{"model":"m","messages":[],"stream":true,"max_tokens":5}`, false},
