@@ -152,7 +152,22 @@ func (x *exchange) HandleRequest(ctx context.Context, r *server.Request) *server
 	d, outcome := x.decide(ctx, r, start)
 	x.p.metrics.decided(outcome).Inc()
 	x.p.metrics.latency.Observe(time.Since(start).Seconds())
+	x.forgetBody()
 	return d
+}
+
+// forgetBody lets go of the request's body once it is decided. The
+// exchange lives as long as the response streams (minutes), and the
+// server lets go of the body once its answers are sent, charging it to
+// the request buffer budget until then only: kept here it would stay in
+// memory outside the budget. What the observers of Served read later is
+// taken from it already: the prompt, which the prefix producer parsed out
+// when it hashed it, and the prefix match. Body stays non-nil, as
+// observers tell a request that had one by it.
+func (x *exchange) forgetBody() {
+	if x.req != nil && x.req.Body != nil {
+		x.req.Body, x.req.Parsed = []byte{}, nil // not nil; a zero-size slice allocates nothing
+	}
 }
 
 func (x *exchange) decide(ctx context.Context, r *server.Request, now time.Time) (*server.Decision, string) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,10 +146,7 @@ func (c *conn) serve() {
 	c.fr.SetReuseFrames() // onData is done with a frame before the next is read
 	c.fr.MaxHeaderListSize = maxHeaderListSize
 	c.fr.SetMaxReadFrameSize(maxReadFrameSize)
-	_ = c.fr.WriteSettings(
-		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize})
-	_ = c.fr.WriteWindowUpdate(0, connWindow-65535)
+	c.writeSettings()
 	err := c.flush()
 	c.wmu.Unlock()
 	if err != nil {
@@ -208,6 +206,20 @@ func (c *conn) serve() {
 		}
 		return
 	}
+}
+
+// writeSettings writes the server's SETTINGS and opens the connection's
+// window; under wmu.
+func (c *conn) writeSettings() {
+	settings := []http2.Setting{
+		{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize},
+	}
+	if n := c.s.opts.MaxConcurrentStreams; n > 0 {
+		settings = append(settings, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: n})
+	}
+	_ = c.fr.WriteSettings(settings...)
+	_ = c.fr.WriteWindowUpdate(0, connWindow-65535)
 }
 
 // frameBuffered says whether a whole frame is read already, so that
@@ -418,6 +430,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	c.wmu.Lock()
 	st, known := c.streams[id], id <= c.maxID
 	goingAway := c.goingAway
+	full := c.s.opts.MaxConcurrentStreams > 0 && len(c.streams) >= int(c.s.opts.MaxConcurrentStreams)
 	if !known && id%2 == 1 {
 		c.maxID = id
 	}
@@ -428,10 +441,18 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	if id%2 == 0 {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
-	if goingAway {
+	if goingAway || full {
+		// Refused, not reset otherwise: the client knows that nothing of
+		// the request was processed and may send it again (RFC 9113
+		// sections 5.1.2 and 8.7). A stream counts against the limit
+		// until it is closed on both sides: one whose last answers wait
+		// for the client's window is still open to the client.
 		c.wmu.Lock()
 		_ = c.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 		c.wmu.Unlock()
+		if full && !goingAway && c.s.opts.Refused != nil {
+			c.s.opts.Refused()
+		}
 		return nil
 	}
 	if f.Truncated {
@@ -818,7 +839,51 @@ func (c *conn) finish(st *Stream, err error) {
 	st.rstAfter = !st.halfClosed
 	if len(st.pending) == 0 {
 		c.writeTrailers(st)
+		return
 	}
+	c.bindUnsent(st)
+}
+
+// bindUnsent bounds how long an ended stream's last answers may wait for
+// the client's window (Options.UnsentTimeout); under wmu.
+func (c *conn) bindUnsent(st *Stream) {
+	if d := c.s.opts.UnsentTimeout; d > 0 && st.unsent == nil {
+		st.unsent = time.AfterFunc(d, func() { c.dropUnsent(st) })
+	}
+}
+
+// dropUnsent resets an ended stream whose last answers still wait for the
+// client's window, and lets go of them: the client did not take them in
+// UnsentTimeout. The status cannot follow answers cut short, so the reset
+// (CANCEL, as grpc-go resets a call at its deadline) is all that is sent.
+func (c *conn) dropUnsent(st *Stream) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if st.trailers == nil || len(st.pending) == 0 || c.werr != nil {
+		return // written meanwhile, or gone with its connection
+	}
+	c.setPending(st, nil)
+	st.trailers = nil
+	_ = c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
+	c.forget(st)
+	if i := slices.Index(c.blocked, st); i >= 0 {
+		c.blocked = slices.Delete(c.blocked, i, i+1)
+	}
+	c.flushUnlessDispatching()
+}
+
+// setPending replaces the answers a stream keeps waiting for the client's
+// window, charging the Budget for their bytes as they change; under wmu.
+func (c *conn) setPending(st *Stream, p []byte) {
+	if b := c.s.opts.Budget; b != nil {
+		switch d := int64(len(p) - len(st.pending)); {
+		case d > 0:
+			b.Hold(d)
+		case d < 0:
+			b.Unhold(-d)
+		}
+	}
+	st.pending = p
 }
 
 // writeTrailers ends the stream on the wire; under wmu.
@@ -836,6 +901,9 @@ func (c *conn) writeTrailers(st *Stream) {
 // forget removes a stream that is over on both sides; under wmu.
 func (c *conn) forget(st *Stream) {
 	delete(c.streams, st.id)
+	if st.unsent != nil {
+		st.unsent.Stop()
+	}
 	if st.clientEnded {
 		c.rememberClosed(st.id)
 	}
@@ -850,7 +918,7 @@ func (c *conn) expire(st *Stream) {
 	if st.ended || c.werr != nil {
 		return
 	}
-	st.pending = nil
+	c.setPending(st, nil)
 	c.endElsewhere(st, status.Error(codes.DeadlineExceeded, "deadline exceeded"), true)
 }
 
@@ -871,6 +939,8 @@ func (c *conn) endElsewhere(st *Stream, err error, reset bool) {
 	st.rstAfter = reset || !st.halfClosed
 	if len(st.pending) == 0 {
 		c.writeTrailers(st)
+	} else {
+		c.bindUnsent(st)
 	}
 	c.ended = append(c.ended, endedStream{st, err})
 	c.hasEnded.Store(true)
@@ -911,7 +981,8 @@ func (c *conn) abort(st *Stream, err error) {
 		st.expiry.Stop()
 	}
 	c.wmu.Lock()
-	st.ended, st.pending, st.trailers = true, nil, nil
+	c.setPending(st, nil)
+	st.ended, st.trailers = true, nil
 	c.forget(st)
 	c.wmu.Unlock()
 }
@@ -936,12 +1007,12 @@ func (c *conn) drainBlocked() {
 	for _, st := range c.blocked {
 		if len(st.pending) > 0 {
 			n := c.writeData(st, st.pending, nil)
-			st.pending = st.pending[n:]
-			if len(st.pending) > 0 {
+			if n < len(st.pending) {
+				c.setPending(st, st.pending[n:])
 				kept = append(kept, st)
 				continue
 			}
-			st.pending = nil
+			c.setPending(st, nil)
 		}
 		if st.trailers != nil {
 			c.writeTrailers(st)

@@ -66,16 +66,39 @@ type Options struct {
 	// stream with RESOURCE_EXHAUSTED. 0 means 4 MiB, grpc-go's default.
 	MaxRecvMsgSize int
 	// Budget, when set, is charged for the buffers that assemble messages
-	// spanning frames, as they grow; nil charges nothing.
+	// spanning frames, as they grow, and for the answers that wait for the
+	// client's window; nil charges nothing.
 	Budget Budget
-	Logger logr.Logger
+	// MaxConcurrentStreams, when set, is announced to each client as
+	// SETTINGS_MAX_CONCURRENT_STREAMS and enforced: a stream opened beyond
+	// it is refused with RST_STREAM REFUSED_STREAM (RFC 9113 section
+	// 5.1.2), which tells the client that nothing of it was processed. 0
+	// announces and enforces nothing.
+	MaxConcurrentStreams uint32
+	// UnsentTimeout bounds how long a stream that has ended on the
+	// server's side (its status is waiting behind its last answers) may
+	// wait for the client's window: past it the answers are dropped and
+	// the stream reset, so that a client that never reads does not keep
+	// them, nor its stream slot, for as long as its connection lasts. 0
+	// waits as long as the connection lasts.
+	UnsentTimeout time.Duration
+	// Refused, when set, is called (on the connection's goroutine) for
+	// each stream refused for MaxConcurrentStreams.
+	Refused func()
+	Logger  logr.Logger
 }
 
 // Budget bounds the bytes all streams of a process may hold. Reserve
 // takes n bytes, or says no and takes nothing; Release gives n back.
+// Hold charges n bytes of answers that wait for the client's window,
+// whatever the budget says (they are held already: the answer was
+// made), so that what Reserve may take shrinks while they wait; Unhold
+// gives them back once they are written or dropped.
 type Budget interface {
 	Reserve(n int64) bool
 	Release(n int64)
+	Hold(n int64)
+	Unhold(n int64)
 }
 
 // Defaults and bounds; see Options and the flow-control notes in conn.go.

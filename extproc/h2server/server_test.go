@@ -849,6 +849,21 @@ type countingBudget struct {
 	mu          sync.Mutex
 	limit, used int64
 	refused     int
+	held        int64 // answers waiting for window
+}
+
+func (b *countingBudget) Hold(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held += n
+}
+
+func (b *countingBudget) Unhold(n int64) { b.Hold(-n) }
+
+func (b *countingBudget) holding() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held
 }
 
 func (b *countingBudget) Reserve(n int64) bool {
@@ -937,5 +952,108 @@ func TestHeaderListOverTheLimitEndsTheConnection(t *testing.T) {
 	}
 	if _, err := fr.ReadFrame(); err == nil {
 		t.Fatal("the connection goes on after the GOAWAY")
+	}
+}
+
+// TestMaxConcurrentStreams: the limit is announced in SETTINGS, a stream
+// opened past it is refused with REFUSED_STREAM (RFC 9113 section
+// 5.1.2) and counted, and a stream that ends makes room for another.
+func TestMaxConcurrentStreams(t *testing.T) {
+	const limit = 2
+	var mu sync.Mutex
+	refused := 0
+	_, addr := serve(t, &service{}, Options{MaxConcurrentStreams: limit, Refused: func() { mu.Lock(); refused++; mu.Unlock() }})
+	_, fr := rawClient(t, addr)
+	var announced uint32
+	for announced == 0 {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sf, ok := f.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			announced, _ = sf.Value(http2.SettingMaxConcurrentStreams)
+		}
+	}
+	if announced != limit {
+		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want %d", announced, limit)
+	}
+	for id := uint32(1); id <= 5; id += 2 {
+		callRaw(t, fr, id, methodEcho)
+	}
+	if err := writeMessage(fr, 1, endMessage(t)); err != nil { // stream 1 ends
+		t.Fatal(err)
+	}
+	callRaw(t, fr, 7, methodEcho) // in the room stream 1 left
+	var resets []*http2.RSTStreamFrame
+	ended := false
+	for !ended || len(resets) < 1 {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch f := f.(type) {
+		case *http2.RSTStreamFrame:
+			if f.StreamID != 1 {
+				resets = append(resets, f)
+			}
+		case *http2.MetaHeadersFrame:
+			ended = ended || (f.StreamID == 1 && f.StreamEnded())
+		}
+	}
+	waitForPingAck(t, fr) // stream 7's fate is known by now
+	if len(resets) != 1 || resets[0].StreamID != 5 || resets[0].ErrCode != http2.ErrCodeRefusedStream {
+		t.Fatalf("resets %v, want stream 5 alone refused", resets)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if refused != 1 {
+		t.Fatalf("%d refusals counted, want 1", refused)
+	}
+}
+
+// endMessage is the gRPC message that ends an echo call.
+func endMessage(t *testing.T) []byte {
+	t.Helper()
+	body, err := proto.Marshal(wrapperspb.Bytes([]byte("end")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte{0, 0, 0, 0, byte(len(body))}, body...)
+}
+
+// TestUnsentAnswersAreCharged: answers waiting for the client's window
+// are charged to the budget while they wait; once the stream has ended
+// they wait at most UnsentTimeout, then they are dropped, the stream is
+// reset (CANCEL) and the charge given back.
+func TestUnsentAnswersAreCharged(t *testing.T) {
+	budget := &countingBudget{limit: 1 << 30}
+	_, addr := serve(t, &service{}, Options{Budget: budget, UnsentTimeout: 100 * time.Millisecond})
+	_, fr := rawClient(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	callRaw(t, fr, 1, methodEcho)
+	msg := grpcMessage(t, 10_000)
+	if err := writeMessage(fr, 1, msg); err != nil {
+		t.Fatal(err)
+	}
+	waitForPingAck(t, fr)
+	if held := budget.holding(); held != int64(len(msg)) {
+		t.Fatalf("%d bytes charged for an answer of %d waiting for window", held, len(msg))
+	}
+	if err := writeMessage(fr, 1, endMessage(t)); err != nil { // the call ends; its answer still waits
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rst, ok := f.(*http2.RSTStreamFrame); ok {
+			if rst.ErrCode != http2.ErrCodeCancel {
+				t.Fatalf("reset %v, want CANCEL", rst.ErrCode)
+			}
+			break
+		}
+	}
+	if held := budget.holding(); held != 0 {
+		t.Fatalf("%d bytes still charged after the answer was dropped", held)
 	}
 }

@@ -38,10 +38,11 @@ type Stream struct {
 	// Under c.wmu.
 	headersSent bool
 	ended       bool        // Send fails: the status is written or waits, or the stream is gone
-	pending     []byte      // DATA waiting for the client's window
+	pending     []byte      // DATA waiting for the client's window, charged to the Budget (setPending)
 	trailers    []byte      // the status, written when pending has drained
 	rstAfter    bool        // reset after the status: the client has not half-closed
 	expiry      *time.Timer // ends the call at the client's grpc-timeout
+	unsent      *time.Timer // drops the last answers of an ended stream at UnsentTimeout
 	sendWindow  int64
 	unacked     int64 // bytes received and not yet granted back
 }
@@ -79,7 +80,7 @@ func (st *Stream) Send(msg []byte) error {
 		if len(st.pending) == 0 {
 			c.blocked = append(c.blocked, st)
 		}
-		st.pending = append(append(st.pending, prefix[min(n, len(prefix)):]...), msg[max(n-len(prefix), 0):]...)
+		c.setPending(st, append(append(st.pending, prefix[min(n, len(prefix)):]...), msg[max(n-len(prefix), 0):]...))
 	}
 	c.flushUnlessDispatching()
 	return c.werr
@@ -99,6 +100,23 @@ func (st *Stream) End(err error) {
 		return
 	}
 	c.endElsewhere(st, err, false)
+}
+
+// Cut ends the call at once, from any goroutine: answers still waiting
+// for the client's window are dropped (and their bytes given back to the
+// Budget), the status err gives (nil: OK) goes out, and a reset follows,
+// as at the client's grpc-timeout. A processor ends so a stream whose
+// client has stopped taking its answers; End would wait for them. The
+// Receiver's Close follows as after End.
+func (st *Stream) Cut(err error) {
+	c := st.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if st.ended || c.werr != nil {
+		return
+	}
+	c.setPending(st, nil)
+	c.endElsewhere(st, err, true)
 }
 
 // headerBlocks are the header blocks a server writes, encoded once.

@@ -13,18 +13,29 @@ import (
 const ReasonOverloaded = "processor-overloaded"
 
 // budget bounds what all streams of one process hold at once: the streams
-// open, and the request-body bytes buffered. Without it each stream is
-// bounded but their number is not, and a few stalled large uploads take
-// the process past its memory limit, where an OOM kill drops every request
-// in flight.
+// open, and the bytes buffered: request bodies as they arrive, and answers
+// made but not yet taken by the client. Without it each stream is bounded
+// but their number is not, and a few stalled large uploads, or a client
+// that never grants the window to send its answers, take the process past
+// its memory limit, where an OOM kill drops every request in flight.
 type budget struct {
 	maxStreams  int64
 	maxBuffered int64
 
 	open, buffered atomic.Int64
+	// inflight are answer bytes held until the client takes them: charged
+	// whatever the budget says (the answer is made; refusing it would not
+	// free it), they leave that much less for request bodies.
+	inflight atomic.Int64
 
 	refused  *prometheus.CounterVec
 	timeouts prometheus.Counter
+	// idleEndings counts streams the watchdog ended, by phase: request
+	// (408 before the decision) or response (after it: no message for
+	// the stream idle timeout, or answers not taken).
+	idleEndings *prometheus.CounterVec
+	// connRefused counts streams refused for the per-connection limit.
+	connRefused prometheus.Counter
 }
 
 func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
@@ -39,6 +50,14 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 			Name: "infergate_extproc_request_idle_timeouts_total",
 			Help: "Requests answered 408 request-timeout: no message for the request idle timeout before the request was decided.",
 		}),
+		idleEndings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infergate_extproc_idle_endings_total",
+			Help: "Streams the processor ended for want of progress, by phase: request (answered 408 before the decision) or response (after the decision: nothing received, or answers not taken, for the stream idle timeout).",
+		}, []string{"phase"}),
+		connRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infergate_extproc_connection_streams_refused_total",
+			Help: "Streams refused with RST_STREAM REFUSED_STREAM because their connection had its limit of streams open (h2 transport; grpc-go refuses them without telling).",
+		}),
 	}
 	if reg == nil {
 		return b, nil
@@ -46,6 +65,8 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 	for _, c := range []prometheus.Collector{
 		b.refused,
 		b.timeouts,
+		b.idleEndings,
+		b.connRefused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "infergate_extproc_open_streams",
 			Help: "ext_proc streams open (requests in flight).",
@@ -54,6 +75,10 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 			Name: "infergate_extproc_buffered_request_bytes",
 			Help: "Request-body bytes all streams hold while they wait for the end of their body.",
 		}, func() float64 { return float64(b.buffered.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_extproc_answer_bytes_in_flight",
+			Help: "Answer bytes made and not yet taken by the client (waiting for its HTTP/2 window), charged to the request buffer budget.",
+		}, func() float64 { return float64(b.inflight.Load()) }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register ext_proc metrics: %w", err)
@@ -79,12 +104,17 @@ func (b *budget) closeStream() { b.open.Add(-1) }
 // exceeded (nothing is taken then; the caller may try for less, or refuse
 // the request and call refuseBuffer).
 func (b *budget) reserve(n int64) bool {
-	if v := b.buffered.Add(n); b.maxBuffered > 0 && v > b.maxBuffered {
+	if v := b.buffered.Add(n); b.maxBuffered > 0 && v+b.inflight.Load() > b.maxBuffered {
 		b.buffered.Add(-n)
 		return false
 	}
 	return true
 }
+
+// hold charges n bytes of answers not yet taken, whatever the budget says;
+// unhold gives them back.
+func (b *budget) hold(n int64)   { b.inflight.Add(n) }
+func (b *budget) unhold(n int64) { b.inflight.Add(-n) }
 
 // refuseBuffer counts a request refused for want of buffer budget.
 func (b *budget) refuseBuffer() { b.refused.WithLabelValues("buffer").Inc() }
@@ -105,6 +135,8 @@ func (t transportBudget) Reserve(n int64) bool {
 }
 
 func (t transportBudget) Release(n int64) { t.b.release(n) }
+func (t transportBudget) Hold(n int64)    { t.b.hold(n) }
+func (t transportBudget) Unhold(n int64)  { t.b.unhold(n) }
 
 func overloaded(what string) *Rejection {
 	return &Rejection{Status: 503, Reason: ReasonOverloaded, Message: "the gateway's processor is at its " + what + "; retry shortly"}

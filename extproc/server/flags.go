@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,7 +26,9 @@ type Flags struct {
 	MaxRequestBodyBytes               int64
 	BufferBudgetBytes                 int64
 	MaxStreams                        int
+	MaxStreamsPerConnection           int
 	DrainTimeout, RequestIdleTimeout  time.Duration
+	StreamIdleTimeout                 time.Duration
 	ShutdownDelay                     time.Duration
 	Pprof                             bool
 	Transport                         string
@@ -52,7 +55,9 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&f.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are read whole; 0 = unlimited")
 	fs.Int64Var(&f.BufferBudgetBytes, "request-buffer-budget", 0, "request-body bytes all requests may hold at once while their bodies arrive; over it a request is answered 503 processor-overloaded. 0 = 40% of the container's memory limit (cgroup), or 1 GiB without one")
 	fs.IntVar(&f.MaxStreams, "max-streams", 10000, "ext_proc streams (requests in flight) open at once; one more is answered 503 processor-overloaded. 0 = unlimited")
-	fs.DurationVar(&f.RequestIdleTimeout, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed (the response path is not timed); 0 = none")
+	fs.IntVar(&f.MaxStreamsPerConnection, "max-streams-per-connection", 1000, "ext_proc streams one gateway connection may have open at once, announced as HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (a stream beyond it is refused, and Envoy opens another connection), so that one connection cannot take all of --max-streams; 0 = unlimited")
+	fs.DurationVar(&f.RequestIdleTimeout, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed; 0 = none")
+	fs.DurationVar(&f.StreamIdleTimeout, "stream-idle-timeout", 15*time.Minute, "once a request is decided, a stream that receives nothing for this long (the gateway waits on a model longer than any route allows, or does not take the answers) is ended with DEADLINE_EXCEEDED and what it holds freed; keep it above the gateway's route and stream idle timeouts; 0 = none")
 	fs.DurationVar(&f.DrainTimeout, "drain-timeout", 30*time.Second, "on stop, how long open streams may finish")
 	fs.DurationVar(&f.ShutdownDelay, "shutdown-delay", 0, "on stop, how long to go on serving new streams with the health service NOT_SERVING before draining, so gateways' health checks take this processor out first (the charts set 5s); 0 = none")
 	fs.BoolVar(&f.Pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ on the metrics listener")
@@ -73,7 +78,8 @@ func (f *Flags) Validate() error {
 	for _, n := range []struct {
 		name  string
 		value int64
-	}{{"--max-request-body-bytes", f.MaxRequestBodyBytes}, {"--request-buffer-budget", f.BufferBudgetBytes}, {"--max-streams", int64(f.MaxStreams)}} {
+	}{{"--max-request-body-bytes", f.MaxRequestBodyBytes}, {"--request-buffer-budget", f.BufferBudgetBytes}, {"--max-streams", int64(f.MaxStreams)},
+		{"--max-streams-per-connection", int64(f.MaxStreamsPerConnection)}} {
 		if n.value < 0 {
 			return fmt.Errorf("%s: %d is negative", n.name, n.value)
 		}
@@ -81,10 +87,14 @@ func (f *Flags) Validate() error {
 	for _, d := range []struct {
 		name  string
 		value time.Duration
-	}{{"--shutdown-delay", f.ShutdownDelay}, {"--request-idle-timeout", f.RequestIdleTimeout}, {"--drain-timeout", f.DrainTimeout}} {
+	}{{"--shutdown-delay", f.ShutdownDelay}, {"--request-idle-timeout", f.RequestIdleTimeout}, {"--stream-idle-timeout", f.StreamIdleTimeout},
+		{"--drain-timeout", f.DrainTimeout}} {
 		if d.value < 0 {
 			return fmt.Errorf("%s: %s is negative", d.name, d.value)
 		}
+	}
+	if int64(f.MaxStreamsPerConnection) > math.MaxUint32 {
+		return fmt.Errorf("--max-streams-per-connection: %d is over HTTP/2's %d", f.MaxStreamsPerConnection, uint32(math.MaxUint32))
 	}
 	switch f.Transport {
 	case TransportAuto, TransportGRPC, TransportH2:
@@ -109,10 +119,12 @@ func (f *Flags) Options() Options {
 		ShutdownDelay: f.ShutdownDelay,
 		Pprof:         f.Pprof,
 		Limits: Limits{
-			MaxRequestBodyBytes: f.MaxRequestBodyBytes,
-			MaxStreams:          f.MaxStreams,
-			RequestIdleTimeout:  f.RequestIdleTimeout,
-			BufferBudgetBytes:   f.BufferBudgetBytes,
+			MaxRequestBodyBytes:     f.MaxRequestBodyBytes,
+			MaxStreams:              f.MaxStreams,
+			MaxStreamsPerConnection: f.MaxStreamsPerConnection,
+			RequestIdleTimeout:      f.RequestIdleTimeout,
+			StreamIdleTimeout:       f.StreamIdleTimeout,
+			BufferBudgetBytes:       f.BufferBudgetBytes,
 		},
 	}
 	if f.HealthPort > 0 {

@@ -15,7 +15,10 @@ func TestFlagsValidate(t *testing.T) {
 		{Name: "negative body limit", Args: []string{"--max-request-body-bytes", "-1"}, Want: "--max-request-body-bytes: -1 is negative"},
 		{Name: "negative budget", Args: []string{"--request-buffer-budget", "-1"}, Want: "--request-buffer-budget: -1 is negative"},
 		{Name: "negative stream cap", Args: []string{"--max-streams", "-1"}, Want: "--max-streams: -1 is negative"},
+		{Name: "negative per-connection cap", Args: []string{"--max-streams-per-connection", "-1"}, Want: "--max-streams-per-connection: -1 is negative"},
+		{Name: "per-connection cap past HTTP/2", Args: []string{"--max-streams-per-connection", "4294967296"}, Want: "--max-streams-per-connection: 4294967296 is over HTTP/2's 4294967295"},
 		{Name: "negative idle timeout", Args: []string{"--request-idle-timeout", "-1s"}, Want: "--request-idle-timeout: -1s is negative"},
+		{Name: "negative stream idle timeout", Args: []string{"--stream-idle-timeout", "-1s"}, Want: "--stream-idle-timeout: -1s is negative"},
 		{Name: "negative drain", Args: []string{"--drain-timeout", "-1s"}, Want: "--drain-timeout: -1s is negative"},
 		{Name: "unknown transport", Args: []string{"--extproc-transport", "quic"}, Want: `--extproc-transport: "quic" is not auto, grpc or h2`},
 		{Name: "client CA without TLS", Args: []string{"--secure-serving=false", "--client-ca-file", "ca.pem"}, Want: "--client-ca-file needs --secure-serving"},
@@ -31,7 +34,8 @@ func TestFlagsOptions(t *testing.T) {
 	if o.TLS != (TLSOptions{Enabled: true, CertFile: "/certs/tls.crt", KeyFile: "/certs/tls.key"}) {
 		t.Errorf("TLS %+v", o.TLS)
 	}
-	want := Limits{MaxRequestBodyBytes: 16 << 20, MaxStreams: 10000, BufferBudgetBytes: 1024, RequestIdleTimeout: 30 * time.Second}
+	want := Limits{MaxRequestBodyBytes: 16 << 20, MaxStreams: 10000, MaxStreamsPerConnection: 1000, BufferBudgetBytes: 1024,
+		RequestIdleTimeout: 30 * time.Second, StreamIdleTimeout: 15 * time.Minute}
 	if o.Limits != want || o.Transport != TransportH2 || o.ShutdownDelay != 5*time.Second || o.DrainTimeout != 30*time.Second {
 		t.Errorf("options %+v", o)
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sync"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
@@ -56,10 +57,14 @@ func (h h2Handler) Open(st *h2server.Stream) (h2server.Receiver, error) {
 		out := h2Sender{st: st, codec: h.codec}
 		ps := h.s.openStream(st.Context(), out)
 		if ps == nil {
-			return h2Refused{out: out}, nil
+			r := &h2Refused{out: out}
+			if d := h.s.refusedWait(); d > 0 {
+				r.timer = time.AfterFunc(d, func() { st.End(nil) })
+			}
+			return r, nil
 		}
 		p := &h2Process{s: h.s, ctx: st.Context(), st: ps, h2: st}
-		ps.setEndCall(p.endTimedOut)
+		ps.watch(p.endByWatchdog)
 		return p, nil
 	case methodHealthCheck:
 		return &h2Health{s: h.s, ctx: st.Context(), out: h2Sender{st: st, codec: h.codec}}, nil
@@ -169,20 +174,35 @@ func (p *h2Process) Close(err error) {
 	}
 }
 
-// endTimedOut ends the call the idle watchdog answered 408, from the
-// watchdog's goroutine, and lets go of the stream's state (its
-// --max-streams slot) at once rather than when the connection next reads
-// a frame; the transport's Close then finds it closed.
-func (p *h2Process) endTimedOut() {
-	p.h2.End(nil)
-	p.Close(nil)
+// endByWatchdog ends the call from the idle watchdog's goroutine: with
+// OK after its 408 (which goes out first), or at once with err, dropping
+// the answers the client has not taken, at the stream idle timeout. It
+// lets go of the stream's state (its --max-streams slot, its bytes) at
+// once rather than when the connection next reads a frame; the
+// transport's Close then finds it closed.
+func (p *h2Process) endByWatchdog(err error) {
+	if err == nil {
+		p.h2.End(nil)
+	} else {
+		p.h2.Cut(err)
+	}
+	p.Close(err)
 }
 
-// h2Refused answers a stream over the cap, as refuse does on grpc-go.
-type h2Refused struct{ out h2Sender }
+// h2Refused answers a stream over the cap, as refuse does on grpc-go,
+// and ends it from its timer if no message comes.
+type h2Refused struct {
+	out   h2Sender
+	timer *time.Timer
+}
 
-func (r h2Refused) Message([]byte) (bool, error) { return true, r.out.Send(refusal()) }
-func (r h2Refused) Close(error)                  {}
+func (r *h2Refused) Message([]byte) (bool, error) { return true, r.out.Send(refusal()) }
+
+func (r *h2Refused) Close(error) {
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+}
 
 // h2Health answers a health Check.
 type h2Health struct {

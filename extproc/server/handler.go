@@ -69,6 +69,9 @@ type Metadata map[string]*structpb.Struct
 type Request struct {
 	Headers Headers
 	// Body is the whole request body; nil when the request carried none.
+	// The server lets go of it (sets it nil) once the answers carrying it
+	// are sent: an Exchange that keeps it past HandleRequest keeps it
+	// outside the request buffer budget for as long as the stream lasts.
 	Body []byte
 	// HasTrailers is true when the request ended with trailers.
 	HasTrailers bool

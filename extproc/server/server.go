@@ -44,15 +44,38 @@ type Limits struct {
 	// flight); one more is answered 503 processor-overloaded at its
 	// request headers. 0 = unlimited.
 	MaxStreams int
+	// MaxStreamsPerConnection bounds the streams one connection may have
+	// open at once, so that one client cannot take all of MaxStreams. It
+	// is announced as SETTINGS_MAX_CONCURRENT_STREAMS, and a stream
+	// beyond it is refused with RST_STREAM REFUSED_STREAM (grpc-go:
+	// internal/transport http2_server.go operateHeaders; h2server
+	// alike). That is safe with Envoy: its HTTP/2 connection pool takes
+	// the limit from the processor's SETTINGS and marks a connection that
+	// is full busy (source/common/http/conn_pool_base.cc
+	// MultiplexedActiveClientBase::onSettings), and a stream with no ready
+	// connection makes it open another
+	// (source/common/conn_pool/conn_pool_base.cc
+	// ConnPoolImplBase::newStreamImpl, tryCreateNewConnections); grpc-go
+	// clients wait for stream quota on the connection
+	// (internal/transport/http2_client.go NewStream). 0 = unlimited.
+	MaxStreamsPerConnection int
 	// BufferBudgetBytes bounds the request-body bytes all streams buffer
 	// at once; a chunk that would pass it is answered 503
 	// processor-overloaded and its stream's bytes are freed. 0 = unlimited.
 	BufferBudgetBytes int64
 	// RequestIdleTimeout bounds the wait for a request's next message
 	// until the request is decided; a request that stalls longer is
-	// answered 408 request-timeout and its body freed. The response path
-	// is not timed (a model may think for minutes). 0 = no timeout.
+	// answered 408 request-timeout and its body freed. 0 = no timeout.
 	RequestIdleTimeout time.Duration
+	// StreamIdleTimeout bounds the wait for a stream's next message once
+	// its request is decided (and before, when RequestIdleTimeout is 0):
+	// a stream that receives nothing for longer is ended by the processor
+	// (DEADLINE_EXCEEDED, answers the client has not taken dropped), which
+	// frees its slot and the bytes it holds. It is long, as a model may
+	// think for minutes before the first byte of an answer that is not
+	// streamed; it also bounds how long an ended stream's last answers may
+	// wait for the client's window on h2. 0 = no timeout.
+	StreamIdleTimeout time.Duration
 }
 
 // Options configure the listeners of a Server. An empty address disables
@@ -312,8 +335,11 @@ type mainServer struct {
 }
 
 func (s *Server) mainServer(cdc *codec) mainServer {
+	l := s.opts.Limits
 	if s.opts.Transport == TransportH2 {
-		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Budget: transportBudget{s.budget}, Logger: s.opts.Logger})
+		hs := h2server.New(h2Handler{s: s, codec: cdc}, h2server.Options{TLS: s.tls, Budget: transportBudget{s.budget},
+			MaxConcurrentStreams: uint32(l.MaxStreamsPerConnection), UnsentTimeout: l.StreamIdleTimeout,
+			Refused: s.budget.connRefused.Inc, Logger: s.opts.Logger})
 		return mainServer{serve: hs.Serve, drain: func(timeout time.Duration) bool {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
@@ -333,6 +359,9 @@ func (s *Server) mainServer(cdc *codec) mainServer {
 	// workers still get goroutines of their own.
 	gopts = append(gopts, grpc.NumStreamWorkers(streamWorkers))
 	gopts = append(gopts, grpc.ForceServerCodecV2(cdc), experimental.BufferPool(cdc.pool))
+	if n := l.MaxStreamsPerConnection; n > 0 {
+		gopts = append(gopts, grpc.MaxConcurrentStreams(uint32(n)))
+	}
 	gs := grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	healthpb.RegisterHealthServer(gs, s.health)
@@ -352,45 +381,66 @@ func (s *Server) mainServer(cdc *codec) mainServer {
 // Process implements the ext_proc service: one stream per HTTP request.
 func (s *Server) Process(gs extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := gs.Context()
+	// The idle watchdog ends the call from its own goroutine, as a
+	// handler's return would: the status is written (trailers, and
+	// RST_STREAM if the client has not half-closed) and the stream's
+	// context cancelled, which is what wakes RecvMsg here, or a SendMsg
+	// waiting for the client's window (grpc-go internal/transport
+	// http2_server.go finishStream: "cancel needs to be called to
+	// interrupt the potential blocking on other goroutines"; write:
+	// s.wq.get returns when the context ends). grpc-go's transport stream,
+	// which the context carries, has WriteStatus;
+	// TestTimedOutStreamsAreLetGo fails if that changes.
+	var end func(error)
+	if ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ WriteStatus(*status.Status) error }); ok {
+		end = func(err error) { _ = ts.WriteStatus(statusOf(err)) }
+	}
 	st := s.openStream(ctx, gs)
 	if st == nil {
-		return refuse(gs)
+		return s.refuse(gs, end)
 	}
-	// The 408 of the idle watchdog ends the call from the watchdog's
-	// goroutine, as a handler's return would: the status is written
-	// (trailers, and RST_STREAM if the client has not half-closed) and the
-	// stream's context cancelled, which is what wakes RecvMsg here
-	// (grpc-go internal/transport http2_server.go finishStream: "cancel
-	// needs to be called to interrupt the potential blocking on other
-	// goroutines"). grpc-go's transport stream, which the context carries,
-	// has WriteStatus; TestTimedOutStreamsAreLetGo fails if that changes.
-	if ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ WriteStatus(*status.Status) error }); ok {
-		st.setEndCall(func() { _ = ts.WriteStatus(status.New(codes.OK, "")) })
-	}
+	st.watch(end)
 	err := st.run(ctx, gs)
 	s.closeStream(ctx, st, err)
 	return err
 }
 
+// statusOf is err's gRPC status, OK for nil.
+func statusOf(err error) *status.Status {
+	if err == nil {
+		return status.New(codes.OK, "")
+	}
+	return status.Convert(err)
+}
+
 // openStream starts a stream's exchange, its answers going to out; nil
-// when the process is at its stream cap (answer refusal, then).
+// when the process is at its stream cap (answer refusal, then). The
+// caller arms its watchdog (stream.watch) with how the transport ends it.
 func (s *Server) openStream(ctx context.Context, out sender) *stream {
 	if !s.budget.openStream() {
 		return nil
 	}
-	st := newStream(out, s.handler.NewExchange(ctx), s.opts.Limits, s.budget, &s.answers)
-	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
-		st.watchIdle(d)
-	}
-	return st
+	return newStream(out, s.handler.NewExchange(ctx), s.opts.Limits, s.budget, &s.answers)
 }
 
 // closeStream ends what openStream started; err is why the stream ended
-// early, nil at its natural end.
+// early, nil at its natural end. The stream is closed (a message handled
+// meanwhile on h2, where the watchdog may call this, finds it closed)
+// before the exchange is told.
 func (s *Server) closeStream(ctx context.Context, st *stream, err error) {
-	st.ex.Close(ctx, st.summary(err))
 	st.close()
+	st.ex.Close(ctx, st.summary(err))
 	s.budget.closeStream()
+}
+
+// refusedWait bounds how long a refused stream waits for the message its
+// refusal answers: it holds no Exchange, but its stream on the
+// connection, and a client that never sends one would keep it.
+func (s *Server) refusedWait() time.Duration {
+	if d := s.opts.Limits.RequestIdleTimeout; d > 0 {
+		return d
+	}
+	return s.opts.Limits.StreamIdleTimeout
 }
 
 // refusal answers the first message of a stream over the cap: a stream
@@ -399,11 +449,16 @@ func refusal() *extprocv3.ProcessingResponse {
 	return ImmediateResponse(overloaded("limit of open requests"))
 }
 
-// refuse answers a grpc-go stream over the cap and ends it.
-func refuse(gs extprocv3.ExternalProcessor_ProcessServer) error {
+// refuse answers a grpc-go stream over the cap and ends it; end, when
+// set, ends it from a timer if no message comes within refusedWait.
+func (s *Server) refuse(gs extprocv3.ExternalProcessor_ProcessServer, end func(error)) error {
+	if d := s.refusedWait(); d > 0 && end != nil {
+		t := time.AfterFunc(d, func() { end(nil) })
+		defer t.Stop()
+	}
 	if err := gs.RecvMsg(&inbound{}); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil
+		if errors.Is(err, io.EOF) || gs.Context().Err() != nil {
+			return nil // the client's end, or the timer's
 		}
 		return fmt.Errorf("receive: %w", err)
 	}

@@ -45,7 +45,8 @@ type recExchange struct{ r *recorder }
 
 func (e *recExchange) HandleRequest(ctx context.Context, req *server.Request) *server.Decision {
 	e.r.mu.Lock()
-	e.r.requests = append(e.r.requests, req)
+	cp := *req // the server lets go of req.Body once it has answered
+	e.r.requests = append(e.r.requests, &cp)
 	e.r.mu.Unlock()
 	if e.r.release != nil {
 		<-e.r.release
@@ -84,7 +85,7 @@ func eachTransport(t *testing.T, test func(t *testing.T, transport string)) {
 }
 
 // start serves h with opts over transport until the test ends.
-func start(t *testing.T, transport string, h server.Handler, opts server.Options) (*server.Server, context.CancelFunc, <-chan error) {
+func start(t testing.TB, transport string, h server.Handler, opts server.Options) (*server.Server, context.CancelFunc, <-chan error) {
 	t.Helper()
 	opts.Transport = transport
 	if opts.GRPCAddr == "" {
@@ -113,7 +114,7 @@ func start(t *testing.T, transport string, h server.Handler, opts server.Options
 	return srv, cancel, done
 }
 
-func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+func dial(t testing.TB, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
 	if creds == nil {
 		creds = insecure.NewCredentials()
@@ -159,14 +160,14 @@ func reqBody(b []byte, eos bool) *extprocv3.ProcessingRequest {
 	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}}
 }
 
-func mustSend(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, m *extprocv3.ProcessingRequest) {
+func mustSend(t testing.TB, st extprocv3.ExternalProcessor_ProcessClient, m *extprocv3.ProcessingRequest) {
 	t.Helper()
 	if err := st.Send(m); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func mustRecv(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
+func mustRecv(t testing.TB, st extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
 	t.Helper()
 	r, err := st.Recv()
 	if err != nil {

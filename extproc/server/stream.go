@@ -9,6 +9,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -48,30 +49,58 @@ type stream struct {
 
 	// mu serializes message handling with the idle watchdog, which may
 	// answer the request from its own goroutine while run waits in Recv.
-	mu       sync.Mutex
-	idle     time.Duration
-	timer    *time.Timer
-	last     time.Time // the last message received
-	decided  bool      // the request was answered (or refused)
-	timedOut bool
-	closed   bool // the handler is returning: the stream is not to be used
-	// endCall, set by the transport before the stream runs, ends the call
-	// from the watchdog's goroutine once it has answered 408: a request
-	// answered is let go by the processor, not left open (holding its
-	// --max-streams slot) for as long as the client likes.
-	endCall func()
+	// After the decision the watchdog takes no lock: a handler may hold
+	// mu for as long as a send waits for a client that never grants
+	// window, and the watchdog is what ends that wait.
+	mu sync.Mutex
+	// timer is the watchdog's: set once, before it can fire, and reset
+	// from its own goroutine without mu.
+	timer    atomic.Pointer[time.Timer]
+	over     atomic.Bool  // closed, for the watchdog, which may not take mu
+	last     atomic.Int64 // the last message received, Unix nanoseconds
+	decided  atomic.Bool  // the request was answered (or refused)
+	timedOut bool         // the watchdog answered 408; under mu
+	closed   bool         // the handler is returning: the stream is not to be used; under mu
+	// idleEnd is why the watchdog ended the call after the decision; nil
+	// while it has not.
+	idleEnd atomic.Pointer[error]
+	// endCall, set by the transport before the watchdog is armed, ends
+	// the call from the watchdog's goroutine: with OK once it has answered
+	// 408 (a request answered is let go by the processor, not left open,
+	// holding its --max-streams slot, for as long as the client likes), or
+	// with err, dropping answers the client has not taken, when the
+	// stream idle timeout passes.
+	endCall func(err error)
 }
 
 // ReasonRequestTimeout is the drop reason of a request that stalled
 // before it was decided.
 const ReasonRequestTimeout = "request-timeout"
 
-// watchIdle arms the request idle timeout until close.
-func (s *stream) watchIdle(d time.Duration) {
-	s.mu.Lock()
-	s.idle, s.last = d, time.Now()
-	s.timer = time.AfterFunc(d, s.onIdle)
-	s.mu.Unlock()
+// watch arms the stream's idle limits (Limits.RequestIdleTimeout until
+// the request is decided, Limits.StreamIdleTimeout after, and before
+// when the former is 0) until close; end is endCall.
+func (s *stream) watch(end func(error)) {
+	s.endCall = end
+	tick := s.tick()
+	if tick <= 0 {
+		return
+	}
+	s.last.Store(time.Now().UnixNano())
+	// Stored before it is set to fire: the watchdog resets it.
+	t := time.AfterFunc(time.Hour, s.onIdle)
+	s.timer.Store(t)
+	t.Reset(tick)
+}
+
+// tick is the longest the watchdog may sleep and still end a stream in
+// time, whichever phase it is in: the shorter of the two timeouts set.
+func (s *stream) tick() time.Duration {
+	r, st := s.limits.RequestIdleTimeout, s.limits.StreamIdleTimeout
+	if r <= 0 || (st > 0 && st < r) {
+		return st
+	}
+	return r
 }
 
 // close ends the stream's life: the watchdog is disarmed (one already
@@ -80,22 +109,46 @@ func (s *stream) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	if s.timer != nil {
-		s.timer.Stop()
+	s.over.Store(true)
+	if t := s.timer.Load(); t != nil {
+		t.Stop()
 	}
 	s.releaseBody()
 }
 
-// onIdle answers 408 a request that has not moved for the idle timeout,
-// frees its body and ends the call. Envoy's filter, given an immediate
-// response, stops processing and closes its side (ext_proc.cc
-// Filter::onReceiveMessage, kImmediateResponse: processing_complete_,
-// closeStreamMaybeGraceful), and a close from the server after that is
-// ignored (Filter::onGrpcCloseWithStatus returns when processing is
-// complete); a client that is not Envoy is let go all the same.
+// onIdle is the watchdog. Before the decision it answers 408 a request
+// that has not moved for the request idle timeout, frees its body and
+// ends the call. Envoy's filter, given an immediate response, stops
+// processing and closes its side (ext_proc.cc Filter::onReceiveMessage,
+// kImmediateResponse: processing_complete_, closeStreamMaybeGraceful),
+// and a close from the server after that is ignored
+// (Filter::onGrpcCloseWithStatus returns when processing is complete); a
+// client that is not Envoy is let go all the same. After the decision it
+// ends a stream that has received nothing for the stream idle timeout
+// (see endIdle).
 func (s *stream) onIdle() {
-	if answered, end := s.answerTimeout(); answered && end != nil {
-		end()
+	if s.over.Load() {
+		return // closed while this waited; a Reset may have raced the Stop
+	}
+	if s.decided.Load() || s.limits.RequestIdleTimeout <= 0 {
+		s.checkStream()
+		return
+	}
+	s.checkRequest()
+}
+
+// checkRequest is the watchdog before the decision.
+func (s *stream) checkRequest() {
+	if !s.mu.TryLock() {
+		// A message is being handled, so the request is moving (or being
+		// decided): look again later, without waiting on it.
+		s.timer.Load().Reset(s.tick())
+		return
+	}
+	answered, end := s.answerTimeout()
+	s.mu.Unlock()
+	if answered && end != nil {
+		end(nil)
 	}
 }
 
@@ -106,37 +159,76 @@ func (s *stream) answeredTimeout() bool {
 	return s.timedOut
 }
 
-// setEndCall sets how the call ends after a 408 (see endCall), and ends
-// it at once if the watchdog has answered already.
-func (s *stream) setEndCall(end func()) {
-	s.mu.Lock()
-	timedOut := s.timedOut
-	s.endCall = end
-	s.mu.Unlock()
-	if timedOut {
-		end()
-	}
-}
-
 // answerTimeout answers 408 if the request is still undecided and has not
 // moved for the idle timeout; it reports whether it did, and how to end
-// the call.
-func (s *stream) answerTimeout() (answered bool, end func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.decided || s.timedOut || s.closed {
+// the call. Under mu.
+func (s *stream) answerTimeout() (answered bool, end func(error)) {
+	if s.timedOut || s.closed {
 		return false, nil
 	}
-	if wait := s.idle - time.Since(s.last); wait > 0 {
-		s.timer.Reset(wait)
+	if s.decided.Load() {
+		s.timer.Load().Reset(s.tick()) // checkStream from now on
+		return false, nil
+	}
+	if wait := s.limits.RequestIdleTimeout - time.Since(time.Unix(0, s.last.Load())); wait > 0 {
+		s.timer.Load().Reset(min(wait, s.tick()))
 		return false, nil
 	}
 	s.timedOut = true
 	s.releaseBody()
 	s.budget.timeouts.Inc()
+	s.budget.idleEndings.WithLabelValues("request").Inc()
 	_ = s.out.Send(ImmediateResponse(&Rejection{Status: 408, Reason: ReasonRequestTimeout,
-		Message: fmt.Sprintf("the request sent nothing for %s before its end", s.idle)}))
+		Message: fmt.Sprintf("the request sent nothing for %s before its end", s.limits.RequestIdleTimeout)}))
 	return true, s.endCall
+}
+
+// checkStream is the watchdog after the decision (and before it, when
+// only the stream idle timeout is set). It takes no lock.
+func (s *stream) checkStream() {
+	d := s.limits.StreamIdleTimeout
+	if d <= 0 {
+		return // the request idle timeout alone: nothing to watch now
+	}
+	if wait := d - time.Since(time.Unix(0, s.last.Load())); wait > 0 {
+		s.timer.Load().Reset(wait)
+		return
+	}
+	s.endIdle(d)
+}
+
+// endIdle ends a stream that has received nothing for the stream idle
+// timeout d: its request was decided and the proxy sends no more (it
+// waits for a model that thinks for longer than any route allows, or it
+// is gone), or the client does not take the answers, which hold memory
+// and the stream's slot. The call ends with DEADLINE_EXCEEDED and answers
+// the client has not taken are dropped. Envoy then applies the filter's
+// failure mode (ext_proc.cc Filter::onGrpcError): failure_mode_allow
+// goes on without the processor, otherwise the request fails; an OK
+// status would have it go on without the processor whatever the mode
+// (Filter::onGrpcCloseWithStatus), skipping a guardrail it requires.
+func (s *stream) endIdle(d time.Duration) {
+	phase := "response"
+	if !s.decided.Load() {
+		phase = "request"
+	}
+	err := status.Errorf(codes.DeadlineExceeded, "the ext_proc stream received nothing for %s (%s phase); the processor ended it", d, phase)
+	if !s.idleEnd.CompareAndSwap(nil, &err) {
+		return
+	}
+	s.budget.idleEndings.WithLabelValues(phase).Inc()
+	if s.endCall != nil {
+		s.endCall(err)
+	}
+}
+
+// endedIdle is why the watchdog ended the call after the decision, nil
+// if it has not.
+func (s *stream) endedIdle() error {
+	if e := s.idleEnd.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // sender is where a stream's answers go: a grpc-go stream, or an
@@ -171,10 +263,16 @@ func (s *stream) run(ctx context.Context, in interface{ RecvMsg(any) error }) er
 		if errors.Is(err, io.EOF) || err != nil && s.answeredTimeout() {
 			return nil // the proxy's end; or the call ended after a 408
 		}
+		if idle := s.endedIdle(); err != nil && idle != nil {
+			return idle
+		}
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
 		if done, err := s.receive(ctx, &msg); done {
+			if idle := s.endedIdle(); err != nil && idle != nil {
+				return idle // a send the watchdog's end cut short
+			}
 			return err
 		}
 	}
@@ -185,10 +283,10 @@ func (s *stream) run(ctx context.Context, in interface{ RecvMsg(any) error }) er
 func (s *stream) receive(ctx context.Context, msg *inbound) (done bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.timedOut {
+	if s.timedOut || s.closed || s.idleEnd.Load() != nil {
 		return true, nil
 	}
-	s.last = time.Now()
+	s.last.Store(time.Now().UnixNano())
 	if pc := msg.protocol; pc != nil {
 		s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
@@ -377,7 +475,7 @@ const (
 )
 
 func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
-	s.decided = true
+	s.decided.Store(true)
 	if s.hasBody {
 		s.req.Body = s.body
 	}
@@ -385,14 +483,25 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	if d == nil {
 		d = &Decision{}
 	}
-	// The decision is made: the body goes out below and is not held
-	// waiting any more, so it leaves the budget (the stream may stay
-	// open for minutes while the response streams).
-	defer s.releaseBody()
 	if d.Reject != nil {
+		s.releaseBody()
 		return s.reject(d.Reject)
 	}
+	// The decision is made: the body is not buffered waiting any more,
+	// but it, and a body the decision made, are held until the answers
+	// that carry them are sent, so they stay charged as answers in flight
+	// until then. On grpc-go a send waits while the client grants no
+	// window (internal/transport http2_server.go write: s.wq.get), and
+	// this goroutine holds both meanwhile; on h2 a send returns at once
+	// and the transport charges what waits for window itself.
+	held := s.reserved + int64(len(d.Body))
+	s.budget.hold(held)
+	defer s.budget.unhold(held)
+	s.releaseBody()
 	body := s.req.Body
+	// Nor does the stream keep it once the answers are sent: it may stay
+	// open for as long as the response streams.
+	s.req.Body = nil
 	if d.Body != nil {
 		body = d.Body
 		if s.req.Headers.Get("content-length") != "" {
@@ -443,6 +552,10 @@ func (s *stream) onResponseHeaders(ctx context.Context, headers Headers, endOfSt
 
 func (s *stream) onResponseBody(ctx context.Context, body []byte, endOfStream bool) error {
 	out, md := s.ex.HandleResponseBody(ctx, body, endOfStream)
+	// Held until sent, as the request's answers are (answerRequest).
+	held := int64(len(out))
+	s.budget.hold(held)
+	defer s.budget.unhold(held)
 	if s.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		a := s.answers.get()
 		defer s.answers.put(a)
@@ -483,7 +596,7 @@ func (s *stream) releaseBody() {
 }
 
 func (s *stream) reject(r *Rejection) error {
-	s.decided = true
+	s.decided.Store(true)
 	if err := s.send(ImmediateResponse(r)); err != nil {
 		return err
 	}

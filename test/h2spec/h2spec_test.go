@@ -40,12 +40,15 @@ const processPath = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 // (spec.ServerDataLength) and fails the others.
 const noResponseBody = "needs DATA in the answer to a request without a body; a gRPC call without a request message is answered by its status alone"
 
-// noConcurrencyLimit: the case needs an advertised stream limit. The
-// processors cap the streams of the process (--max-streams) and answer one
-// more 503 processor-overloaded at once; advertising the cap per
-// connection would make clients that honour it (grpc-go, hyper) queue the
-// request instead, where the gateway should get its answer.
-const noConcurrencyLimit = "the processors advertise no SETTINGS_MAX_CONCURRENT_STREAMS (nor does grpc-go by default): their stream cap is per process, and one stream more is answered 503 at once rather than queued by the client"
+// noConcurrencyLimit: the case opens the announced stream limit plus one
+// with END_STREAM under a zero window and waits for the extra one to be
+// refused. Both transports announce --max-streams-per-connection, but a
+// gRPC call without a request message is answered by its status alone
+// (HEADERS, which no window holds back) as it arrives, so the streams
+// open never add up to the limit. TestPerConnectionStreamLimit
+// (extproc/server) and TestMaxConcurrentStreams (extproc/h2server) test
+// the refusal with streams that stay open.
+const noConcurrencyLimit = "each stream, a gRPC call without a request message, is answered by its status at once, so the streams open never reach the announced limit"
 
 // resetFirst: the case's request is a GET, which is answered at once (405,
 // grpc-status INTERNAL, as grpc-go answers it) with the stream reset while
