@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -46,6 +47,8 @@ const (
 	fieldChatTemplate
 	fieldTools
 	fieldSuffix
+	fieldDocuments
+	fieldChatTemplateKwargs
 	numFields
 )
 
@@ -54,7 +57,8 @@ const (
 const _ = uint16(1 << (numFields - 1))
 
 var fieldNames = [numFields]string{"model", "stream", "prompt", "messages", "system", "input",
-	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options", "chat_template", "tools", "suffix"}
+	"instructions", "max_tokens", "max_completion_tokens", "max_output_tokens", "stream_options", "chat_template", "tools", "suffix",
+	"documents", "chat_template_kwargs"}
 
 // scan validates body as one JSON object and records its fields' spans.
 func scan(body []byte) (scanner, error) {
@@ -365,43 +369,77 @@ func stringValue(quoted []byte, escaped bool) string {
 	if !escaped {
 		return string(inner)
 	}
-	out := make([]byte, 0, len(inner))
-	for i := 0; i < len(inner); i++ {
-		c := inner[i]
-		if c != '\\' {
-			out = append(out, c)
-			continue
+	var sb strings.Builder
+	sb.Grow(len(inner)) // decoding never lengthens a string
+	writeUnescaped(&sb, inner)
+	return sb.String()
+}
+
+// writeUnescaped writes the decoded form of the inside of a validated
+// string to sb: runs without escapes are copied as they are.
+func writeUnescaped(sb *strings.Builder, inner []byte) {
+	for len(inner) > 0 {
+		i := bytes.IndexByte(inner, '\\')
+		if i < 0 {
+			sb.Write(inner)
+			return
 		}
-		i++
-		switch inner[i] {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			r := hex4(inner[i+1 : i+5])
-			i += 4
-			if r >= 0xD800 && r < 0xDC00 && i+6 < len(inner) && inner[i+1] == '\\' && inner[i+2] == 'u' {
-				if lo := hex4(inner[i+3 : i+7]); lo >= 0xDC00 && lo < 0xE000 {
-					r = (r-0xD800)<<10 + (lo - 0xDC00) + 0x10000
-					i += 6
-				}
-			}
-			if r >= 0xD800 && r < 0xE000 {
-				r = utf8.RuneError // lone surrogate, as encoding/json decodes it
-			}
-			out = utf8.AppendRune(out, r)
-		default: // '"', '\\', '/'
-			out = append(out, inner[i])
+		sb.Write(inner[:i])
+		r, n := unescape(inner[i:])
+		if r < utf8.RuneSelf {
+			sb.WriteByte(byte(r))
+		} else {
+			sb.WriteRune(r)
 		}
+		inner = inner[i+n:]
 	}
-	return string(out)
+}
+
+// unescapedLen is the length of the decoded form of the inside of a
+// validated string, found without building it.
+func unescapedLen(inner []byte) int {
+	n := 0
+	for len(inner) > 0 {
+		i := bytes.IndexByte(inner, '\\')
+		if i < 0 {
+			return n + len(inner)
+		}
+		r, k := unescape(inner[i:])
+		n += i + utf8.RuneLen(r)
+		inner = inner[i+k:]
+	}
+	return n
+}
+
+// unescape decodes the validated escape that starts e (at its backslash):
+// the character it stands for and the bytes it takes. A \u escape of a
+// surrogate pair takes both halves; a lone surrogate stands for U+FFFD, as
+// encoding/json decodes it.
+func unescape(e []byte) (rune, int) {
+	switch e[1] {
+	case 'b':
+		return '\b', 2
+	case 'f':
+		return '\f', 2
+	case 'n':
+		return '\n', 2
+	case 'r':
+		return '\r', 2
+	case 't':
+		return '\t', 2
+	case 'u':
+		r, n := hex4(e[2:6]), 6
+		if r >= 0xD800 && r < 0xDC00 && len(e) >= 12 && e[6] == '\\' && e[7] == 'u' {
+			if lo := hex4(e[8:12]); lo >= 0xDC00 && lo < 0xE000 {
+				r, n = (r-0xD800)<<10+(lo-0xDC00)+0x10000, 12
+			}
+		}
+		if r >= 0xD800 && r < 0xE000 {
+			r = utf8.RuneError
+		}
+		return r, n
+	}
+	return rune(e[1]), 2 // '"', '\\', '/'
 }
 
 func hex4(h []byte) rune {

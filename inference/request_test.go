@@ -23,6 +23,11 @@ func TestParseRequest(t *testing.T) {
 		{"responses", `{"model":"m","input":"q"}`, "m", "q", nil, false},
 		{"responses instructions", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"q"}]}],"instructions":"be brief"}`, "m", "be briefq", nil, false},
 		{"embeddings", `{"model":"e","input":["a","b"]}`, "e", "ab", nil, false},
+		{"chat ignores instructions", `{"model":"m","instructions":"long","messages":[{"role":"user","content":"U"}]}`, "m", "U", nil, false},
+		{"text of a non-text part, type first", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":"alt","image_url":{"url":"u"}},{"type":"text","text":"x"}]}]}`, "m", "x", nil, false},
+		{"text of a non-text part, type last", `{"model":"m","messages":[{"role":"user","content":[{"text":"alt","image_url":{"url":"u"},"type":"image_url"},{"text":"x","type":"text"}]}]}`, "m", "x", nil, false},
+		{"text of other non-text parts", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","text":"a"},{"type":"input_audio","text":"b"},{"type":"file","text":"c"},{"text":"d","type":"image"},{"type":"input_text","text":"q"}]}]}`, "m", "q", nil, false},
+		{"a part with no type is text", `{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}`, "m", "x", nil, false},
 		{"missing model", `{"prompt":"x"}`, "", "", ErrMissingModel, false},
 		{"empty model", `{"model":"","prompt":"x"}`, "", "", ErrMissingModel, false},
 		{"not json", `{"model":`, "", "", nil, true},
@@ -119,6 +124,9 @@ func referencePrompt(raw []byte) (string, bool) {
 	// would also accept other casings).
 	b.Prompt, b.Messages, b.System, b.Input, b.Instr = top["prompt"], top["messages"], top["system"], top["input"], top["instructions"]
 	var sb strings.Builder
+	if b.Messages != nil {
+		b.Instr = nil // a chat request: the chat API reads no instructions
+	}
 	for _, v := range []json.RawMessage{b.System, b.Instr, b.Prompt, b.Input, b.Messages} {
 		refText(&sb, v, true)
 	}
@@ -147,15 +155,38 @@ func refText(sb *strings.Builder, raw json.RawMessage, collect bool) {
 	if json.Unmarshal(raw, &obj) != nil {
 		return
 	}
-	// Object fields in document order matter; decode keys in order.
+	// Object fields in document order matter; decode keys in order. A
+	// text before the object's type waits for the object's end; a text
+	// after a type that is not a text type is not counted.
 	dec := json.NewDecoder(strings.NewReader(string(raw)))
 	_, _ = dec.Token() // {
+	isText, sawType := false, false
+	var waiting []string
 	for dec.More() {
 		kt, _ := dec.Token()
 		k, _ := kt.(string)
 		var v json.RawMessage
 		_ = dec.Decode(&v)
-		refText(sb, v, collect && (k == "text" || k == "content"))
+		var str string
+		isString := json.Unmarshal(v, &str) == nil
+		switch {
+		case k == "type":
+			if isString {
+				sawType = true
+				isText = isText || str == "text" || strings.HasSuffix(str, "_text")
+			}
+		case collect && k == "text" && !isText && !sawType && isString:
+			waiting = append(waiting, str)
+		case collect && k == "text":
+			refText(sb, v, isText || !sawType)
+		default:
+			refText(sb, v, collect && k == "content")
+		}
+	}
+	if isText || !sawType {
+		for _, w := range waiting {
+			sb.WriteString(w)
+		}
 	}
 }
 
@@ -166,6 +197,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"}],"stream":true}`,
 		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"t"}]}]}`,
 		`{"model":"m","prompt":["a","b"],"messages":[{"content":{"text":"nested","content":"c"}}]}`,
+		`{"model":"m","messages":[{"content":[{"text":"alt","type":"image_url"},{"text":"t","type":"input_text"},{"type":"input_audio","text":"x"}]}],"instructions":"i"}`,
 	} {
 		f.Add(s)
 	}
@@ -191,20 +223,36 @@ func TestTexts(t *testing.T) {
 		name, body string
 		want       []string
 	}{
-		{"chat roles and image URLs are not text",
+		{"chat roles are text, image URLs are not",
 			`{"model":"m","messages":[{"role":"user","name":"bob","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x/a.png","detail":"high"}}]}]}`,
-			[]string{"bob", "hi"}},
-		{"tool definition and tool call arguments",
+			[]string{"user", "bob", "hi"}},
+		{"tool definitions whole, tool call arguments decoded",
 			`{"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"string","description":"pd"}}}}}],"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]}]}`,
-			[]string{"f", "d", "pd", "f", `{"a":1}`}},
+			[]string{"type", "function", "function", "name", "f", "description", "d", "parameters", "type", "object", "properties", "a", "type", "string", "description", "pd",
+				"assistant", "f", "a", "1"}},
 		{"schema title, enum, const, examples and default",
-			`{"tools":[{"name":"t","input_schema":{"title":"T","type":"object","properties":{"u":{"type":"string","enum":["c","f",3],"const":"c","examples":["e1"],"default":"f","format":"date"}}}}]}`,
-			[]string{"t", "T", "c", "f", "c", "e1", "f"}},
+			`{"tools":[{"name":"t","input_schema":{"title":"T","properties":{"u":{"enum":["c","f",3],"const":"c","examples":["e1"],"default":"f"}}}}]}`,
+			[]string{"name", "t", "input_schema", "title", "T", "properties", "u", "enum", "c", "f", "const", "c", "examples", "e1", "default", "f"}},
+		{"arguments decoded: escapes inside read as the model reads them",
+			`{"messages":[{"tool_calls":[{"function":{"arguments":"{\"ssn\":\"078\\u002d05\\u002d1120\",\"n\":[4111111111111111,true]}"}}]}]}`,
+			[]string{"ssn", "078-05-1120", "n", "4111111111111111"}},
+		{"arguments that are not a document are read as a string",
+			`{"input":[{"type":"function_call","arguments":"{\"a\":"},{"type":"function_call","arguments":"plain"},{"arguments":"{}"}]}`,
+			[]string{`{"a":`, "plain", "{}"}},
+		{"tool_use input keys",
+			`{"messages":[{"content":[{"type":"tool_use","input":{"jane@example.com":{"k":["v"]}}}]}]}`,
+			[]string{"jane@example.com", "k", "v"}},
+		{"reasoning and refusal",
+			`{"messages":[{"role":"assistant","reasoning_content":"rc","reasoning":"r","refusal":"no","content":[{"type":"refusal","refusal":"nope"},{"type":"reasoning","text":"t"}]}]}`,
+			[]string{"assistant", "rc", "r", "no", "nope", "t"}},
+		{"documents and chat_template_kwargs are trees",
+			`{"chat_template_kwargs":{"persona":"p","x":{"y":["z",1]}},"documents":[{"title":"T","text":"body","id":"d1"}],"messages":[{"content":"c"}]}`,
+			[]string{"persona", "p", "x", "y", "z", "title", "T", "text", "body", "id", "d1", "c"}},
 		{"document of plain text: data, title and context",
-			`{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc body"},"title":"Doc","context":"ctx"}]}]}`,
+			`{"messages":[{"content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc body"},"title":"Doc","context":"ctx"}]}]}`,
 			[]string{"doc body", "Doc", "ctx"}},
 		{"type after data",
-			`{"messages":[{"role":"user","content":[{"type":"document","source":{"data":"doc body","media_type":"text/plain","type":"text"},"title":"Doc"}]}]}`,
+			`{"messages":[{"content":[{"type":"document","source":{"data":"doc body","media_type":"text/plain","type":"text"},"title":"Doc"}]}]}`,
 			[]string{"doc body", "Doc"}},
 		{"data between other fields, type last, after a nested value",
 			`{"system":[{"data":"a","x":{"text":"inner"},"data":"b","type":"text"}]}`,
@@ -216,10 +264,10 @@ func TestTexts(t *testing.T) {
 			`{"messages":[{"content":[{"source":{"type":"base64","data":"d","type":"text"}}]}]}`,
 			[]string{"d"}},
 		{"base64 document source is not read",
-			`{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0xLjQK5551234567"},"title":"Doc"}]}]}`,
+			`{"messages":[{"content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0xLjQK5551234567"},"title":"Doc"}]}]}`,
 			[]string{"Doc"}},
 		{"base64 image, type after data, is not read",
-			`{"messages":[{"role":"user","content":[{"type":"image","source":{"data":"iVBORw0KGgo5551234567","media_type":"image/png","type":"base64"}}]}]}`,
+			`{"messages":[{"content":[{"type":"image","source":{"data":"iVBORw0KGgo5551234567","media_type":"image/png","type":"base64"}}]}]}`,
 			nil},
 		{"url document source is not read",
 			`{"messages":[{"content":[{"type":"document","source":{"type":"url","url":"https://x/a.pdf"},"context":"c"}]}]}`,
@@ -238,7 +286,7 @@ func TestTexts(t *testing.T) {
 			[]string{"t", "x", "a", "b"}},
 		{"thinking and tool_use input; signature not read",
 			`{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"sig"},{"type":"redacted_thinking","data":"enc"},{"type":"tool_use","id":"t","name":"run","input":{"cmd":"ls","data":"x"}}]}]}`,
-			[]string{"hm", "run", "ls", "x"}},
+			[]string{"assistant", "hm", "run", "cmd", "ls", "data", "x"}},
 		{"responses function_call_output",
 			`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"}],"instructions":"be brief"}`,
 			[]string{"be brief", "f", "{}", "42"}},
@@ -252,8 +300,12 @@ func TestTexts(t *testing.T) {
 			}
 			var got []string
 			b.Texts(func(tx Text) bool {
-				if string(b.s.b[tx.Start:tx.End]) != string(tx.quoted) {
-					t.Errorf("span %v is %q, text %q", tx.Span, b.s.b[tx.Start:tx.End], tx.quoted)
+				in, at := b.s.b, tx.Start
+				if tx.doc != nil {
+					in, at = tx.doc, tx.at
+				}
+				if string(in[at:at+len(tx.quoted)]) != string(tx.quoted) {
+					t.Errorf("text %q is not at %d", tx.quoted, at)
 				}
 				got = append(got, tx.Value())
 				return true

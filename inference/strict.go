@@ -41,8 +41,7 @@ var nonTextKeys = [...]nonTextKey{
 	// that of a tool in tools, which is read there.
 	{name: "tool_choice", top: true, tree: true},
 
-	// Structure, at any depth.
-	{name: "role"},
+	// Structure, at any depth. (A role is read: templates print it.)
 	{name: "type"}, // also response_format's and a JSON schema's type
 	{name: "id"},
 	{name: "tool_call_id"},
@@ -54,9 +53,9 @@ var nonTextKeys = [...]nonTextKey{
 	{name: "verbosity"},
 	{name: "voice"},  // audio.voice
 	{name: "format"}, // audio and input_audio format, a JSON schema's format; an object (responses text.format) is weighed
-	// A JSON schema's required lists property names, which are object
-	// keys: Texts reads no keys, and masking a name here alone would
-	// break the schema.
+	// A JSON schema's required lists property names. In tools, which
+	// Texts reads whole (keys too), it is read; elsewhere (a
+	// response_format schema) it names keys that are not read either.
 	{name: "required"},
 	{name: "cache_control", tree: true}, // {"type":"ephemeral","ttl":"5m"}
 
@@ -103,7 +102,11 @@ func nonText(k []byte, escaped, top bool) (known, tree bool) {
 // tools[0].function.parameters.pattern. Strict mode refuses such a body:
 // an API extension, a template variable or a field newer than this code
 // could carry text to the model that no guardrail read. Numbers, booleans
-// and null are not text. Object keys are not checked (Texts reads none).
+// and null are not text. Object keys are not checked: Texts reads those of
+// the trees a template prints whole (tools, documents,
+// chat_template_kwargs, tool-call arguments and inputs); elsewhere a key
+// is a field name of the API, and an unknown one holding a string is
+// named by its path.
 func (b *Body) UnreadText() string {
 	var read []int
 	b.Texts(func(t Text) bool {

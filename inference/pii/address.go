@@ -1,6 +1,9 @@
 package pii
 
-import "net/netip"
+import (
+	"net/netip"
+	"strings"
+)
 
 // ipv6 examines the run of hex digits, colons and dots around the colon at
 // colon and matches it when it parses as an IPv6 address. It also returns
@@ -25,7 +28,14 @@ func ipv6(text string, from, colon int) (Match, int) {
 	if colons < 2 || end-start > 45 || (start > 0 && isWord(text[start-1])) || !endsWord(text, end) {
 		return Match{}, end
 	}
-	a, err := netip.ParseAddr(text[start:end])
+	// Eight groups take seven colons, six and an IPv4 address six, and
+	// fewer need "::": other runs (a time, 12:30:45) are no address,
+	// known without the parse, which allocates its error.
+	run := text[start:end]
+	if n := strings.Count(run, ":"); n < 7 && !strings.Contains(run, "::") && (n < 6 || !strings.Contains(run, ".")) {
+		return Match{}, end
+	}
+	a, err := netip.ParseAddr(run)
 	if err != nil || !a.Is6() {
 		return Match{}, end
 	}

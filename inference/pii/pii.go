@@ -84,7 +84,7 @@ type Match struct {
 const (
 	clsNone = iota
 	clsDigit
-	clsAt
+	clsAt // '@', or '%' of "%40", an at sign percent-encoded (see atSign)
 	clsColon
 	clsPlus  // '+' of an international phone number
 	clsParen // '(' of a US area code
@@ -94,7 +94,7 @@ var class = func() (t [256]uint8) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = clsDigit
 	}
-	t['@'], t[':'], t['+'], t['('] = clsAt, clsColon, clsPlus, clsParen
+	t['@'], t['%'], t[':'], t['+'], t['('] = clsAt, clsAt, clsColon, clsPlus, clsParen
 	return t
 }()
 
@@ -127,8 +127,8 @@ func Find(dst []Match, text string, set Set) []Match {
 			}
 			m = numeric(text, i, set, i > from && (isAlpha(text[i-1]) || text[i-1] == '_'))
 		case clsAt:
-			if set.Has(Email) {
-				m = email(text, from, i)
+			if n := atSign(text, i); n > 0 && set.Has(Email) {
+				m = email(text, from, i, n)
 			}
 		case clsColon:
 			if set.Has(IPv6) {
@@ -147,6 +147,28 @@ func Find(dst []Match, text string, set Set) []Match {
 		}
 	}
 	return dst
+}
+
+// MatchAt returns the finding of the digit-led kinds and IBAN that
+// starts at i as if i began the text (the previous byte no part of a
+// number), or ok false. Find does not start a number inside another
+// ("1234" holds no number at "34"), so a caller that masks a finding of
+// another reading of the text (or of another rule) calls this where that
+// finding ends: masking puts a non-digit there, and what starts after it
+// must be found in the same pass rather than only once the text is
+// masked, or each pass would uncover one more.
+func MatchAt(text string, i int, set Set) (Match, bool) {
+	if i >= len(text) {
+		return Match{}, false
+	}
+	var m Match
+	switch c := text[i]; {
+	case isAlpha(c) && set.Has(IBAN):
+		m = iban(text, i)
+	case class[c] == clsDigit || class[c] == clsPlus || class[c] == clsParen:
+		m = numeric(text, i, set, false)
+	}
+	return m, m.Kind != 0
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -419,12 +441,40 @@ func intlPhone(text string, i int) int {
 	return end
 }
 
-// email matches local@domain around the '@' at at: a local part of
+// atSign returns the length of the at sign at i: 1 for '@', 3 for
+// "%40" (percent-encoded, as in a URL or a mailto link a model decodes at
+// sight), 0 for none.
+func atSign(text string, i int) int {
+	switch {
+	case text[i] == '@':
+		return 1
+	case i+2 < len(text) && text[i+1] == '4' && text[i+2] == '0': // '%' at i
+		return 3
+	}
+	return 0
+}
+
+// dot returns the length of a label separator at k: 1 for '.', 3 for
+// "%2E" or "%2e", 0 for none.
+func dot(text string, k int) int {
+	switch {
+	case k >= len(text):
+		return 0
+	case text[k] == '.':
+		return 1
+	case text[k] == '%' && k+2 < len(text) && text[k+1] == '2' && (text[k+2] == 'E' || text[k+2] == 'e'):
+		return 3
+	}
+	return 0
+}
+
+// email matches local@domain around the at sign of atLen bytes at at
+// (see atSign): a local part of
 // letters (any script), digits and ._%+- that does not start or end with a
 // dot, and a domain of at least two labels of letters (any script), digits
 // and inner dashes whose last is two or more letters or an A-label
 // ("xn--p1ai"): internationalized addresses are addresses too.
-func email(text string, from, at int) Match {
+func email(text string, from, at, atLen int) Match {
 	start := at
 	for start > from {
 		r, n := utf8.DecodeLastRuneInString(text[from:start])
@@ -439,7 +489,7 @@ func email(text string, from, at int) Match {
 	if start == at || text[at-1] == '.' {
 		return Match{}
 	}
-	end := at + 1
+	end := at + atLen
 	labels, lastStart := 0, end
 	for {
 		k := end
@@ -456,8 +506,8 @@ func email(text string, from, at int) Match {
 		labels++
 		lastStart = end
 		end = k
-		if k+1 < len(text) && text[k] == '.' && (isWord(text[k+1]) || text[k+1] >= utf8.RuneSelf) {
-			end = k + 1
+		if d := dot(text, k); d > 0 && k+d < len(text) && (isWord(text[k+d]) || text[k+d] >= utf8.RuneSelf) {
+			end = k + d
 			continue
 		}
 		break

@@ -127,3 +127,106 @@ func sampleText(n int) string {
 	}
 	return sb.String()[:n]
 }
+
+// TestPercentEncodedEmail: an address written with its at sign or dots
+// percent-encoded (%40, %2E or %2e), as in a URL or a mailto link, is an
+// address; a percent sign that encodes neither starts nothing.
+func TestPercentEncodedEmail(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want []string
+	}{
+		{"mailto:jane%40example.com ok", []string{"email:jane%40example.com"}},
+		{"jane%40example%2Ecom", []string{"email:jane%40example%2Ecom"}},
+		{"jane%40mail%2eexample%2Eco%2Euk.", []string{"email:jane%40mail%2eexample%2Eco%2Euk"}},
+		{"jane@example%2Ecom", []string{"email:jane@example%2Ecom"}},
+		{"a%2Eb%40ex.com", []string{"email:a%2Eb%40ex.com"}},
+		{"one label jane%40localhost", nil},
+		{"%40example.com has no local part", nil},
+		{"jane%4example.com, jane%400 and jane%41ex.com", nil},
+		{"dot not encoded jane%40example%2Fcom", nil},
+		{"trailing encoded dot jane%40example.com%2E", []string{"email:jane%40example.com"}},
+		{"grew 12.5% to 4,210; 100%", nil},
+		{"ends with a percent %", nil},
+		{"%4", nil},
+	} {
+		t.Run(tc.text, func(t *testing.T) {
+			var got []string
+			for _, m := range Find(nil, tc.text, All) {
+				got = append(got, m.Kind.String()+":"+tc.text[m.Start:m.End])
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMatchAt: MatchAt finds the digit-led kinds and IBANs that start at
+// i as if i began the text, where Find would not start one (inside a
+// longer number), and nothing else.
+func TestMatchAt(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		i    int
+		want string // "kind:matched text", or "" for none
+	}{
+		{"12344111 1111 1111 1111", 4, "credit-card:4111 1111 1111 1111"},
+		{"9078-05-1120", 1, "ssn:078-05-1120"},
+		{"1(555) 123-4567", 1, "phone:(555) 123-4567"},
+		{"7+44 20 7946 0958", 1, "phone:+44 20 7946 0958"},
+		{"1.10.0.0.1", 2, "ipv4:10.0.0.1"},
+		{"xGB82 WEST 1234 5698 7654 32", 1, "iban:GB82 WEST 1234 5698 7654 32"},
+		{"4111 1111 1111 1111", 0, "credit-card:4111 1111 1111 1111"},
+		{"4111 1111 1111 1111", 1, ""}, // 111 1111 1111 1111: no card
+		{"x jane@example.com", 2, ""},  // e-mail is not digit-led
+		{"x 2001:db8::1", 2, ""},       // nor is an IPv6 address found here
+		{"abc", 3, ""},                 // at the end
+		{"abc", 7, ""},                 // past it
+		{"DE89370400440532013000", 0, "iban:DE89370400440532013000"},
+	} {
+		t.Run(fmt.Sprintf("%s@%d", tc.text, tc.i), func(t *testing.T) {
+			m, ok := MatchAt(tc.text, tc.i, All)
+			got := ""
+			if ok {
+				got = m.Kind.String() + ":" + tc.text[m.Start:m.End]
+			}
+			if got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if _, ok := MatchAt("4111111111111111", 0, Set(0).With(SSN)); ok {
+		t.Error("MatchAt found a card outside its set")
+	}
+}
+
+// TestIPv6NeedsColonsOrEllipsis: a run is parsed as an IPv6 address only
+// when it has seven colons, six and an IPv4 tail, or "::"; the check
+// before the parse turns away no address.
+func TestIPv6NeedsColonsOrEllipsis(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want []string
+	}{
+		{"a 2001:db8:0:0:0:0:2:1 b", []string{"ipv6:2001:db8:0:0:0:0:2:1"}},
+		{"a 0:0:0:0:0:ffff:1.2.3.4 b", []string{"ipv6:0:0:0:0:0:ffff:1.2.3.4"}},
+		{"a ::ffff:1.2.3.4 b", []string{"ipv6:::ffff:1.2.3.4"}},
+		{"a ::1 b", []string{"ipv6:::1"}},
+		{"a 1:: b", []string{"ipv6:1::"}},
+		{"a 2001:db8:0:0:0:2:1 b", nil},            // seven groups
+		{"a 0:0:0:0:ffff:1.2.3.4 b", nil},          // five colons before the IPv4 tail
+		{"a 1:2:3:4:5:6:7 b", nil},                 // six colons, no tail
+		{"at 12:30:45 and 00:1A:2B:3C:4D:5E", nil}, // a time, a MAC address
+	} {
+		t.Run(tc.text, func(t *testing.T) {
+			var got []string
+			for _, m := range Find(nil, tc.text, Set(0).With(IPv6)) {
+				got = append(got, m.Kind.String()+":"+tc.text[m.Start:m.End])
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -1,9 +1,11 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -58,6 +60,14 @@ type Policy struct {
 	pii           []piiRule
 	deny          []denyRule
 	lowerText     bool
+	// maxPhrase is the length of the longest contains phrase (compact);
+	// firstPhraseRule the first deny rule that has one.
+	maxPhrase, firstPhraseRule int
+	// perText: some rule's expression is anchored (see anchored) and
+	// also runs on each text alone.
+	perText bool
+	// plainRoles are the common roles no rule matches (checkRole).
+	plainRoles []string
 }
 
 type piiRule struct {
@@ -65,13 +75,16 @@ type piiRule struct {
 	re          *regexp.Regexp
 	reject      bool
 	replacement string
+	anchored    bool
 }
 
 type denyRule struct {
 	name     string
 	contains []string
+	phrases  [][]byte // contains, as bytes
 	re       *regexp.Regexp
 	message  string
+	anchored bool
 }
 
 // Result is the decision for one request body.
@@ -179,29 +192,7 @@ func (p *Policy) Apply(raw []byte) Result {
 		return p.finish(body, res, nil)
 	}
 
-	var edits []inference.Edit
-	var used uint64 // bit i: pii rule i masked something
-	var rej *Result
-	body.Texts(func(t inference.Text) bool {
-		// Rules match the text as a model reads it (textnorm), while
-		// masking rewrites the bytes the client sent.
-		value := t.Value()
-		folded := textnorm.Fold(value)
-		if r := p.denied(value, folded.S); r != nil {
-			res := reject(403, ReasonDenied, r.name, "%s", r.message)
-			rej = &res
-			return false
-		}
-		masked, changed, mrej := p.mask(value, folded, &used)
-		if mrej != nil {
-			rej = mrej
-			return false
-		}
-		if changed {
-			edits = append(edits, inference.Edit{Span: t.Span, JSON: inference.AppendQuoted(nil, masked)})
-		}
-		return true
-	})
+	edits, used, rej := p.guardText(body)
 	if rej != nil {
 		return *rej
 	}
@@ -386,38 +377,149 @@ func (p *Policy) allowed(model string) bool {
 }
 
 // denied returns the first deny rule text matches; folded is its
-// textnorm.Fold form.
-func (p *Policy) denied(text, folded string) *denyRule {
-	skeleton, latin := "", ""
-	if p.lowerText {
-		skeleton = textnorm.Skeleton(folded)
+// textnorm.Fold form. anchoredOnly: only the anchored expressions (the
+// per-text pass).
+//
+// Phrases are compared in the Compact form of both sides, so a
+// zero-width character that is the only separator between two words
+// ("ignore\u200bprevious", dropped by folding) hides no phrase, nor does
+// one inside a word. An expression reads spaces, so it is tried on the
+// text as sent, on its folded form, and, when folding dropped an
+// invisible character, on the reading where such characters are spaces:
+// folding alone would glue the words that one separates.
+func (p *Policy) denied(text string, folded textnorm.Folded, anchoredOnly bool) *denyRule {
+	phrase := len(p.deny) // the first rule with a phrase in text
+	if p.lowerText && !anchoredOnly {
+		phrase = p.phraseRule(folded.S)
 	}
+	latin, spaced := "", ""
 	for i := range p.deny {
 		r := &p.deny[i]
-		for _, s := range r.contains {
-			if strings.Contains(skeleton, s) {
-				return r
-			}
+		if i == phrase {
+			return r
 		}
-		if r.re == nil {
+		if r.re == nil || anchoredOnly && !r.anchored {
 			continue
 		}
 		if r.re.MatchString(text) {
 			return r
 		}
 		if latin == "" {
-			latin = textnorm.Latin(folded)
+			latin = textnorm.Latin(folded.S)
 		}
 		if latin != text && r.re.MatchString(latin) {
 			return r
+		}
+		if folded.Dropped {
+			if spaced == "" {
+				// The same as the folded reading when every dropped
+				// character stood next to a space: tried already.
+				if sp := textnorm.FoldSpaced(text).S; sp != folded.S {
+					spaced = textnorm.Latin(sp)
+				} else {
+					spaced = latin
+				}
+			}
+			if spaced != latin && r.re.MatchString(spaced) {
+				return r
+			}
 		}
 	}
 	return nil
 }
 
-// finding is a span of text one PII rule claims.
+// phraseWindow is how much of a text phraseRule compacts at a time.
+const phraseWindow = 4 << 10
+
+// phraseRule returns the index of the first deny rule one of whose
+// contains phrases is in textnorm.Compact(folded), or len(p.deny). ASCII
+// text, the common case, is compacted a window at a time into a buffer
+// that overlaps the last by the longest phrase, so no compact copy of a
+// long prompt is made.
+func (p *Policy) phraseRule(folded string) int {
+	var stack [2 * phraseWindow]byte
+	buf := stack[:0]
+	if n := phraseWindow + p.maxPhrase; n > len(stack) {
+		buf = make([]byte, 0, n)
+	}
+	best := len(p.deny)
+	for at := 0; at < len(folded); at += phraseWindow {
+		chunk := folded[at:min(at+phraseWindow, len(folded))]
+		var ascii bool
+		if buf, ascii = appendCompactASCII(buf, chunk); !ascii {
+			return p.phraseRuleIn(textnorm.Compact(folded))
+		}
+		best = p.firstPhrase(buf, best)
+		if best == p.firstPhraseRule {
+			return best
+		}
+		keep := min(len(buf), p.maxPhrase-1)
+		buf = buf[:copy(buf, buf[len(buf)-keep:])]
+	}
+	return best
+}
+
+// phraseRuleIn is phraseRule over compact text.
+func (p *Policy) phraseRuleIn(compact string) int {
+	for i, r := range p.deny {
+		for _, s := range r.contains {
+			if strings.Contains(compact, s) {
+				return i
+			}
+		}
+	}
+	return len(p.deny)
+}
+
+// firstPhrase returns the first rule before best one of whose phrases is
+// in the compact buf, or best.
+func (p *Policy) firstPhrase(buf []byte, best int) int {
+	for i := range best {
+		for _, s := range p.deny[i].phrases {
+			if bytes.Contains(buf, s) {
+				return i
+			}
+		}
+	}
+	return best
+}
+
+// compactByte is the Compact form of an ASCII byte: lower case, and 0
+// for a space, which Compact drops.
+var compactByte = func() (t [128]byte) {
+	for c := range t {
+		t[c] = byte(c)
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = byte(c) + 'a' - 'A'
+	}
+	t[' '] = 0
+	return t
+}()
+
+// appendCompactASCII appends the textnorm.Compact form of s to dst when
+// s is ASCII (ascii false otherwise, and dst holds part of it).
+func appendCompactASCII(dst []byte, s string) (_ []byte, ascii bool) {
+	n := len(dst)
+	dst = slices.Grow(dst, len(s))[:n+len(s)]
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			return dst[:n], false
+		}
+		dst[n] = compactByte[c]
+		if c != ' ' {
+			n++
+		}
+	}
+	return dst[:n], true
+}
+
+// finding is a span of text one PII rule claims; placed: its
+// replacement is written (see level.apply).
 type finding struct {
 	start, end, rule int
+	placed           bool
 }
 
 // errUnmaskable is returned when masking keeps producing findings; it
@@ -425,18 +527,23 @@ type finding struct {
 // may itself match a rule.
 var errUnmaskable = errors.New("masking did not converge")
 
-// mask applies the PII rules to one text (folded is its textnorm.Fold
-// form): a reject rule that finds anything rejects; mask rules replace
-// their findings. It repeats until no rule finds anything, so no detected
-// personal data survives.
+// mask applies the anchored PII rules to one text (folded is its
+// textnorm.Fold form): a reject rule that finds anything rejects; mask
+// rules replace their findings. It repeats until no rule finds anything,
+// so no detected personal data survives. (Every rule also runs on the
+// join of the texts: see maskJoined.)
 //
 // Rules run on the folded text, and their findings are mapped back to the
 // original bytes; when folding changed the text they also run on the
 // original, where an invisible character that folding drops may be all
 // that separates a number from the next.
-func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64) (string, bool, *Result) {
+func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64, anchoredOnly bool) (string, bool, *Result) {
 	if len(p.pii) == 0 {
 		return text, false, nil
+	}
+	sel := findAll
+	if anchoredOnly {
+		sel = findAnchored
 	}
 	changed := false
 	var ms []pii.Match
@@ -445,9 +552,9 @@ func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64) (string
 		if pass > 0 {
 			folded = textnorm.Fold(text)
 		}
-		fs, ms = p.find(fs[:0], ms, folded.S, folded.Span)
+		fs, ms = p.find(fs[:0], ms, folded.S, folded.Span, sel)
 		if folded.S != text {
-			fs, ms = p.find(fs, ms, text, nil)
+			fs, ms = p.find(fs, ms, text, nil, sel)
 		}
 		if len(fs) == 0 {
 			return text, changed, nil
@@ -467,23 +574,31 @@ func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64) (string
 	}
 }
 
-// find appends the findings of every rule in s, their spans mapped to
-// the original text by span (nil: s is the original).
-func (p *Policy) find(fs []finding, ms []pii.Match, s string, span func(int, int) (int, int)) ([]finding, []pii.Match) {
+// Which rules find runs.
+const (
+	findBuiltin  = 1 << iota // the built-in detectors
+	findRegex                // every expression
+	findAnchored             // the anchored expressions
+	findAll      = findBuiltin | findRegex
+)
+
+// find appends the findings of the rules sel selects in s, their spans
+// mapped to the original text by span (nil: s is the original).
+func (p *Policy) find(fs []finding, ms []pii.Match, s string, span func(int, int) (int, int), sel int) ([]finding, []pii.Match) {
 	add := func(start, end, rule int) {
 		if span != nil {
 			start, end = span(start, end)
 		}
-		fs = append(fs, finding{start, end, rule})
+		fs = append(fs, finding{start: start, end: end, rule: rule})
 	}
-	if p.kinds != 0 {
+	if p.kinds != 0 && sel&findBuiltin != 0 {
 		ms = pii.Find(ms[:0], s, p.kinds)
 		for _, m := range ms {
 			add(m.Start, m.End, p.ruleOfKind[m.Kind])
 		}
 	}
 	for i, r := range p.pii {
-		if r.re == nil {
+		if r.re == nil || sel&findRegex == 0 && !(sel&findAnchored != 0 && r.anchored) {
 			continue
 		}
 		for _, loc := range r.re.FindAllStringIndex(s, -1) {

@@ -173,6 +173,7 @@ func Compile(c *Config) (*Policy, error) {
 	if err := errors.Join(cc.errs...); err != nil {
 		return nil, err
 	}
+	cc.p.plainRoles = cc.p.findPlainRoles()
 	return cc.p, nil
 }
 
@@ -321,6 +322,8 @@ func (cc *compiler) piiRule(i int, r PIIRule, byKind map[pii.Kind]int) piiRule {
 			break
 		}
 		cr.re = re
+		cr.anchored = anchored(r.Pattern)
+		cc.p.perText = cc.p.perText || cr.anchored
 	}
 	return cr
 }
@@ -338,9 +341,17 @@ func (cc *compiler) denyRules(rules []DenyRule) {
 				cc.fail("%s.contains[%d]: empty", field, j)
 				continue
 			}
-			// Phrases are compared in the texts' folded form, so they are
-			// folded alike: "ignore  previous" matches "ignore previous".
-			dr.contains = append(dr.contains, textnorm.Skeleton(textnorm.Fold(s).S))
+			// Phrases are compared in the texts' folded, compact form, so
+			// they are folded alike: "ignore  previous" matches
+			// "ignore previous" (see denied).
+			c := textnorm.Compact(textnorm.Fold(s).S)
+			if c == "" {
+				cc.fail("%s.contains[%d]: %q holds nothing visible", field, j, s)
+				continue
+			}
+			dr.contains = append(dr.contains, c)
+			dr.phrases = append(dr.phrases, []byte(c))
+			cc.p.maxPhrase = max(cc.p.maxPhrase, len(c))
 		}
 		if r.Regex != "" {
 			re, err := regexp.Compile(r.Regex)
@@ -348,12 +359,16 @@ func (cc *compiler) denyRules(rules []DenyRule) {
 				cc.fail("%s.regex: %w", field, err)
 			} else {
 				dr.re = re
+				dr.anchored = anchored(r.Regex)
+				cc.p.perText = cc.p.perText || dr.anchored
 			}
 		}
 		if dr.message == "" {
 			dr.message = fmt.Sprintf("the request was refused by the %q rule", r.Name)
 		}
-		cc.p.lowerText = cc.p.lowerText || len(dr.contains) > 0
+		if len(dr.contains) > 0 && !cc.p.lowerText {
+			cc.p.lowerText, cc.p.firstPhraseRule = true, len(cc.p.deny)
+		}
 		cc.p.deny = append(cc.p.deny, dr)
 	}
 }

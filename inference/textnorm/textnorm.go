@@ -42,6 +42,9 @@ import (
 type Folded struct {
 	// S is the folded text.
 	S string
+	// Dropped reports that folding dropped a default-ignorable character
+	// (see FoldSpaced: such a character may also be read as a space).
+	Dropped bool
 	// changed lists the pieces of S that differ from the original, in
 	// order; everything between them is copied unchanged.
 	changed []piece
@@ -59,11 +62,21 @@ const maxGrowth = 4
 
 // Fold folds s. Text that is already plain (ASCII without tabs, line
 // breaks or doubled spaces) is returned as is, without allocating.
-func Fold(s string) Folded {
+func Fold(s string) Folded { return fold(s, false) }
+
+// FoldSpaced is Fold with every default-ignorable character (zero-width
+// space, joiner, word joiner, soft hyphen...) read as a space instead of
+// dropped. A zero-width space inside a word is nothing to a reader, but
+// one that is the only separator between words ("ignore\u200bprevious")
+// is a word break to a tokenizer that splits on it, so a guardrail checks
+// both readings: Fold for the first, FoldSpaced for the second.
+func FoldSpaced(s string) Folded { return fold(s, true) }
+
+func fold(s string, spaced bool) Folded {
 	if plain(s) {
 		return Folded{S: s}
 	}
-	f := folder{src: s}
+	f := folder{src: s, spaced: spaced}
 	f.out = make([]byte, 0, len(s))
 	var it norm.Iter // holds its buffers across segments; Form.Append would allocate them per call
 	var seg []byte
@@ -90,7 +103,7 @@ func Fold(s string) Folded {
 		f.segment(n, end, seg)
 		at = end
 	}
-	return Folded{S: string(f.out), changed: f.changed}
+	return Folded{S: string(f.out), Dropped: f.dropped, changed: f.changed}
 }
 
 // segment appends src[from:to], whose NFKC form is nfkc.
@@ -105,10 +118,41 @@ func (f *folder) segment(from, to int, nfkc []byte) {
 	}
 }
 
-// plain reports text Fold leaves unchanged.
+// plain reports text Fold leaves unchanged. It reads eight bytes at a
+// time (every prompt is read here, most of them plain).
 func plain(s string) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+		lows  = 0x7f7f7f7f7f7f7f7f
+	)
+	prevSpace := false
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		v := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		if v&highs != 0 {
+			return false // non-ASCII
+		}
+		// With every byte below 0x80, (v|highs) - n*ones borrows
+		// across no byte: a byte's high bit stays set iff it is >= n.
+		if ((v|highs)-'\t'*ones)&^((v|highs)-('\r'+1)*ones)&highs != 0 {
+			return false // \t, \n, \v, \f or \r
+		}
+		// The bytes that are spaces: x is zero there, and (x + lows) | x
+		// has its high bit clear exactly where x is zero.
+		x := v ^ ' '*ones
+		spaces := ^((x + lows) | x) & highs
+		if spaces&(spaces<<8) != 0 || prevSpace && spaces&0x80 != 0 {
+			return false // a doubled space
+		}
+		prevSpace = spaces>>63 != 0
+	}
 	prev := byte(0)
-	for i := 0; i < len(s); i++ {
+	if prevSpace {
+		prev = ' '
+	}
+	for ; i < len(s); i++ {
 		c := s[i]
 		if c >= utf8.RuneSelf || (c < ' ' && asciiSpace(c)) || (c == ' ' && prev == ' ') {
 			return false
@@ -124,6 +168,9 @@ type folder struct {
 	src     string
 	out     []byte
 	changed []piece
+	// spaced: ignorable characters read as a space (FoldSpaced);
+	// dropped: one was met.
+	spaced, dropped bool
 }
 
 // fold appends src[from:to] (in NFKC already) rune by rune.
@@ -198,6 +245,10 @@ func (f *folder) appendRune(r rune) {
 		// ("ASCII smuggling"): tokenizers give it tokens a model can read.
 		f.out = append(f.out, byte(r-tagBase))
 	case ignorable(r):
+		f.dropped = true
+		if f.spaced && !f.afterSpace() {
+			f.out = append(f.out, ' ')
+		}
 	case unicode.Is(unicode.Pd, r) || dashLike(r):
 		f.out = append(f.out, '-')
 	case unicode.Is(unicode.Nd, r):
@@ -234,6 +285,22 @@ func digitValue(r rune) int {
 // span is always whole characters.
 func (f *Folded) Span(start, end int) (int, int) {
 	return f.orig(start, false), f.orig(end, true)
+}
+
+// Pos maps a position of the original text to S: the position in S where
+// the folding of original[i:] begins (a position inside a changed piece
+// maps to that piece's end in S, as if the piece were behind it).
+func (f *Folded) Pos(i int) int {
+	// k is the number of pieces that begin before i in the original.
+	k := sort.Search(len(f.changed), func(n int) bool { return f.changed[n].ofrom >= i })
+	if k == 0 {
+		return i
+	}
+	p := f.changed[k-1]
+	if i < p.oto {
+		return p.to
+	}
+	return p.to + (i - p.oto)
 }
 
 // orig maps a position of S to the original. An end position belongs to
@@ -277,6 +344,9 @@ func Latin(s string) string {
 		return s
 	}
 	return strings.Map(func(r rune) rune {
+		if r < lookalikeMin || r > lookalikeMax {
+			return r // most letters of most scripts: no map lookup
+		}
 		if l, ok := lookalike[r]; ok {
 			return l
 		}
@@ -295,6 +365,34 @@ func Skeleton(s string) string {
 		}
 	}
 	return strings.ToLower(s) // ASCII: no marks, no look-alikes
+}
+
+// Compact is Skeleton without spaces: the key contains phrases are
+// compared by. With every space gone on both sides, a phrase matches
+// whatever separates its words in the text (one space, none, a
+// zero-width character read as nothing, the join between two content
+// parts) and also a word split inside by a space ("ig nore"): contains is
+// substring matching already, and text that spells the phrase with its
+// spaces moved is still the phrase to a reader.
+func Compact(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return strings.ReplaceAll(Skeleton(s), " ", "")
+		}
+	}
+	// ASCII: lower case and spaces dropped in one pass.
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == ' ':
+			continue
+		case c >= 'A' && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		out = append(out, c)
+	}
+	return string(out)
 }
 
 // withoutMarks decomposes s (NFD) and drops its combining marks (Mn).
@@ -333,6 +431,15 @@ var lookalike = map[rune]rune{
 	// Letters of other blocks and scripts that NFKC leaves alone
 	'ı': 'i', 'ɑ': 'a', 'ɡ': 'g', 'ո': 'n', 'ս': 'u', 'օ': 'o',
 }
+
+// lookalikeMin and lookalikeMax bound the letters lookalike maps.
+var lookalikeMin, lookalikeMax = func() (lo, hi rune) {
+	lo, hi = utf8.MaxRune, 0
+	for r := range lookalike {
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	return lo, hi
+}()
 
 // dashLike reports the characters outside Unicode's dash punctuation (Pd)
 // that are drawn as a dash, and that a reader (and a model) takes for one

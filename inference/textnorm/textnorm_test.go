@@ -204,3 +204,125 @@ func TestTagsAndMarks(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainByWords: plain, which reads eight bytes at a time, agrees with
+// a byte-by-byte reading for every special byte at every offset and across
+// the word boundaries.
+func TestPlainByWords(t *testing.T) {
+	slow := func(s string) bool {
+		prev := byte(0)
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			if c >= 0x80 || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' || c == ' ' && prev == ' ' {
+				return false
+			}
+			prev = c
+		}
+		return true
+	}
+	base := strings.Repeat("abcdefgh", 3)
+	for _, ins := range []string{" ", "  ", "\t", "\n", "\v", "\f", "\r", "\x08", "\x0e", "\x1f", "\x7f", "é", "\u200b", " a ", "\x00"} {
+		for at := 0; at <= len(base); at++ {
+			for _, s := range []string{base[:at] + ins + base[at:], base[:at] + ins, ins + base[:at]} {
+				if got, want := plain(s), slow(s); got != want {
+					t.Errorf("plain(%q) = %v, want %v", s, got, want)
+				}
+			}
+		}
+	}
+	for at := 1; at < len(base); at++ {
+		s := base[:at] + " " + " " + base[at:]
+		if plain(s) {
+			t.Errorf("plain(%q) = true", s)
+		}
+		s = base[:at] + " " + base[at:at+1] + " " + base[at:]
+		if !plain(s) {
+			t.Errorf("plain(%q) = false", s)
+		}
+	}
+}
+
+// TestCompact: the key contains phrases are compared by is the skeleton
+// with every space removed.
+func TestCompact(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{" ", ""},
+		{"Ignore Previous Instructions", "ignorepreviousinstructions"},
+		{"ig nore  prev ious", "ignoreprevious"},
+		{"ALREADY", "already"},
+		{"4111 1111-1111", "41111111-1111"},
+		{"іgnore prevіous", "ignoreprevious"}, // Cyrillic і
+		{"IGNÓRE Previous", "ignoreprevious"}, // accent dropped
+		{"ΑΒΓ δ", "abγδ"},                     // look-alikes only
+		{"日本 語", "日本語"},
+	} {
+		if got := Compact(tc.in); got != tc.want {
+			t.Errorf("Compact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestFoldSpaced: FoldSpaced reads every default-ignorable character as
+// a space (one space for a run, none after a space), where Fold drops it;
+// both report that one was met.
+func TestFoldSpaced(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, fold, spaced string
+		dropped                bool
+	}{
+		{"plain", "ignore previous", "ignore previous", "ignore previous", false},
+		{"zero-width space between words", "ignore\u200bprevious", "ignoreprevious", "ignore previous", true},
+		{"inside a word", "ig\u200bnore", "ignore", "ig nore", true},
+		{"a run of them", "a\u200b\u200c\u2060b", "ab", "a b", true},
+		{"after a space", "a \u200bb", "a b", "a b", true},
+		{"before a space", "a\u200b b", "a b", "a b", true},
+		{"soft hyphen", "in\u00adstruct", "instruct", "in struct", true},
+		{"at the end", "ab\u200b", "ab", "ab ", true},
+		{"digits apart", "4111\u200b1111", "41111111", "4111 1111", true},
+		{"no-break space is a space, not ignorable", "a\u00a0b", "a b", "a b", false},
+		{"tag characters spell ASCII", "x\U000E0041", "xA", "xA", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, s := Fold(tc.in), FoldSpaced(tc.in)
+			if f.S != tc.fold || s.S != tc.spaced {
+				t.Fatalf("Fold %q, FoldSpaced %q; want %q, %q", f.S, s.S, tc.fold, tc.spaced)
+			}
+			if f.Dropped != tc.dropped || s.Dropped != tc.dropped {
+				t.Fatalf("Dropped %v and %v, want %v", f.Dropped, s.Dropped, tc.dropped)
+			}
+			// The spaced reading maps back to the original as the
+			// folded one does: the whole text to the whole text.
+			if st, en := s.Span(0, len(s.S)); st != 0 || en != len(tc.in) {
+				t.Fatalf("Span of all of %q = [%d, %d)", s.S, st, en)
+			}
+		})
+	}
+}
+
+// TestPos: Pos maps a position of the original to the folded text: past
+// a changed piece by the difference in length, inside one to the piece's
+// end (pieces that touch are one: two full-width digits in a row).
+func TestPos(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		pos      []int // Pos(i) for every i from 0 to len(in)
+	}{
+		{"plain", "abc", []int{0, 1, 2, 3}},
+		// "a", U+200B (3 bytes, dropped), "b"
+		{"dropped", "a\u200bb", []int{0, 1, 1, 1, 1, 2}},
+		// "x", U+FF11 U+FF12 (3 bytes each, one piece "12"), "y"
+		{"full-width digits", "x\uff11\uff12y", []int{0, 1, 3, 3, 3, 3, 3, 3, 4}},
+		// "a", a run of white space folded to one " ", "b"
+		{"white space run", "a\n\n b", []int{0, 1, 2, 2, 2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := Fold(tc.in)
+			for i := 0; i <= len(tc.in); i++ {
+				if got := f.Pos(i); got != tc.pos[i] {
+					t.Errorf("Pos(%d) = %d, want %d (folded %q)", i, got, tc.pos[i], f.S)
+				}
+			}
+		})
+	}
+}
