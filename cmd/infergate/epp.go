@@ -4,7 +4,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/epp"
-	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/cli"
 )
 
@@ -31,7 +30,7 @@ from --kubeconfig, $KUBECONFIG or the in-cluster service account.`,
 				return err
 			}
 			cli.TuneGC(serverGCPercent)
-			server.LimitGoMemory()
+			o.Server.LimitGoMemory()
 			c := o.Config()
 			c.Logger = log
 			s, err := epp.NewService(c)

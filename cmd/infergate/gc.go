@@ -1,6 +1,6 @@
 package main
 
-// GC targets of the long-running servers, used unless GOGC is set (server.LimitGoMemory bounds the heap besides).
+// GC targets of the long-running servers, used unless GOGC is set (server.Flags.LimitGoMemory bounds the heap besides).
 //
 // The picker keeps a small live heap (tens of MB) and
 // allocate a little per request; Go's default of 100 runs the collector

@@ -4,7 +4,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infergate/infergate/extproc/payload"
-	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/cli"
 )
 
@@ -32,7 +31,7 @@ labelled inference.llm-d.ai/ipp-managed: "true" (keys baseModel, adapters), live
 				return err
 			}
 			cli.TuneGC(payloadGCPercent)
-			server.LimitGoMemory()
+			o.Server.LimitGoMemory()
 			c := o.Config()
 			c.Logger = log
 			s, err := payload.New(c)

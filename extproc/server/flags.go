@@ -25,6 +25,7 @@ type Flags struct {
 	CertPath, ClientCAFile            string
 	MaxRequestBodyBytes               int64
 	BufferBudgetBytes                 int64
+	MemoryLimit                       int64
 	MaxStreams                        int
 	MaxStreamsPerConnection           int
 	DrainTimeout, RequestIdleTimeout  time.Duration
@@ -53,7 +54,8 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.CertPath, "cert-path", "", "directory holding tls.crt and tls.key for secure serving")
 	fs.StringVar(&f.ClientCAFile, "client-ca-file", "", "PEM CA bundle: when set, ext_proc clients must present a certificate it signed (mutual TLS; needs --secure-serving)")
 	fs.Int64Var(&f.MaxRequestBodyBytes, "max-request-body-bytes", 16<<20, "larger request bodies are answered 413 before they are read whole; 0 = unlimited")
-	fs.Int64Var(&f.BufferBudgetBytes, "request-buffer-budget", 0, "request-body bytes all requests may hold at once while their bodies arrive; over it a request is answered 503 processor-overloaded. 0 = 40% of the container's memory limit (cgroup), or 1 GiB without one")
+	fs.Int64Var(&f.BufferBudgetBytes, "request-buffer-budget", 0, "bytes all requests may hold at once: request bodies as they arrive and answers the gateway has not taken; over it a request is answered 503 processor-overloaded. 0 = 30% of --memory-limit, or 1 GiB without one")
+	fs.Int64Var(&f.MemoryLimit, "memory-limit", 0, "the process's memory limit in bytes, which the defaults derive from: the buffer budget (30%) and the Go runtime's soft limit (70%, unless GOMEMLIMIT is set). 0 = the container's (cgroup) limit")
 	fs.IntVar(&f.MaxStreams, "max-streams", 10000, "ext_proc streams (requests in flight) open at once; one more is answered 503 processor-overloaded. 0 = unlimited")
 	fs.IntVar(&f.MaxStreamsPerConnection, "max-streams-per-connection", 1000, "ext_proc streams one gateway connection may have open at once, announced as HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (a stream beyond it is refused, and Envoy opens another connection), so that one connection cannot take all of --max-streams; 0 = unlimited")
 	fs.DurationVar(&f.RequestIdleTimeout, "request-idle-timeout", 30*time.Second, "a request that sends nothing for this long before its end is answered 408 request-timeout and its body freed; 0 = none")
@@ -78,7 +80,7 @@ func (f *Flags) Validate() error {
 	for _, n := range []struct {
 		name  string
 		value int64
-	}{{"--max-request-body-bytes", f.MaxRequestBodyBytes}, {"--request-buffer-budget", f.BufferBudgetBytes}, {"--max-streams", int64(f.MaxStreams)},
+	}{{"--max-request-body-bytes", f.MaxRequestBodyBytes}, {"--request-buffer-budget", f.BufferBudgetBytes}, {"--memory-limit", f.MemoryLimit}, {"--max-streams", int64(f.MaxStreams)},
 		{"--max-streams-per-connection", int64(f.MaxStreamsPerConnection)}} {
 		if n.value < 0 {
 			return fmt.Errorf("%s: %d is negative", n.name, n.value)
@@ -138,21 +140,40 @@ func (f *Flags) Options() Options {
 		o.TLS.KeyFile = filepath.Join(f.CertPath, "tls.key")
 	}
 	if o.Limits.BufferBudgetBytes == 0 {
-		o.Limits.BufferBudgetBytes = defaultBufferBudget(cgroupMemoryLimit())
+		o.Limits.BufferBudgetBytes = defaultBufferBudget(f.memoryLimit())
 	}
 	return o
 }
 
-// defaultBufferBudget is 40% of the memory limit, leaving the rest for
-// the process itself, the copies a decision makes (a masked body is a
-// second copy) and the garbage of grown buffers the collector has not yet
-// reclaimed (measured by make bench-stalled: a full budget peaks near 450
-// MiB of a 512 MiB limit); 1 GiB when the process has no limit.
+// memoryLimit is --memory-limit, or the container's.
+func (f *Flags) memoryLimit() int64 {
+	if f.MemoryLimit > 0 {
+		return f.MemoryLimit
+	}
+	return cgroupMemoryLimit()
+}
+
+// The shares of the memory limit the defaults take. The collector lets
+// the heap grow to about twice the live bytes (GOGC 100) before it runs,
+// and a process under churn is resident some 30–40 MiB above the soft
+// limit (freed pages go back to the system after a lag). A full budget
+// (30%) plus the process's own tens of MiB is a live heap near 40% of the
+// limit, well under the soft limit at 70%, which holds the peak under 80%
+// of the limit: make bench-stalled measured 75–79% of the charts' 512 MiB
+// across its shapes, where 40% and 90% peaked at 92–100%, and 30% and 75%
+// at up to 83%.
+const (
+	budgetShare    = 0.30
+	softLimitShare = 0.70
+)
+
+// defaultBufferBudget is budgetShare of the memory limit, 1 GiB when the
+// process has no limit.
 func defaultBufferBudget(limit int64) int64 {
 	if limit <= 0 {
 		return 1 << 30
 	}
-	return limit / 5 * 2
+	return int64(float64(limit) * budgetShare)
 }
 
 // cgroupMemoryLimit is the container's memory limit in bytes (cgroup v2,
@@ -173,21 +194,22 @@ func cgroupMemoryLimit() int64 {
 	return 0
 }
 
-// LimitGoMemory sets the Go runtime's soft memory limit to 90% of the
-// container's, unless GOMEMLIMIT says otherwise: without it the collector
-// lets the heap grow to several times the live bytes (the processors set
-// GOGC to 100 or 400) before it runs, so a process holding its full buffer
-// budget plus the garbage of growing buffers would pass the limit and be
-// killed. It returns the limit set, 0 for none.
-func LimitGoMemory() int64 {
+// LimitGoMemory sets the Go runtime's soft memory limit to softLimitShare
+// of the memory limit (--memory-limit or the container's), unless
+// GOMEMLIMIT says otherwise: without it the collector lets the heap grow
+// to several times the live bytes (the processors set GOGC to 100 or 400)
+// before it runs, so a process holding its full buffer budget plus the
+// garbage of growing buffers would pass the limit and be killed. It
+// returns the limit set, 0 for none.
+func (f *Flags) LimitGoMemory() int64 {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return 0
 	}
-	limit := cgroupMemoryLimit()
+	limit := f.memoryLimit()
 	if limit <= 0 {
 		return 0
 	}
-	soft := limit / 10 * 9
+	soft := int64(float64(limit) * softLimitShare)
 	debug.SetMemoryLimit(soft)
 	return soft
 }

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ func TestFlagsValidate(t *testing.T) {
 		{Name: "negative health port", Args: []string{"--grpc-health-port", "-2"}, Want: "--grpc-health-port: -2"},
 		{Name: "negative body limit", Args: []string{"--max-request-body-bytes", "-1"}, Want: "--max-request-body-bytes: -1 is negative"},
 		{Name: "negative budget", Args: []string{"--request-buffer-budget", "-1"}, Want: "--request-buffer-budget: -1 is negative"},
+		{Name: "negative memory limit", Args: []string{"--memory-limit", "-1"}, Want: "--memory-limit: -1 is negative"},
 		{Name: "negative stream cap", Args: []string{"--max-streams", "-1"}, Want: "--max-streams: -1 is negative"},
 		{Name: "negative per-connection cap", Args: []string{"--max-streams-per-connection", "-1"}, Want: "--max-streams-per-connection: -1 is negative"},
 		{Name: "per-connection cap past HTTP/2", Args: []string{"--max-streams-per-connection", "4294967296"}, Want: "--max-streams-per-connection: 4294967296 is over HTTP/2's 4294967295"},
@@ -44,10 +47,31 @@ func TestFlagsOptions(t *testing.T) {
 	}
 }
 
+// TestMemoryLimitDefaults: --memory-limit sets what the budget and the
+// runtime's soft limit derive from, and GOMEMLIMIT still wins for the
+// latter.
+func TestMemoryLimitDefaults(t *testing.T) {
+	f := flagtest.Parse(t, NewFlags(9002, 9003), "--memory-limit", fmt.Sprint(512<<20))
+	if got := f.Options().Limits.BufferBudgetBytes; got != 161061273 {
+		t.Errorf("budget %d, want 30%% of 512 MiB", got)
+	}
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	t.Setenv("GOMEMLIMIT", "")
+	if got := f.LimitGoMemory(); got != 375809638 || debug.SetMemoryLimit(-1) != got {
+		t.Errorf("soft limit %d (runtime %d), want 70%% of 512 MiB", got, debug.SetMemoryLimit(-1))
+	}
+	debug.SetMemoryLimit(prev)
+	t.Setenv("GOMEMLIMIT", "100MiB")
+	if got := f.LimitGoMemory(); got != 0 || debug.SetMemoryLimit(-1) != prev {
+		t.Errorf("with GOMEMLIMIT set: soft limit %d, runtime's changed to %d", got, debug.SetMemoryLimit(-1))
+	}
+}
+
 func TestDefaultBufferBudget(t *testing.T) {
 	for _, c := range []struct{ limit, want int64 }{
-		{0, 1 << 30},                   // no container limit
-		{512 << 20, 512 << 20 / 5 * 2}, // the charts' 512Mi
+		{0, 1 << 30},           // no container limit
+		{512 << 20, 161061273}, // the charts' 512Mi: 30%
 	} {
 		if got := defaultBufferBudget(c.limit); got != c.want {
 			t.Errorf("limit %d: budget %d, want %d", c.limit, got, c.want)
