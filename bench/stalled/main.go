@@ -1,37 +1,29 @@
-// Command stalled measures the payload processor under stalled uploads:
-// many ext_proc streams that send part of a large body and then stop, as a
-// hostile or broken client behind the proxy makes them. It prints the
-// processor's resident memory (against the charts' 512 MiB limit), how
-// many uploads were held and how many refused with 503
-// processor-overloaded, and the latency of well-behaved requests before
-// and while the stalled ones are held.
+// Command stalled measures the payload processor under the shapes of
+// pressure a hostile or broken client can put on it: uploads that stall,
+// bodies that cost a parser most per byte, streams held open past the
+// stream limit, messages announced and never sent, uploads that trickle
+// under the idle timeout, answers never read. For each shape, on each
+// transport (grpc-go and h2), it prints the processor's peak resident
+// memory against the charts' 512 MiB limit and the share of well-behaved
+// requests (on a connection of their own) the processor forwarded while
+// the pressure held, and exits 1 if a run peaked over 80% of the limit or
+// forwarded under 99% of them.
 //
-// It starts `infergate payload` as a separate process (plain text,
-// loopback, free ports) with the buffer budget the charts' memory limit
-// gives by default (40% of 512 MiB), once per stalled-body size, and stops
-// it after. Run it with GOMEMLIMIT at 90% of 512 MiB, as the processor sets
-// itself in a container with that limit (make bench-stalled does).
+// It starts `infergate payload` as a separate process per run (plain text,
+// loopback, free ports) with --memory-limit at the charts' 512 MiB, from
+// which the processor derives its buffer budget and Go soft limit as it
+// does from a container's limit.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -41,291 +33,149 @@ import (
 const (
 	chartMemoryLimit = 512 << 20
 	chunkBytes       = 64 << 10
-	// budgetBytes is the processor's default budget under that limit.
-	budgetBytes = chartMemoryLimit / 5 * 2
+	// The bounds a run must keep: peak RSS within 80% of the limit, and
+	// 99% of the well-behaved requests forwarded.
+	maxPeakShare = 0.80
+	minGoodShare = 0.99
 )
 
+// options are the command's flags.
+type options struct {
+	binary     string
+	shapes     []string
+	transports []string
+	scale      float64
+	measure    time.Duration
+}
+
 func main() {
-	binary := flag.String("binary", "bin/infergate", "infergate binary to run as the payload processor")
-	streams := flag.Int("streams", 1000, "stalled streams to open")
-	sizes := flag.String("sizes", "64KiB,1MiB,15MiB", "body bytes each stalled stream sends before it stops, one run per size")
-	measure := flag.Duration("measure", 2*time.Second, "time well-behaved requests are timed, before and during the stall")
+	var o options
+	names := make([]string, 0, len(shapes()))
+	for _, s := range shapes() {
+		names = append(names, s.name)
+	}
+	flag.StringVar(&o.binary, "binary", "bin/infergate", "infergate binary to run as the payload processor")
+	shapeList := flag.String("shapes", strings.Join(names, ","), "shapes to run, comma-separated")
+	transports := flag.String("transports", "grpc,h2", "processor transports (--extproc-transport), comma-separated")
+	flag.Float64Var(&o.scale, "scale", 1, "multiplies every shape's stream and client counts (1: the figures in the table)")
+	flag.DurationVar(&o.measure, "measure", 2*time.Second, "time well-behaved requests are timed, before and during the pressure")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	o.shapes, o.transports = strings.Split(*shapeList, ","), strings.Split(*transports, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if err := run(ctx, *binary, *streams, *sizes, *measure); err != nil {
+	ok, err := run(ctx, o)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "stalled:", err)
+		os.Exit(2)
+	}
+	if !ok {
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, binary string, streams int, sizes string, measure time.Duration) error {
-	fmt.Printf("payload processor, --request-buffer-budget %d MiB (40%% of the charts' 512 MiB limit), GOMEMLIMIT %q; %d stalled streams over 8 connections, %d KiB chunks\n\n",
-		budgetBytes>>20, os.Getenv("GOMEMLIMIT"), streams, chunkBytes>>10)
-	fmt.Println("| stalled body | held | refused 503 | RSS idle | RSS peak | RSS per held body byte | good p50 before | good p99 before | good p50 during | good p99 during | good refused during |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, f := range strings.Split(sizes, ",") {
-		size, err := parseSize(strings.TrimSpace(f))
-		if err != nil {
-			return err
-		}
-		if err := runOne(ctx, binary, streams, size, measure, f); err != nil {
-			return err
+// run runs every chosen shape on every transport and prints the table;
+// ok is false when a run left the bounds.
+func run(ctx context.Context, o options) (ok bool, err error) {
+	byName := map[string]shape{}
+	for _, s := range shapes() {
+		byName[s.name] = s
+	}
+	fmt.Printf("payload processor, --memory-limit %d MiB (the charts' limit; the budget and Go soft limit derive from it), scale %g\n\n",
+		chartMemoryLimit>>20, o.scale)
+	for _, name := range o.shapes {
+		if s, known := byName[name]; known {
+			fmt.Printf("- %s: %s\n", s.name, s.what)
 		}
 	}
-	return nil
-}
-
-func parseSize(s string) (int, error) {
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			var v int
-			if _, err := fmt.Sscan(n, &v); err != nil || v <= 0 {
-				return 0, fmt.Errorf("--sizes: %q", s)
+	fmt.Println()
+	fmt.Println("| shape | transport | what the pressure came to | RSS idle | RSS peak | of 512 MiB | well-behaved forwarded | p50 before | p50 during | p99 during | within bounds |")
+	fmt.Println("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+	ok = true
+	for _, name := range o.shapes {
+		s, known := byName[name]
+		if !known {
+			return false, fmt.Errorf("--shapes: no shape %q", name)
+		}
+		for _, tr := range o.transports {
+			r, err := runOne(ctx, o, s, tr)
+			if err != nil {
+				return false, fmt.Errorf("%s on %s: %w", s.name, tr, err)
 			}
-			return v * u.mult, nil
+			fmt.Println(r.row())
+			ok = ok && r.within()
 		}
 	}
-	return 0, fmt.Errorf("--sizes: %q needs KiB or MiB", s)
+	return ok, nil
 }
 
-func runOne(ctx context.Context, binary string, streams, size int, measure time.Duration, label string) error {
+// result is one run's figures.
+type result struct {
+	shape, transport, pressure string
+	reached                    int64 // streams or bodies of the pressure that reached the processor
+	idleRSS, peakRSS           int64
+	before, during             goodRun
+}
+
+func (r result) within() bool {
+	return float64(r.peakRSS) <= maxPeakShare*chartMemoryLimit && r.during.share() >= minGoodShare
+}
+
+func (r result) row() string {
+	verdict := "yes"
+	if !r.within() {
+		verdict = "**no**"
+	}
+	return fmt.Sprintf("| %s | %s | %s | %d MiB | %d MiB | %.0f%% | %d/%d (%.1f%%) | %s | %s | %s | %s |", r.shape, r.transport, r.pressure,
+		r.idleRSS>>20, r.peakRSS>>20, 100*float64(r.peakRSS)/chartMemoryLimit, len(r.during.lat), r.during.attempts, 100*r.during.share(),
+		pct(r.before.lat, 50), pct(r.during.lat, 50), pct(r.during.lat, 99), verdict)
+}
+
+// runOne starts a processor, times well-behaved requests, puts the
+// shape's pressure on, times them again and stops everything.
+func runOne(ctx context.Context, o options, s shape, transport string) (result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "stalled")
+	p, err := startProcessor(ctx, o.binary, transport)
 	if err != nil {
-		return err
+		return result{}, err
 	}
-	defer os.RemoveAll(dir)
-	cfg := filepath.Join(dir, "payload.yaml")
-	if err := os.WriteFile(cfg, []byte("pii:\n- {name: email, detector: email, action: mask}\n"), 0o600); err != nil {
-		return err
-	}
-	grpcAddr, err := childproc.FreeAddr()
+	defer p.stop()
+	good, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return err
+		return result{}, err
 	}
-	healthAddr, err := childproc.FreeAddr()
-	if err != nil {
-		return err
-	}
-	_, gport, _ := net.SplitHostPort(grpcAddr)
-	_, hport, _ := net.SplitHostPort(healthAddr)
-	cmd := exec.CommandContext(ctx, binary, "payload", "--config-file", cfg, "--secure-serving=false",
-		"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport,
-		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", hport, "--metrics-port", "0",
-		"--request-buffer-budget", fmt.Sprint(budgetBytes))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w (run make build first)", binary, err)
-	}
-	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
-	if err := childproc.WaitReady(ctx, healthAddr, 20*time.Second); err != nil {
-		return err
-	}
-	conns := make([]*grpc.ClientConn, 8)
-	for i := range conns {
-		if conns[i], err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20))); err != nil {
-			return err
+	defer good.Close()
+	t := target{addr: p.addr, scale: o.scale}
+	for range 8 {
+		// A fixed 64 KiB window: an attacker that does not read takes
+		// no more than that per stream off the processor.
+		c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			return result{}, err
 		}
-		defer conns[i].Close()
+		defer c.Close()
+		t.conns = append(t.conns, c)
 	}
-	pid := cmd.Process.Pid
-	good := conns[0]
-	if _, _, err := timeGood(ctx, good, 300*time.Millisecond); err != nil { // warm up
-		return err
+	timeGood(ctx, good, 300*time.Millisecond) // warm up
+	r := result{shape: s.name, transport: transport, before: timeGood(ctx, good, o.measure)}
+	if r.idleRSS, err = childproc.RSS(p.pid); err != nil {
+		return result{}, err
 	}
-	before, _, err := timeGood(ctx, good, measure)
-	if err != nil {
-		return err
-	}
-	idleRSS, err := childproc.RSS(pid)
-	if err != nil {
-		return err
-	}
-
 	var peak atomic.Int64
-	stopSampling := sampleRSS(pid, &peak)
+	stopSampling := sampleRSS(p.pid, &peak)
 	defer stopSampling()
-
-	// Open the stalled streams; each sends its part of a body and stops.
-	stallCtx, release := context.WithCancel(ctx)
+	pressure, release := context.WithCancel(ctx)
 	defer release()
-	var held, refused atomic.Int64
-	var wg sync.WaitGroup
-	chunk := make([]byte, chunkBytes)
-	sem := make(chan struct{}, 64) // opening concurrency, not a bound on held streams
-	for i := range streams {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(stallCtx)
-			if err != nil {
-				return
-			}
-			if st.Send(headers()) != nil {
-				return
-			}
-			answered := make(chan bool, 1)
-			go func() {
-				r, err := st.Recv()
-				answered <- err == nil && r.GetImmediateResponse().GetStatus().GetCode() == 503
-			}()
-			for sent := 0; sent < size; sent += chunkBytes {
-				if st.Send(body(chunk[:min(chunkBytes, size-sent)], false)) != nil {
-					break
-				}
-				select {
-				case was503 := <-answered:
-					if was503 {
-						refused.Add(1)
-					}
-					return
-				default:
-				}
-			}
-			// Give a refusal a moment to arrive; otherwise the stream is
-			// held, its body open, until the run ends.
-			select {
-			case was503 := <-answered:
-				if was503 {
-					refused.Add(1)
-				}
-			case <-time.After(500 * time.Millisecond):
-				held.Add(1)
-			}
-		}()
+	report, err := s.start(pressure, t)
+	if err != nil {
+		return result{}, err
 	}
-	wg.Wait()
 	time.Sleep(200 * time.Millisecond) // let the processor settle before timing
-	during, goodRefused, err := timeGood(ctx, good, measure)
-	if err != nil {
-		return err
-	}
-	release()
+	r.during = timeGood(ctx, good, o.measure)
 	stopSampling()
-	// Memory per in-flight byte: the RSS the held bodies added over idle,
-	// per byte of body they hold (each sent whole, not ended).
-	perByte := "-"
-	if h := held.Load(); h > 0 {
-		perByte = fmt.Sprintf("%.2f", float64(peak.Load()-idleRSS)/float64(h*int64(size)))
-	}
-	fmt.Printf("| %s | %d | %d | %d MiB | %d MiB | %s | %s | %s | %s | %s | %d |\n", label, held.Load(), refused.Load(),
-		idleRSS>>20, peak.Load()>>20, perByte, pct(before, 50), pct(before, 99), pct(during, 50), pct(during, 99), goodRefused)
-	if peak.Load() > chartMemoryLimit {
-		return fmt.Errorf("RSS peaked at %d MiB, over the charts' 512 MiB limit", peak.Load()>>20)
-	}
-	return nil
-}
-
-// sampleRSS records the child's peak RSS every 20 ms until stopped.
-func sampleRSS(pid int, peak *atomic.Int64) (stop func()) {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		for {
-			if rss, err := childproc.RSS(pid); err == nil && rss > peak.Load() {
-				peak.Store(rss)
-			}
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done); <-finished }) }
-}
-
-// timeGood sends well-behaved requests one after another for d (a 1 KiB
-// chat body with an e-mail to mask, in one chunk) and returns their
-// latencies and how many were refused.
-func timeGood(ctx context.Context, conn *grpc.ClientConn, d time.Duration) ([]time.Duration, int, error) {
-	text := strings.Repeat("Summarise the quarterly report in three bullet points. ", 17) + " Mail jane@example.com."
-	b := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, text))
-	var lat []time.Duration
-	refused := 0
-	for end := time.Now().Add(d); time.Now().Before(end); {
-		start := time.Now()
-		ok, err := oneRequest(ctx, conn, b)
-		if err != nil {
-			return nil, 0, err
-		}
-		if !ok {
-			refused++
-			continue
-		}
-		lat = append(lat, time.Since(start))
-	}
-	return lat, refused, nil
-}
-
-func oneRequest(ctx context.Context, conn *grpc.ClientConn, b []byte) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	st, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := st.Send(headers()); err != nil {
-		return false, err
-	}
-	if err := st.Send(body(b, true)); err != nil {
-		return false, err
-	}
-	r, err := st.Recv()
-	if err != nil {
-		return false, fmt.Errorf("well-behaved request: %w", err)
-	}
-	if r.GetImmediateResponse() != nil {
-		return false, nil
-	}
-	// Headers answer, then the body re-emitted: read to its end.
-	for {
-		r, err := st.Recv()
-		if err != nil {
-			return false, fmt.Errorf("well-behaved request body: %w", err)
-		}
-		if r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
-			break
-		}
-	}
-	_ = st.CloseSend()
-	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
-		return false, nil
-	}
-	return true, nil
-}
-
-func headers() *extprocv3.ProcessingRequest {
-	return &extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
-		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-			{Key: "content-type", RawValue: []byte("application/json")},
-		}}}},
-	}
-}
-
-func body(b []byte, eos bool) *extprocv3.ProcessingRequest {
-	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}}
-}
-
-func pct(lat []time.Duration, p int) string {
-	if len(lat) == 0 {
-		return "—"
-	}
-	s := slices.Clone(lat)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)].Round(10 * time.Microsecond).String()
+	r.pressure, r.reached = report()
+	r.peakRSS = peak.Load()
+	release()
+	return r, nil
 }
