@@ -93,9 +93,9 @@ epp:
 		appProtocol: inferencev1.AppProtocolH2C, certs: true, moreArgs: []string{"--emit-endpoint-scores", "--refresh-metrics-interval=100ms"},
 		serving: servingWant{clientCA: "gw-ca"}}},
 	{"mutual TLS", `epp: {clientCASecretName: gw-ca}`, eppWant{replicas: 1, serving: servingWant{clientCA: "gw-ca"}}},
-	{"limits", `epp: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, requestIdleTimeout: 2m30s}}`,
-		eppWant{replicas: 1, serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
-	{"limits off", `epp: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`, eppWant{replicas: 1, serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
+	{"limits", `epp: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, maxStreamsPerConnection: 50, requestIdleTimeout: 2m30s, streamIdleTimeout: 1h}}`,
+		eppWant{replicas: 1, serving: servingWant{budget: 104857600, maxStreams: "500", perConnection: "50", idleTimeout: "2m30s", streamIdle: "1h"}}},
+	{"limits off", `epp: {limits: {maxStreams: 0, maxStreamsPerConnection: 0, requestIdleTimeout: 0, streamIdleTimeout: 0}}`, eppWant{replicas: 1, serving: servingWant{maxStreams: "0", perConnection: "0", idleTimeout: "0", streamIdle: "0"}}},
 	{"grpc-go transport", `epp: {extprocTransport: grpc}`, eppWant{replicas: 1, serving: servingWant{transport: "grpc"}}},
 	{"plaintext", `epp: {secureServing: false, tlsSecretName: ignored}`, eppWant{replicas: 1, plaintext: true}},
 	{"podMonitor on", `podMonitor: {enabled: true, interval: 30s, labels: {release: prometheus}}`, eppWant{replicas: 1, podMonitor: true}},
@@ -376,6 +376,8 @@ func TestEPPBadValues(t *testing.T) {
 		{"ports collide", `epp: {ports: {health: 9002}}`, []string{"epp.ports must be three different ports"}},
 		{"client CA without TLS", `epp: {secureServing: false, clientCASecretName: gw-ca}`, []string{"epp.clientCASecretName", "epp.secureServing"}},
 		{"negative maxStreams", `epp: {limits: {maxStreams: -1}}`, []string{"/epp/limits/maxStreams", "minimum"}},
+		{"negative maxStreamsPerConnection", `epp: {limits: {maxStreamsPerConnection: -1}}`, []string{"/epp/limits/maxStreamsPerConnection", "minimum"}},
+		{"stream idle timeout soon", `epp: {limits: {streamIdleTimeout: soon}}`, []string{"/epp/limits/streamIdleTimeout", "does not match pattern"}},
 		{"unknown transport", `epp: {extprocTransport: quic}`, []string{"/epp/extprocTransport"}},
 		{"negative buffer budget", `epp: {limits: {requestBufferBudgetBytes: -1}}`, []string{"/epp/limits/requestBufferBudgetBytes", "minimum"}},
 		{"idle timeout soon", `epp: {limits: {requestIdleTimeout: soon}}`, []string{"/epp/limits/requestIdleTimeout", "does not match pattern"}},
@@ -489,10 +491,12 @@ type servingWant struct {
 	clientCA string
 	// budget is --request-buffer-budget; 0: the flag left out.
 	budget int64
-	// maxStreams, idleTimeout and transport are --max-streams,
-	// --request-idle-timeout and --extproc-transport; empty: the
-	// defaults, 10000, 30s and auto.
-	maxStreams, idleTimeout, transport string
+	// maxStreams, perConnection, idleTimeout, streamIdle and transport
+	// are --max-streams, --max-streams-per-connection,
+	// --request-idle-timeout, --stream-idle-timeout and
+	// --extproc-transport; empty: the defaults, 10000, 1000, 30s, 15m and
+	// auto.
+	maxStreams, perConnection, idleTimeout, streamIdle, transport string
 }
 
 // checkServing checks the mutual-TLS and limit flags, and that the client
@@ -505,6 +509,12 @@ func checkServing(t *testing.T, dep *appsv1.Deployment, c *corev1.Container, wan
 	if want.idleTimeout == "" {
 		want.idleTimeout = "30s"
 	}
+	if want.perConnection == "" {
+		want.perConnection = "1000"
+	}
+	if want.streamIdle == "" {
+		want.streamIdle = "15m"
+	}
 	if want.transport == "" {
 		want.transport = "auto"
 	}
@@ -514,6 +524,8 @@ func checkServing(t *testing.T, dep *appsv1.Deployment, c *corev1.Container, wan
 	}{
 		{"--max-streams", []string{want.maxStreams}},
 		{"--request-idle-timeout", []string{want.idleTimeout}},
+		{"--max-streams-per-connection", []string{want.perConnection}},
+		{"--stream-idle-timeout", []string{want.streamIdle}},
 		{"--extproc-transport", []string{want.transport}},
 		{"--request-buffer-budget", nonEmpty(want.budget != 0, fmt.Sprint(want.budget))},
 		{"--client-ca-file", nonEmpty(want.clientCA != "", "/client-ca/ca.crt")},

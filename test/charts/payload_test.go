@@ -74,10 +74,10 @@ var payloadValueSets = []struct {
 	{"mutual TLS", `payload: {clientCASecretName: gw-ca}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{clientCA: "gw-ca"}}},
 	{"mutual TLS with own certificate", `payload: {tlsSecretName: payload-tls, clientCASecretName: gw-ca}`,
 		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", certs: true, serving: servingWant{clientCA: "gw-ca"}}},
-	{"limits", `payload: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, requestIdleTimeout: 2m30s}}`,
-		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{budget: 104857600, maxStreams: "500", idleTimeout: "2m30s"}}},
-	{"limits off", `payload: {limits: {maxStreams: 0, requestIdleTimeout: 0}}`,
-		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{maxStreams: "0", idleTimeout: "0"}}},
+	{"limits", `payload: {limits: {requestBufferBudgetBytes: 104857600, maxStreams: 500, maxStreamsPerConnection: 50, requestIdleTimeout: 2m30s, streamIdleTimeout: 1h}}`,
+		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{budget: 104857600, maxStreams: "500", perConnection: "50", idleTimeout: "2m30s", streamIdle: "1h"}}},
+	{"limits off", `payload: {limits: {maxStreams: 0, maxStreamsPerConnection: 0, requestIdleTimeout: 0, streamIdleTimeout: 0}}`,
+		payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{maxStreams: "0", perConnection: "0", idleTimeout: "0", streamIdle: "0"}}},
 	{"h2 transport", `payload: {extprocTransport: h2}`, payloadWant{replicas: 1, configMapNS: "<ns>", roleKind: "Role", serving: servingWant{transport: "h2"}}},
 }
 
