@@ -160,13 +160,14 @@ func (x *exchange) HandleRequest(ctx context.Context, r *server.Request) *server
 // exchange lives as long as the response streams (minutes), and the
 // server lets go of the body once its answers are sent, charging it to
 // the request buffer budget until then only: kept here it would stay in
-// memory outside the budget. What the observers of Served read later is
-// taken from it already: the prompt, which the prefix producer parsed out
-// when it hashed it, and the prefix match. Body stays non-nil, as
-// observers tell a request that had one by it.
+// memory outside the budget; so would the prompt text parsed from it,
+// of which only the length is kept (ForgetPrompt). What the observers of
+// Served read later is taken already: that length and the prefix match.
+// Body stays non-nil, as observers tell a request that had one by it.
 func (x *exchange) forgetBody() {
 	if x.req != nil && x.req.Body != nil {
 		x.req.Body, x.req.Parsed = []byte{}, nil // not nil; a zero-size slice allocates nothing
+		x.req.ForgetPrompt()
 	}
 }
 
@@ -298,7 +299,7 @@ func (x *exchange) answer(ctx context.Context, h server.Headers, res *scheduling
 	// body would let padding in any other field make idle servers look
 	// saturated and shed sheddable traffic) with the server's own
 	// tokenizer ratio, learned by the prefix producer.
-	targets[0].AddPending(int(float64(len(req.Prompt())) / targets[0].BytesPerToken()))
+	targets[0].AddPending(int(float64(req.PromptLen()) / targets[0].BytesPerToken()))
 	value := strings.Join(x.picked, ",")
 	d := &server.Decision{Body: rewritten, ClearRouteCache: true}
 	if p.opts.EmitScores {

@@ -32,6 +32,10 @@ type Request struct {
 	// reads it instead of scanning Body again.
 	Parsed *inference.Body
 	prompt *string
+	// promptLen is the prompt's length once ForgetPrompt has let go of
+	// its text.
+	promptLen int
+	forgotten bool
 	// attrs are few (a producer or two each store one), so a slice
 	// searched in order costs less than a map made for every request.
 	attrs []attr
@@ -43,6 +47,9 @@ type Request struct {
 // Prompt returns the request's prompt text, parsing the body on first use
 // so that profiles that never look at it never pay for it.
 func (r *Request) Prompt() string {
+	if r.forgotten {
+		return ""
+	}
 	if r.prompt == nil {
 		p := ""
 		if r.Parsed != nil {
@@ -53,6 +60,25 @@ func (r *Request) Prompt() string {
 		r.prompt = &p
 	}
 	return *r.prompt
+}
+
+// PromptLen is the length of the prompt text, also after ForgetPrompt.
+func (r *Request) PromptLen() int {
+	if r.forgotten {
+		return r.promptLen
+	}
+	return len(r.Prompt())
+}
+
+// ForgetPrompt lets go of the prompt's text once the request is decided,
+// keeping its length for what is told after (Served): the request lives
+// as long as its response streams, minutes, and its prompt, nearly the
+// size of its body, would stay in memory outside the buffer budget all
+// that time. Prompt is empty after it.
+func (r *Request) ForgetPrompt() {
+	if r.prompt != nil {
+		r.promptLen, r.prompt, r.forgotten = len(*r.prompt), nil, true
+	}
 }
 
 // Attr returns what a plugin stored for this request under key (producers

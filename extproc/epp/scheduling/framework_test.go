@@ -102,6 +102,29 @@ func TestPromptIsParsedOnDemand(t *testing.T) {
 	}
 }
 
+// TestForgetPromptKeepsItsLength: once decided, the request lets go of
+// its prompt text but what is told after (the prefix learner's Served)
+// still reads its length, even with the body gone too.
+func TestForgetPromptKeepsItsLength(t *testing.T) {
+	r := &Request{Body: []byte(`{"model":"m","prompt":"twelve bytes"}`)}
+	if n := r.PromptLen(); n != 12 {
+		t.Fatalf("prompt length %d, want 12", n)
+	}
+	r.Body = []byte{}
+	r.ForgetPrompt()
+	if r.prompt != nil || r.Prompt() != "" {
+		t.Fatalf("prompt text kept after ForgetPrompt: %q", r.Prompt())
+	}
+	if n := r.PromptLen(); n != 12 {
+		t.Errorf("prompt length after ForgetPrompt %d, want 12", n)
+	}
+	unread := &Request{Body: []byte(`{"model":"m","prompt":"abc"}`)}
+	unread.ForgetPrompt() // never parsed: nothing to let go of, and the length still comes from the body
+	if n := unread.PromptLen(); n != 3 {
+		t.Errorf("prompt length of a request never parsed %d, want 3", n)
+	}
+}
+
 // TestRequestAttrs: a plugin reads what another stored under its key, the
 // last value stored wins, and a key nobody stored reads nil.
 func TestRequestAttrs(t *testing.T) {

@@ -272,7 +272,7 @@ func (p *prefixProducer) routed(req *Request, m *PrefixMatch, addr string, sign 
 	if req.Body == nil {
 		return
 	}
-	p.learner.Routed(addr, sign*len(req.Prompt()), sign*m.Blocks[addr]*m.BlockTokens*wire.DefaultBytesPerToken)
+	p.learner.Routed(addr, sign*req.PromptLen(), sign*m.Blocks[addr]*m.BlockTokens*wire.DefaultBytesPerToken)
 }
 
 func (p *prefixProducer) Served(_ context.Context, req *Request, picked []string, served string) {
