@@ -46,6 +46,8 @@ type options struct {
 	transports []string
 	scale      float64
 	measure    time.Duration
+	// processorArgs are added to the processor's flags.
+	processorArgs []string
 }
 
 func main() {
@@ -135,21 +137,26 @@ func (r result) row() string {
 func runOne(ctx context.Context, o options, s shape, transport string) (result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	p, err := startProcessor(ctx, o.binary, transport)
+	dir, err := os.MkdirTemp("", "stalled")
 	if err != nil {
 		return result{}, err
 	}
-	defer p.stop()
-	good, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer os.RemoveAll(dir)
+	p, err := startProcessor(ctx, o.binary, transport, dir, o.processorArgs)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.Stop(5 * time.Second) // held streams may outlast a drain
+	good, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return result{}, err
 	}
 	defer good.Close()
-	t := target{addr: p.addr, scale: o.scale}
+	t := target{addr: p.GRPCAddr, scale: o.scale}
 	for range 8 {
 		// A fixed 64 KiB window: an attacker that does not read takes
 		// no more than that per stream off the processor.
-		c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		c, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 		if err != nil {
 			return result{}, err
@@ -159,11 +166,11 @@ func runOne(ctx context.Context, o options, s shape, transport string) (result, 
 	}
 	timeGood(ctx, good, 300*time.Millisecond) // warm up
 	r := result{shape: s.name, transport: transport, before: timeGood(ctx, good, o.measure)}
-	if r.idleRSS, err = childproc.RSS(p.pid); err != nil {
+	if r.idleRSS, err = childproc.RSS(p.Pid()); err != nil {
 		return result{}, err
 	}
 	var peak atomic.Int64
-	stopSampling := sampleRSS(p.pid, &peak)
+	stopSampling := sampleRSS(p.Pid(), &peak)
 	defer stopSampling()
 	pressure, release := context.WithCancel(ctx)
 	defer release()

@@ -11,14 +11,17 @@ import (
 // TestShapes runs every shape at a twentieth of its figures against the
 // payload processor on grpc-go and on h2, a fresh process each, and
 // holds every run to the bounds: memory well inside the limit, and the
-// well-behaved requests on their own connection forwarded. At this scale
-// the memory bound is loose; what can fail is a shape that starves the
-// well-behaved connection (a stream limit shared across connections, a
-// head-of-line block, a budget held by announcements) or one that does
-// not reach the processor at all (its report is then empty).
+// well-behaved requests on their own connection forwarded. The stream
+// caps shrink with the counts (--max-streams 400, 100 per connection), so
+// that the 500 held streams would take the whole process without the
+// per-connection limit. At this scale the memory bound is loose; what can
+// fail is a shape that starves the well-behaved connection (a stream
+// limit shared across connections, a head-of-line block, a budget held
+// by announcements) or one that does not reach the processor at all.
 func TestShapes(t *testing.T) {
 	bin := childproc.Command(t, "infergate")
-	o := options{binary: bin, scale: 0.05, measure: 300 * time.Millisecond}
+	o := options{binary: bin, scale: 0.05, measure: 300 * time.Millisecond,
+		processorArgs: []string{"--max-streams", "400", "--max-streams-per-connection", "100"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	for _, s := range shapes() {
