@@ -350,18 +350,25 @@ func (w *walker) editPre(t inference.Text, v string, changed bool) {
 	}
 }
 
+// head is the length and first byte of a text's value as the walk has
+// it: the body's (read in place, no copy) unless an earlier pass changed
+// it to v. They are what joiner.locate finds the text in the join by.
+func head(t inference.Text, v string, changed bool) (n int, first byte) {
+	switch {
+	case !changed:
+		return t.Head()
+	case v != "":
+		return len(v), v[0]
+	}
+	return 0, 0
+}
+
 func (w *walker) remaskText(t inference.Text, v string, changed bool) {
 	if t.Role() {
 		w.editPre(t, v, changed)
 		return
 	}
-	n, first := len(v), byte(0)
-	switch {
-	case !changed:
-		n, first = t.Head()
-	case n > 0:
-		first = v[0]
-	}
+	n, first := head(t, v, changed)
 	off := w.levels[0].j.locate(w.join0, n, first)
 	v = w.join0[off : off+n]
 	last := len(w.levels) - 1

@@ -51,13 +51,7 @@ func FuzzJoinLocate(f *testing.F) {
 					if tx.Role() {
 						return
 					}
-					n, first := len(v), byte(0)
-					switch {
-					case !changed:
-						n, first = tx.Head()
-					case n > 0:
-						first = v[0]
-					}
+					n, first := head(tx, v, changed)
 					off := j.locate(w.join0, n, first)
 					if got, want := w.join0[off:off+n], values[w.k]; got != want {
 						t.Fatalf("%s: text %d located as %q, want %q in join %q", body, w.k, got, want, w.join0)
