@@ -288,6 +288,33 @@ func (n *Node) ClusterHosts() []string {
 	return out
 }
 
+// ListenerFilters describes, for diagnostics, the ext_proc filters of the
+// HTTP filter chain each listener serves with now: the listener's name,
+// then its filters' names ("disabled" for one a route must enable). A
+// route's per-filter override of a filter its listener lacks does nothing.
+func (n *Node) ListenerFilters() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.listeners))
+	for name, ll := range n.listeners {
+		t := ll.proxy.tbl.Load()
+		if t == nil {
+			continue
+		}
+		fs := []string{}
+		for _, f := range t.filters {
+			s := f.name
+			if f.disabled {
+				s += " (disabled)"
+			}
+			fs = append(fs, s)
+		}
+		out = append(out, fmt.Sprintf("%s: %v", name, fs))
+	}
+	slices.Sort(out)
+	return out
+}
+
 // AssignedHosts describes, for diagnostics, the load assignments the node
 // has accepted over ADS, which warming may not have put in use yet: each
 // assignment's cluster name, then its endpoints' addresses with their EDS

@@ -115,6 +115,14 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 				state["stand-in "+name+" "+cl] = hosts
 			}
 		}
+		// Istio puts the inference ext_proc filter on a Gateway's
+		// listener only while the Gateway has an InferencePool attached;
+		// a route's override of a filter the listener lacks does nothing.
+		for _, f := range n.ListenerFilters() {
+			if l, fs, ok := strings.Cut(f, ": "); ok {
+				state["stand-in "+name+" filters "+l] = fs
+			}
+		}
 		for _, h := range n.AssignedHosts() {
 			if cl, hosts, ok := strings.Cut(h, ": "); ok && strings.Contains(cl, resources.AppBackendNamespace) {
 				state["stand-in "+name+" accepted "+cl] = hosts
