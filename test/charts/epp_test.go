@@ -117,7 +117,7 @@ func TestEPPChart(t *testing.T) {
 		for _, vs := range eppValueSets {
 			t.Run(provider+"/"+vs.name, func(t *testing.T) {
 				t.Parallel()
-				vals := values(t, eppInstall, vs.values, "provider: {name: "+provider+"}")
+				vals := values(t, eppInstall, vs.values, providerValues(provider))
 				objs := mustRender(t, ch, release, ns, vals)
 				want := vs.want
 				if want.pool == "" {
@@ -172,6 +172,9 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	wantKinds := []string{"Deployment", "InferencePool", "Role", "RoleBinding", "Service", "ServiceAccount"}
 	if want.config {
 		wantKinds = append(wantKinds, "ConfigMap")
+	}
+	if provider == "istio" {
+		wantKinds = append(wantKinds, "EnvoyFilter")
 	}
 	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
@@ -317,6 +320,83 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	if provider == "istio" && !want.plaintext {
 		checkDestinationRule(t, objs, svc.Name+"."+ns+".svc.cluster.local")
 	}
+	if provider == "istio" {
+		checkInferenceFilter(t, objs, ns, "inference-gateway")
+	}
+}
+
+// providerValues is the provider values of a test install: Istio needs
+// the Gateway its EnvoyFilters go to (the picker's inference filter, the
+// payload processor's filter).
+func providerValues(name string) string {
+	if name == "istio" {
+		return "provider: {name: istio, istio: {gateway: {name: inference-gateway}}}"
+	}
+	return "provider: {name: " + name + "}"
+}
+
+// checkInferenceFilter: on the Gateway's pods, in namespace ns, the
+// listener's envoy.filters.http.ext_proc is removed and put back before
+// the router as istiod builds it (pilot/pkg/xds/filters/filters.go
+// InferencePoolExtProc): dormant (cluster "dummy", headers skipped) until
+// a route's override turns it on, failing open, with the envoy.lb
+// metadata namespace received and forwarded. TestIstioInferenceFilter
+// compares it with istiod's own, field by field.
+func checkInferenceFilter(t *testing.T, objs []*unstructured.Unstructured, ns, gateway string) {
+	t.Helper()
+	ef := only(objs, "EnvoyFilter")[0]
+	if ef.GetAPIVersion() != "networking.istio.io/v1alpha3" || ef.GetNamespace() != ns || !strings.HasSuffix(ef.GetName(), "-epp-inference-filter") {
+		t.Errorf("EnvoyFilter %s %s/%s", ef.GetAPIVersion(), ef.GetNamespace(), ef.GetName())
+	}
+	if sel, _, _ := unstructured.NestedStringMap(ef.Object, "spec", "workloadSelector", "labels"); sel["gateway.networking.k8s.io/gateway-name"] != gateway || len(sel) != 1 {
+		t.Errorf("workloadSelector %v, want the pods of Gateway %s", sel, gateway)
+	}
+	patches, _, _ := unstructured.NestedSlice(ef.Object, "spec", "configPatches")
+	if len(patches) != 2 {
+		t.Fatalf("configPatches %v, want a REMOVE and an INSERT_BEFORE", patches)
+	}
+	const hcm, filter = "envoy.filters.network.http_connection_manager", "envoy.filters.http.ext_proc"
+	for _, c := range []struct {
+		patch int
+		path  []string
+		want  any
+	}{
+		{0, []string{"applyTo"}, "HTTP_FILTER"},
+		{0, []string{"match", "context"}, "GATEWAY"},
+		{0, []string{"match", "listener", "filterChain", "filter", "name"}, hcm},
+		{0, []string{"match", "listener", "filterChain", "filter", "subFilter", "name"}, filter},
+		{0, []string{"patch", "operation"}, "REMOVE"},
+		{1, []string{"applyTo"}, "HTTP_FILTER"},
+		{1, []string{"match", "context"}, "GATEWAY"},
+		{1, []string{"match", "listener", "filterChain", "filter", "name"}, hcm},
+		{1, []string{"match", "listener", "filterChain", "filter", "subFilter", "name"}, "envoy.filters.http.router"},
+		{1, []string{"patch", "operation"}, "INSERT_BEFORE"},
+		{1, []string{"patch", "value", "name"}, filter},
+		{1, []string{"patch", "value", "typed_config", "grpc_service", "envoy_grpc", "cluster_name"}, "dummy"},
+		{1, []string{"patch", "value", "typed_config", "failure_mode_allow"}, true},
+		{1, []string{"patch", "value", "typed_config", "processing_mode", "request_header_mode"}, "SKIP"},
+		{1, []string{"patch", "value", "typed_config", "processing_mode", "response_header_mode"}, "SKIP"},
+	} {
+		if got, _, _ := unstructured.NestedFieldNoCopy(patches[c.patch].(map[string]any), c.path...); got != c.want {
+			t.Errorf("patch %d: %s = %v, want %v", c.patch, strings.Join(c.path, "."), got, c.want)
+		}
+	}
+}
+
+// TestEPPIstioInferenceFilter: the EnvoyFilter goes to the Gateway's
+// namespace when it is named, and is not rendered (nor the Gateway
+// required) with inferenceFilter off. TestEPPChart has the API server
+// check it.
+func TestEPPIstioInferenceFilter(t *testing.T) {
+	ch := loadChart(t, eppChartDir)
+	ns := namespace(t, "charts-epp-istio")
+	gwNS := namespace(t, "charts-epp-istio-gw")
+	objs := mustRender(t, ch, "llama", ns, values(t, eppInstall, "provider: {name: istio, istio: {gateway: {name: gw, namespace: "+gwNS+"}}}"))
+	checkInferenceFilter(t, objs, gwNS, "gw")
+	objs = mustRender(t, ch, "llama", ns, values(t, eppInstall, "provider: {name: istio, istio: {inferenceFilter: false}}"))
+	if got := only(objs, "EnvoyFilter"); len(got) != 0 {
+		t.Errorf("inferenceFilter false rendered %d EnvoyFilters", len(got))
+	}
 }
 
 // TestEPPRoleGrantsAccount creates the RBAC objects for real and asks the
@@ -360,6 +440,9 @@ func TestEPPBadValues(t *testing.T) {
 		want         []string
 	}{
 		{"unknown provider", `provider: {name: nginx}`, []string{"/provider/name", "must be one of"}},
+		{"istio without its gateway", `provider: {name: istio}`, []string{"/provider/istio", "gateway"}},
+		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
+		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
 		{"negative replicas", `epp: {replicas: -1}`, []string{"/epp/replicas", "minimum"}},
 		{"failureMode Maybe", `inferencePool: {failureMode: Maybe}`, []string{"/inferencePool/failureMode", "must be one of"}},
 		{"no pod selector", `inferencePool: {modelServers: {matchLabels: null}}`, []string{"/inferencePool/modelServers/matchLabels"}},

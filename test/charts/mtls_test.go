@@ -13,7 +13,7 @@ func TestIstioMutualTLS(t *testing.T) {
 	for _, tc := range []struct {
 		name, dir, release, values, istio, service string
 	}{
-		{"picker", eppChartDir, "pool", eppInstall + "\nepp: {clientCASecretName: epp-client-ca}", "{}", "pool-epp"},
+		{"picker", eppChartDir, "pool", eppInstall + "\nepp: {clientCASecretName: epp-client-ca}", "{gateway: {name: inference-gateway}}", "pool-epp"},
 		{"payload processor", payloadChartDir, "payload", "payload: {clientCASecretName: payload-client-ca}", "{gateway: {name: inference-gateway}}", "payload-payload"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -150,7 +150,7 @@ func npCharts() []npChart {
 	}
 	return []npChart{
 		{dir: eppChartDir, release: "vllm-llama3", base: eppInstall, container: "epp", metrics: true,
-			cases: gatewayCases(func(p string) string { return "provider: {name: " + p + "}" }, "epp: {ports: {grpc: 9102, health: 9103, metrics: 9190}}")},
+			cases: gatewayCases(providerValues, "epp: {ports: {grpc: 9102, health: 9103, metrics: 9190}}")},
 		{dir: payloadChartDir, release: "payload", container: "payload", metrics: true,
 			cases: gatewayCases(payloadProvider, "payload: {ports: {grpc: 9104, health: 9105, metrics: 9191}}")},
 		{dir: egextChartDir, release: "egext", container: "egext", cases: egext},

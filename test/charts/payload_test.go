@@ -325,16 +325,13 @@ func TestPayloadRBACGrantsAccount(t *testing.T) {
 	}
 }
 
-// payloadProvider is the provider values of a test install: Istio needs
-// the inference Gateway its filter goes to.
+// payloadProvider is the provider values of a test install: Istio and
+// agentgateway need the inference Gateway the filter or policy goes to.
 func payloadProvider(name string) string {
-	switch name {
-	case "istio":
-		return "provider: {name: istio, istio: {gateway: {name: inference-gateway}}}"
-	case "agentgateway":
+	if name == "agentgateway" {
 		return "provider: {name: agentgateway, agentgateway: {gateway: {name: inference-gateway}}}"
 	}
-	return "provider: {name: " + name + "}"
+	return providerValues(name)
 }
 
 // checkEnvoyFilter: the processor's ext_proc filter goes first on the

@@ -48,7 +48,7 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 	c.applyChart(t, "infergate-payload", "infergate", payloadNS,
 		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s, namespace: %s}}}", gatewayName, modelsNS))
 	c.applyChart(t, "infergate-epp", "llama", modelsNS,
-		"provider: {name: istio}",
+		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s}}}", gatewayName),
 		fmt.Sprintf("inferencePool: {targetPorts: [{number: %d}], modelServers: {matchLabels: {app: llama}}, failureMode: %s}", modelPort, failureMode))
 	gw := &gatewayv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Namespace: modelsNS, Name: gatewayName},

@@ -63,7 +63,8 @@ func filterNames(hcm *hcmv3.HttpConnectionManager) []string {
 // TestIstioServesThePayloadFilter installs the charts for provider istio
 // beside an HTTPRoute to an InferencePool, and reads what istiod sends the
 // Gateway's Envoy: the payload processor's ext_proc filter first (before
-// Istio's InferencePool ext_proc and the router), to its outbound cluster,
+// Istio's InferencePool ext_proc, kept there once by the picker chart's
+// EnvoyFilter, and the router), to its outbound cluster,
 // which originates TLS; and the pool's route turning Istio's ext_proc on
 // toward the picker with the pool's failure mode.
 func TestIstioServesThePayloadFilter(t *testing.T) {
@@ -92,6 +93,12 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 	names := filterNames(hcm)
 	if p, i, r := slices.Index(names, payloadFilter), slices.Index(names, istioExtProc), slices.Index(names, "envoy.filters.http.router"); !(p < i && i < r) {
 		t.Fatalf("filter order %v: want %s before %s before the router", names, payloadFilter, istioExtProc)
+	}
+	// The picker chart's EnvoyFilter replaces istiod's InferencePool filter
+	// with its own copy: one filter, or each request would call the picker
+	// once per copy (the route's override is keyed on the name).
+	if n := len(slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s != istioExtProc })); n != 1 {
+		t.Fatalf("filters %v: %d named %s, want 1", names, n, istioExtProc)
 	}
 	ep := &extprocv3.ExternalProcessor{}
 	for _, f := range hcm.GetHttpFilters() {
