@@ -206,6 +206,9 @@ func (r *run) command(t *testing.T, o gateway.Options, maxWait time.Duration) (*
 	if o.RunTest != "" {
 		args = append(args, "--run-test", o.RunTest)
 	}
+	if !o.CleanupBaseResources {
+		args = append(args, "--cleanup-base-resources=false")
+	}
 	if len(o.SkipTests) > 0 {
 		args = append(args, "--skip-tests", strings.Join(o.SkipTests, ","))
 	}
