@@ -50,6 +50,11 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 	c.applyChart(t, "infergate-epp", "llama", modelsNS,
 		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s}}}", gatewayName),
 		fmt.Sprintf("inferencePool: {targetPorts: [{number: %d}], modelServers: {matchLabels: {app: llama}}, failureMode: %s}", modelPort, failureMode))
+	// A second pool on the same Gateway: its picker release renders the
+	// same EnvoyFilter, and the listener must still have one filter.
+	c.applyChart(t, "infergate-epp", "spare", modelsNS,
+		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s}}}", gatewayName),
+		fmt.Sprintf("inferencePool: {targetPorts: [{number: %d}], modelServers: {matchLabels: {app: spare}}}", modelPort))
 	gw := &gatewayv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Namespace: modelsNS, Name: gatewayName},
 		Spec: gatewayv1.GatewaySpec{GatewayClassName: "istio", Listeners: []gatewayv1.Listener{{

@@ -95,8 +95,9 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 		t.Fatalf("filter order %v: want %s before %s before the router", names, payloadFilter, istioExtProc)
 	}
 	// The picker chart's EnvoyFilter replaces istiod's InferencePool filter
-	// with its own copy: one filter, or each request would call the picker
-	// once per copy (the route's override is keyed on the name).
+	// with its own copy (two picker releases here, each removing what was
+	// there): one filter, or each request would call the picker once per
+	// copy (the route's override is keyed on the name).
 	if n := len(slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s != istioExtProc })); n != 1 {
 		t.Fatalf("filters %v: %d named %s, want 1", names, n, istioExtProc)
 	}
