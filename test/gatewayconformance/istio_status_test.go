@@ -69,12 +69,7 @@ const statusHold = 3 * time.Second
 //     the first answer on, before and after the status lands; the chart's
 //     filter is istiod's own, field for field.
 func TestIstioInferenceFilter(t *testing.T) {
-	dir := gatewaytest.IstioDir(t)
-	l := startLive(t, filepath.Join(dir, "crds"))
-	gatewaytest.CreateIstioNamespace(t, l.Cluster)
-	gatewaytest.InstallIstioInjector(t, l.Cluster, dir)
-	gatewaytest.StartIstiod(t, l.Cluster, dir, gatewaytest.Istiod{DeploymentController: true})
-	pickerTLS(t, l)
+	dir, l := startIstio(t)
 	gws := istioProxies(t, l)
 	defer gws.stop()
 	// The suite's base resources (pools, pickers, model servers), left in
@@ -355,17 +350,8 @@ func filterCount(n *envoysim.Node) int {
 func istiodFilter(pod *corev1.Pod) *extprocv3.ExternalProcessor {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+gatewaytest.IstioHTTP+"/debug/config_dump?proxyID="+pod.Name+"."+pod.Namespace, nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
 	var dump any
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&dump) != nil {
+	if istiodDebug(ctx, "/debug/config_dump?proxyID="+pod.Name+"."+pod.Namespace, &dump) != nil {
 		return nil
 	}
 	ep, err := namedFilter(dump)

@@ -45,12 +45,7 @@ import (
 // without the picker until another change (TestIstioInferenceFilter),
 // which once failed GatewayFollowingEPPRouting under make test's load.
 func TestIstio(t *testing.T) {
-	dir := gatewaytest.IstioDir(t)
-	l := startLive(t, filepath.Join(dir, "crds"))
-	gatewaytest.CreateIstioNamespace(t, l.Cluster)
-	gatewaytest.InstallIstioInjector(t, l.Cluster, dir)
-	gatewaytest.StartIstiod(t, l.Cluster, dir, gatewaytest.Istiod{DeploymentController: true})
-	pickerTLS(t, l)
+	dir, l := startIstio(t)
 	// The suite's Gateways' namespace, made ahead of the suite (which
 	// applies it again) to hold their EnvoyFilters.
 	if err := l.Client.Create(gatewaytest.Ctx(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: resources.InfraNamespace}}); err != nil {
@@ -83,6 +78,20 @@ func TestIstio(t *testing.T) {
 		}
 		t.Logf("Istio %s, profile %s: %s, %d passed, %d skipped, failed %v", r.version, pr.Name, pr.Core.Result, pr.Core.Passed, pr.Core.Skipped, pr.Core.FailedTests)
 	}
+}
+
+// startIstio brings up the live cluster with istiod (its deployment
+// controller on) and the suite's pickers' DestinationRules, and returns
+// the folder of Istio's build and the cluster.
+func startIstio(t *testing.T) (string, *livecluster.Live) {
+	t.Helper()
+	dir := gatewaytest.IstioDir(t)
+	l := startLive(t, filepath.Join(dir, "crds"))
+	gatewaytest.CreateIstioNamespace(t, l.Cluster)
+	gatewaytest.InstallIstioInjector(t, l.Cluster, dir)
+	gatewaytest.StartIstiod(t, l.Cluster, dir, gatewaytest.Istiod{DeploymentController: true})
+	pickerTLS(t, l)
+	return dir, l
 }
 
 // pickerTLS is the part of an Istio installation for inference that the

@@ -3,6 +3,7 @@ package gatewayconformance
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -145,15 +146,6 @@ func (tl *timeline) sample(ctx context.Context, l *livecluster.Live) {
 func istiodShards(ctx context.Context) map[string]string {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+gatewaytest.IstioHTTP+"/debug/endpointShardz", nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
 	// service host -> namespace -> {Shards: shard -> endpoints}
 	var shards map[string]map[string]struct {
 		Shards map[string][]struct {
@@ -162,8 +154,13 @@ func istiodShards(ctx context.Context) map[string]string {
 			HealthStatus int
 		}
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&shards); err != nil {
-		return map[string]string{"istiod shards": "unreadable: " + err.Error()}
+	if err := istiodDebug(ctx, "/debug/endpointShardz", &shards); err != nil {
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &syntax) || errors.As(err, &typ) {
+			return map[string]string{"istiod shards": "unreadable: " + err.Error()}
+		}
+		return nil // istiod not answering yet
 	}
 	out := map[string]string{}
 	for host, byNS := range shards {
@@ -182,4 +179,21 @@ func istiodShards(ctx context.Context) map[string]string {
 		}
 	}
 	return out
+}
+
+// istiodDebug decodes istiod's answer to the debug path into v.
+func istiodDebug(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+gatewaytest.IstioHTTP+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("istiod %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }
