@@ -288,10 +288,12 @@ func (n *Node) ClusterHosts() []string {
 	return out
 }
 
-// ListenerFilters describes, for diagnostics, the ext_proc filters of the
-// HTTP filter chain each listener serves with now: the listener's name,
-// then its filters' names ("disabled" for one a route must enable). A
-// route's per-filter override of a filter its listener lacks does nothing.
+// ListenerFilters describes, for diagnostics, the HTTP filters the node
+// runs for each listener now (those it reproduces: ext_proc, health
+// checks, Istio's metadata exchange; not the router): the listener's
+// name, then its filters' names ("disabled" for one a route must enable).
+// A route's per-filter override of a filter its listener lacks does
+// nothing.
 func (n *Node) ListenerFilters() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
