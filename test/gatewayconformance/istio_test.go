@@ -42,8 +42,8 @@ import (
 // The Gateways' listeners carry the picker chart's EnvoyFilter, as an
 // install with the charts does: without it, a route whose status istiod
 // writes more than its push debounce (100 ms) after the route serves
-// without the picker until another change (TestIstioInferenceFilter),
-// which once failed GatewayFollowingEPPRouting under make test's load.
+// without the picker until another change (TestIstioInferenceFilter); a
+// GatewayFollowingEPPRouting failure under make test's load fitted it.
 func TestIstio(t *testing.T) {
 	dir, l := startIstio(t)
 	// The suite's Gateways' namespace, made ahead of the suite (which
