@@ -14,10 +14,12 @@ import (
 // well-behaved requests on their own connection forwarded. The stream
 // caps shrink with the counts (--max-streams 400, 100 per connection), so
 // that the 500 held streams would take the whole process without the
-// per-connection limit. At this scale the memory bound is loose; what can
-// fail is a shape that starves the well-behaved connection (a stream
-// limit shared across connections, a head-of-line block, a budget held
-// by announcements) or one that does not reach the processor at all.
+// per-connection limit. The memory bound is as tight here as at full
+// scale for the 15 MiB uploads (nine of them fill the budget at any
+// count), loose for the rest; what else can fail is a shape that starves
+// the well-behaved connection (a stream limit shared across connections,
+// a head-of-line block, a budget held by announcements) or one that does
+// not reach the processor at all.
 func TestShapes(t *testing.T) {
 	bin := childproc.Command(t, "infergate")
 	o := options{binary: bin, scale: 0.05, measure: 300 * time.Millisecond,

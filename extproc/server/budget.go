@@ -111,6 +111,25 @@ func (b *budget) reserve(n int64) bool {
 	return true
 }
 
+// reserveUpTo takes as many bytes as the budget has left, at most most,
+// and returns them; 0 (nothing taken) when it has not least.
+func (b *budget) reserveUpTo(least, most int64) int64 {
+	if b.maxBuffered <= 0 {
+		b.buffered.Add(most)
+		return most
+	}
+	for {
+		n := min(most, b.maxBuffered-b.buffered.Load()-b.inflight.Load())
+		if n < least {
+			return 0
+		}
+		if b.reserve(n) {
+			return n
+		}
+		// Another stream took some meanwhile: look again.
+	}
+}
+
 // hold charges n bytes of answers not yet taken, whatever the budget says;
 // unhold gives them back.
 func (b *budget) hold(n int64)   { b.inflight.Add(n) }

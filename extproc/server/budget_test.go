@@ -250,8 +250,8 @@ func testTimedOutStreamsAreLetGo(t *testing.T, transport string) {
 // TestAnnouncedBodySizesTheBuffer: the first chunk of a body whose
 // content-length says how large it is gets a buffer for all of it (so the
 // body is not copied as it grows), bounded so a false announcement takes at
-// most 64 KiB past what has arrived, and only what the chunk needs when the
-// budget cannot spare the rest.
+// most 64 KiB past what has arrived, and what the budget has left when it
+// cannot spare all of it.
 func TestAnnouncedBodySizesTheBuffer(t *testing.T) { eachTransport(t, testAnnouncedBodySizesTheBuffer) }
 
 func testAnnouncedBodySizesTheBuffer(t *testing.T, transport string) {
@@ -267,7 +267,7 @@ func testAnnouncedBodySizesTheBuffer(t *testing.T, transport string) {
 		{"announced beyond the bound", 8 << 20, "104857600", 1000, 1000 + 64<<10},
 		{"a byte announcing a megabyte", 8 << 20, "1048576", 1, 1 + 64<<10},
 		{"not a number", 8 << 20, "lots", 1000, 1000},
-		{"the budget cannot spare it", 2000, "4000", 1000, 1000},
+		{"the budget cannot spare it", 2000, "4000", 1000, 2000},
 		{"the announced buffer holds the rest", 4000, "4000", 1000, 4000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -426,16 +426,17 @@ func (s *stream) onRequestBody(ctx context.Context, chunk []byte, endOfStream bo
 		if l := s.limits.MaxRequestBodyBytes; l > 0 {
 			newCap = min(newCap, int(l))
 		}
-		grow := int64(newCap - cap(s.body))
-		if !s.budget.reserve(grow) {
-			// Under pressure, grow only by what this chunk needs.
-			newCap, grow = need, int64(need-cap(s.body))
-			if !s.budget.reserve(grow) {
-				s.releaseBody()
-				s.budget.refuseBuffer()
-				return s.reject(overloaded("memory budget for request bodies"))
-			}
+		// Under pressure, grow by what the budget has left, at least what
+		// this chunk needs: growing by each chunk alone copies the whole
+		// body once per chunk, and near a full budget that garbage kept
+		// the collector running back to back at the soft limit.
+		grow := s.budget.reserveUpTo(int64(need-cap(s.body)), int64(newCap-cap(s.body)))
+		if grow == 0 {
+			s.releaseBody()
+			s.budget.refuseBuffer()
+			return s.reject(overloaded("memory budget for request bodies"))
 		}
+		newCap = cap(s.body) + int(grow)
 		s.reserved += grow
 		grown := make([]byte, len(s.body), newCap)
 		copy(grown, s.body)
