@@ -96,13 +96,15 @@
 //	before the filters unless forward_client_cert_details is
 //	ALWAYS_FORWARD_ONLY (the connection has no client certificate).
 //	stream_idle_timeout (300 s unless set, 0 none): a request with no
-//	activity (body read, response written) for that long ends, with a 408
-//	"stream timeout" before the response started and a reset after.
+//	activity (body read, response written) for that long ends: before the
+//	response started with "stream timeout", 504 if the whole request had
+//	been received and 408 if its body was still due; after it, a reset.
 //	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details,stream_idle_timeout};
 //	  Envoy: source/common/http/conn_manager_impl.cc ActiveStream::decodeHeaders
 //	  (encode1xxHeaders before the filters; the stand-in sends the 100 when
 //	  the body is first read); conn_manager_utility.cc mutateXfccRequestHeader
-//	  conn_manager_impl.cc ActiveStream::onIdleTimeout
+//	  conn_manager_impl.cc ActiveStream::onIdleTimeout (sendLocalReply with
+//	  utility.cc Utility::maybeRequestTimeoutCode(remoteDecodeComplete()))
 //	  TestProxy100Continue, TestForwardClientCertDetails, TestStreamIdleTimeout
 //
 //	HTTP filters in order, the router last; ext_proc filters run, and so
@@ -281,7 +283,7 @@
 //	  HealthCheck.{timeout,interval,unhealthy_threshold,healthy_threshold,
 //	  unhealthy_interval,no_traffic_interval,no_traffic_healthy_interval,
 //	  grpc_health_check}, Cluster.CommonLbConfig.healthy_panic_threshold
-//	  Envoy: source/common/upstream/health_checker_impl.cc
+//	  Envoy: source/extensions/health_checkers/common/health_checker_base_impl.cc
 //	  HealthCheckerImplBase::interval, ActiveHealthCheckSession::handleSuccess,
 //	  setUnhealthy; source/extensions/health_checkers/grpc/health_checker_impl.cc
 //	  GrpcActiveHealthCheckSession::onInterval, isHealthCheckSucceeded;

@@ -23,8 +23,10 @@ var errStreamIdle = errors.New("stream idle timeout")
 // request body or write of the response restarts it. When it fires the
 // request's context ends; what the handler writes after that is dropped,
 // and finish answers: a request whose response has not started gets
-// Envoy's 408 "stream timeout", one whose response has started is reset
-// (conn_manager_impl.cc ActiveStream::onIdleTimeout).
+// Envoy's "stream timeout", 504 if the whole request had been received and
+// 408 if not, and one whose response has started is reset
+// (source/common/http/conn_manager_impl.cc ActiveStream::onIdleTimeout,
+// source/common/http/utility.cc Utility::maybeRequestTimeoutCode).
 type idleStream struct {
 	http.ResponseWriter
 	timeout time.Duration
@@ -33,16 +35,19 @@ type idleStream struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	started bool // response headers written
+	decoded bool // the whole request was received (Envoy's remoteDecodeComplete)
 	fired   bool
 	reset   bool // fired after the response started: the stream is reset
 }
 
-// newIdleStream starts the timer over w; d 0 disables it (nil).
-func newIdleStream(w http.ResponseWriter, d time.Duration, cancel context.CancelCauseFunc) *idleStream {
+// newIdleStream starts the timer over w; d 0 disables it (nil). A request
+// without a body is complete once its headers are in.
+func newIdleStream(w http.ResponseWriter, r *http.Request, d time.Duration, cancel context.CancelCauseFunc) *idleStream {
 	if d <= 0 {
 		return nil
 	}
 	s := &idleStream{ResponseWriter: w, timeout: d, cancel: cancel}
+	s.decoded = r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	s.timer = time.AfterFunc(d, s.fire)
 	return s
 }
@@ -50,24 +55,36 @@ func newIdleStream(w http.ResponseWriter, d time.Duration, cancel context.Cancel
 func (s *idleStream) fire() {
 	s.mu.Lock()
 	s.fired, s.reset = true, s.started
+	decoded := s.decoded
 	s.mu.Unlock()
+	if !decoded {
+		// A read of the request body waits on the client and no context
+		// ends it; the deadline does, so the request can be answered. The
+		// connection is not reused after that, as Envoy's HTTP/1 codec
+		// cannot reuse one whose request it did not finish reading.
+		_ = http.NewResponseController(s.ResponseWriter).SetReadDeadline(time.Now())
+	}
 	s.cancel(errStreamIdle)
 }
 
 // finish ends the timer once the handler is done with the request, and
-// answers for it if the timer fired: a 408 before the response started,
-// else a reset of the connection (http.ErrAbortHandler).
+// answers for it if the timer fired: 504 or 408 before the response
+// started, else a reset of the connection (http.ErrAbortHandler).
 func (s *idleStream) finish() {
 	s.timer.Stop()
 	s.mu.Lock()
-	fired, reset := s.fired, s.reset
+	fired, reset, decoded := s.fired, s.reset, s.decoded
 	s.mu.Unlock()
 	switch {
 	case reset:
 		panic(http.ErrAbortHandler)
 	case fired:
+		status := http.StatusRequestTimeout
+		if decoded {
+			status = http.StatusGatewayTimeout
+		}
 		clear(s.ResponseWriter.Header())
-		writeLocalReply(s.ResponseWriter, &extprocfilter.LocalReply{Status: http.StatusRequestTimeout, Body: []byte("stream timeout")})
+		writeLocalReply(s.ResponseWriter, &extprocfilter.LocalReply{Status: status, Body: []byte("stream timeout")})
 	}
 }
 
@@ -118,6 +135,11 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.s.touch()
+	}
+	if errors.Is(err, io.EOF) {
+		b.s.mu.Lock()
+		b.s.decoded = true
+		b.s.mu.Unlock()
 	}
 	return n, err
 }

@@ -811,19 +811,25 @@ func TestClusterWarmsAlone(t *testing.T) {
 
 // TestStreamIdleTimeout: the connection manager's stream_idle_timeout ends
 // a request with no activity for that long: before the response started
-// with Envoy's 408 "stream timeout", after it by resetting the stream; a
+// with Envoy's "stream timeout", 504 once the whole request was received
+// and 408 while its body is still due; after it by resetting the stream; a
 // response that keeps sending is not idle however long it runs
-// (conn_manager_impl.cc ActiveStream::onIdleTimeout).
+// (conn_manager_impl.cc ActiveStream::onIdleTimeout, utility.cc
+// Utility::maybeRequestTimeoutCode).
 func TestStreamIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
 		upstream http.HandlerFunc
+		stalled  bool // the client sends part of a body and stops
 		want     int  // status; 0: the stream is reset
 		wantBody bool // the whole body arrives
 	}{
-		{name: "silent before the response", want: http.StatusRequestTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
+		{name: "silent before the response", want: http.StatusGatewayTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(3 * idle)
+		}},
+		{name: "request body stalled", stalled: true, want: http.StatusRequestTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
 		}},
 		{name: "silent after the response started", want: 0, upstream: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write([]byte("data: 1\n\n"))
@@ -850,7 +856,17 @@ func TestStreamIdleTimeout(t *testing.T) {
 			srv := xdstest.Start(t)
 			srv.Set(t, "1", l, xdstest.CatchAllRoutes("r", "up"), xdstest.StaticCluster("up", up.Addr))
 			n := testNode(t, srv)
-			resp, err := http.Get(listenerURL(t, n, "l") + "/")
+			req, err := http.NewRequest(http.MethodGet, listenerURL(t, n, "l")+"/", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.stalled {
+				pr, pw := io.Pipe()
+				t.Cleanup(func() { _ = pw.Close() })
+				go func() { _, _ = pw.Write([]byte(`{"model":`)) }()
+				req.Method, req.Body = http.MethodPost, pr
+			}
+			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -863,7 +879,7 @@ func TestStreamIdleTimeout(t *testing.T) {
 				}
 			case resp.StatusCode != tc.want:
 				t.Fatalf("status %d (%q), want %d", resp.StatusCode, body, tc.want)
-			case tc.want == http.StatusRequestTimeout && string(body) != "stream timeout":
+			case (tc.want == http.StatusRequestTimeout || tc.want == http.StatusGatewayTimeout) && string(body) != "stream timeout":
 				t.Fatalf("body %q, want Envoy's \"stream timeout\"", body)
 			case tc.wantBody && (readErr != nil || strings.Count(string(body), "data: x") != 8):
 				t.Fatalf("body %q (%v), want all 8 events", body, readErr)

@@ -308,7 +308,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	idleCtx, idleCancel := context.WithCancelCause(ctx)
 	defer idleCancel(nil)
-	if idle := newIdleStream(w, t.streamIdle, idleCancel); idle != nil {
+	if idle := newIdleStream(w, r, t.streamIdle, idleCancel); idle != nil {
 		ctx, w = idleCtx, idle
 		r.Body = idle.body(r.Body)
 		defer idle.finish()

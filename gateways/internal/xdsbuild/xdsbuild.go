@@ -233,9 +233,12 @@ func PickerMode(responseBody bool) *extprocv3.ProcessingMode {
 // matches, and a request may reach the pool's route only once the payload
 // processor has set its model header and the route is matched again;
 // per-route overrides, by contrast, are read from the route current when
-// the filter runs. envoy.lb is forwarded (the served host, the subset
-// hint) and received (the pick); failure_mode_allow is the pool's
-// failureMode.
+// the filter runs. envoy.lb is received (the pick, which the router's
+// override_host reads) and forwarded: Envoy itself writes nothing there
+// for the picker (neither the served endpoint nor a subset hint, which
+// GAIE carries in its own namespace envoy.lb.subset_hint, not forwarded
+// here), so the picker sees only what another filter of the chain put in
+// it. failure_mode_allow is the pool's failureMode.
 func IdlePicker(cluster, authority string, failOpen bool) *extprocv3.ExternalProcessor {
 	ns := &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{wire.LBNamespace}}
 	return &extprocv3.ExternalProcessor{
