@@ -353,7 +353,7 @@ func TestBootstrapErrors(t *testing.T) {
 	maglev := xdstest.StaticCluster("up", up.Addr)
 	maglev.LbPolicy = clusterv3.Cluster_MAGLEV
 	_, nack := build(&resources{clusters: map[string]*clusterv3.Cluster{"up": maglev}}, buildEnv{
-		resolve: func(h string) (string, error) { return h, nil }, log: logr.Discard(),
+		resolve: func(h string) ([]string, error) { return []string{h}, nil }, log: logr.Discard(),
 	})
 	if nack == nil {
 		t.Fatal("MAGLEV is not NACKed over xDS")

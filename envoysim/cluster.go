@@ -2,6 +2,7 @@ package envoysim
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,9 @@ import (
 // cluster is an upstream cluster reduced to how it picks a host.
 type cluster struct {
 	name string
+	// keepalive is upstream_connection_options.tcp_keepalive (Enable
+	// false: none, Envoy's default).
+	keepalive net.KeepAliveConfig
 	// endpoints are the hosts the normal load balancer takes round robin:
 	// the healthy hosts of the lowest priority level of a STATIC or
 	// STRICT_DNS load_assignment, or of the EDS ClusterLoadAssignment.
@@ -224,4 +228,12 @@ func (k *metadataKey) set(md map[string]*structpb.Struct, value string) {
 		s = next
 	}
 	s.Fields[k.path[len(k.path)-1]] = structpb.NewStringValue(value)
+}
+
+// target is how a gRPC client reaches host: its transport socket and the
+// cluster's connection options.
+func (c *cluster) target(host string) grpcTarget {
+	t := targetOf(host, c.transportFor(host))
+	t.keepalive = c.keepalive
+	return t
 }

@@ -255,17 +255,25 @@
 //	  DownstreamFilterManager::sendLocalReply
 //	  TestRouterLocalReplies, e2e TestXDSRequestsReachThePickersChoice
 //
-//	Clusters: STATIC, STRICT_DNS and LOGICAL_DNS (host names resolved when
-//	the cluster arrives, from NodeConfig.Resolve, then the system resolver;
-//	a name that does not resolve is no host, as in Envoy),
-//	EDS (the lowest priority level with hosts; UNHEALTHY, DRAINING and
-//	TIMEOUT hosts left out); connect_timeout; lb_policy ROUND_ROBIN,
-//	LEAST_REQUEST and RANDOM all pick round robin.
-//	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy}
-//	  Envoy: source/extensions/clusters/dns/dns_cluster.cc (the stand-in
-//	  resolves once, Envoy every dns_refresh_rate); upstream_impl.cc
-//	  ClusterImplBase::partitionHostList, HostImplBase::coarseHealth
-//	  TestClusterEndpoints
+//	Clusters: STATIC, STRICT_DNS and LOGICAL_DNS (host names resolved from
+//	NodeConfig.Resolve, then NodeConfig.Lookup or the system resolver; a
+//	name that does not resolve is no host, as in Envoy), EDS (the lowest
+//	priority level with hosts; UNHEALTHY, DRAINING and TIMEOUT hosts left
+//	out); connect_timeout; lb_policy ROUND_ROBIN, LEAST_REQUEST and RANDOM
+//	all pick round robin. STRICT_DNS makes a host of every address a name
+//	resolves to and resolves it again every dns_refresh_rate (5 s unset),
+//	rebuilding when the answer changes; a failed lookup keeps the hosts;
+//	new hosts of a health-checked cluster wait for their first check (the
+//	cluster keeps its previous hosts meanwhile, where Envoy adds the new
+//	ones as unhealthy: either way no stream reaches them unchecked).
+//	LOGICAL_DNS takes the first address.
+//	  Cluster.{type,load_assignment,eds_cluster_config,connect_timeout,lb_policy,dns_refresh_rate}
+//	  Envoy: source/extensions/clusters/dns/dns_cluster.cc
+//	  DnsClusterImpl::ResolveTarget::startResolve; logical_dns_cluster.cc;
+//	  upstream_impl.cc ClusterImplBase::partitionHostList,
+//	  HostImplBase::coarseHealth, BaseDynamicClusterImpl::updateDynamicHostList
+//	  TestClusterEndpoints, TestStrictDNSHostPerAddress, TestDNSRefreshUpdatesHosts,
+//	  test/faults TestPickerRollingRestart
 //
 //	Active health checks (health_checks, gRPC only) and
 //	common_lb_config.healthy_panic_threshold: a host starts unhealthy and
@@ -278,20 +286,42 @@
 //	:authority of grpc_health_check.authority, else the cluster's name.
 //	Below the panic threshold (50% by default, 0 never) every host is used;
 //	otherwise only the healthy ones, and with none a routed request gets
-//	"no healthy upstream" and an ext_proc stream fails at its start.
-//	Sessions outlive updates that keep the cluster, host and check.
+//	"no healthy upstream" and an ext_proc stream fails at its start; an
+//	ext_proc stream starts on the next usable host, round robin.
+//	Sessions outlive updates that keep the cluster, host and check. Checks
+//	share one connection per host (reuse_connection unset; a timeout ends
+//	only the RPC) or, with reuse_connection false, each opens and closes
+//	its own. A host turning unhealthy has its ext_proc channel drained:
+//	streams on it go on, new ones open a new channel (Envoy drains the
+//	host's pools on every worker, close_connections_on_host_health_failure
+//	or not, which changes TCP pools only).
 //	  HealthCheck.{timeout,interval,unhealthy_threshold,healthy_threshold,
 //	  unhealthy_interval,no_traffic_interval,no_traffic_healthy_interval,
-//	  grpc_health_check}, Cluster.CommonLbConfig.healthy_panic_threshold
+//	  grpc_health_check,reuse_connection}, Cluster.CommonLbConfig.healthy_panic_threshold
 //	  Envoy: source/extensions/health_checkers/common/health_checker_base_impl.cc
 //	  HealthCheckerImplBase::interval, ActiveHealthCheckSession::handleSuccess,
 //	  setUnhealthy; source/extensions/health_checkers/grpc/health_checker_impl.cc
-//	  GrpcActiveHealthCheckSession::onInterval, isHealthCheckSucceeded;
+//	  GrpcActiveHealthCheckSession::onInterval, onTimeout, onRpcComplete,
+//	  isHealthCheckSucceeded; source/common/upstream/cluster_manager_impl.cc
+//	  ThreadLocalClusterManagerImpl::onHostHealthFailure;
 //	  upstream_impl.cc BaseDynamicClusterImpl::updateDynamicHostList
 //	  (FAILED_ACTIVE_HC), ClusterImplBase::onInitDone; load_balancing_policies/
 //	  common/load_balancer_impl.cc LoadBalancerBase::isHostSetInPanic
-//	  TestFailOpenNeedsNoBodyYet, TestHealthCheckedProcessorCluster, e2e TestPlainEnvoyBootstrap,
+//	  TestFailOpenNeedsNoBodyYet, TestHealthCheckedProcessorCluster, TestHealthCheckReuseConnection,
+//	  test/faults (every scenario), e2e TestPlainEnvoyBootstrap,
 //	  TestFailureModeWhenThePickerStops, TestEnvoyGatewayExtensionConfigRoutes
+//
+//	upstream_connection_options.tcp_keepalive on a health-checked
+//	processor cluster's connections (ext_proc channels and the checks'):
+//	the kernel's keepalive with the given probes, time and interval, each
+//	unset one the system's; without it, none (Go would otherwise probe
+//	every 15 s). A connection whose peer vanished closes after the
+//	unanswered probes, resetting its streams.
+//	  Cluster.upstream_connection_options.tcp_keepalive
+//	  Envoy: source/common/upstream/upstream_impl.cc (cluster socket
+//	  options); source/common/network/socket_option_factory.cc
+//	  SocketOptionFactory::buildTcpKeepaliveOptions
+//	  test/faults TestPickerSilentLoss, TestPayloadSilentLoss
 //
 //	Transport sockets per host: the first of transport_socket_matches whose
 //	match criteria are all in the host's envoy.transport_socket_match

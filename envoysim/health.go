@@ -24,9 +24,9 @@ import (
 )
 
 // Active health checking as Envoy 1.39 runs it, gRPC checks only
-// (source/common/upstream/health_checker_impl.cc HealthCheckerImplBase,
-// source/extensions/health_checkers/grpc/health_checker_impl.cc
-// GrpcHealthCheckerImpl):
+// (source/extensions/health_checkers/common/health_checker_base_impl.cc
+// HealthCheckerImplBase, source/extensions/health_checkers/grpc/
+// health_checker_impl.cc GrpcHealthCheckerImpl):
 //   - a host starts unhealthy (FAILED_ACTIVE_HC, upstream_impl.cc
 //     updateDynamicHostList) and the cluster warms until every host had its
 //     first check (ClusterImplBase::onInitDone); the first success makes a
@@ -38,6 +38,20 @@ import (
 //     an active failure that makes a healthy host unhealthy at once; a
 //     connection failure or a timeout counts towards unhealthy_threshold
 //     (setUnhealthy);
+//   - checks share one connection per host (reuse_connection, true unset)
+//     and a timeout resets only the stream (GrpcActiveHealthCheckSession
+//     ::onTimeout): a connection whose peer vanished without a word keeps
+//     failing checks until the kernel gives up on it. With reuse_connection
+//     false each check opens a connection of its own and closes it after
+//     the answer (onRpcComplete), so each check reaches whoever answers
+//     the host's address now;
+//   - a host that becomes unhealthy has its connections drained on every
+//     worker, with or without close_connections_on_host_health_failure
+//     (which changes only TCP pools): idle ones close, busy ones take no new
+//     stream and end with their streams, which are not reset
+//     (source/common/upstream/cluster_manager_impl.cc
+//     ClusterManagerImpl::ThreadLocalClusterManagerImpl::onHostHealthFailure,
+//     drainOrCloseConnPools); the next stream opens a new connection;
 //   - the next check waits interval, or no_traffic_interval (60 s by
 //     default) while the cluster never carried traffic, no_traffic_healthy
 //     _interval for a healthy host then, unhealthy_interval for an
@@ -52,6 +66,7 @@ type healthCheck struct {
 	timeout, interval, unhealthyInterval, noTraffic, noTrafficHealthy time.Duration
 	unhealthyThreshold, healthyThreshold                              uint32
 	service, authority                                                string
+	reuse                                                             bool   // reuse_connection
 	id                                                                string // the entry's wire form: sessions of equal configs are shared
 }
 
@@ -94,6 +109,7 @@ func parseHealthChecks(c *clusterv3.Cluster) (*healthCheck, error) {
 		healthyThreshold:   max(h.GetHealthyThreshold().GetValue(), 1),
 		service:            g.GetServiceName(),
 		authority:          g.GetAuthority(),
+		reuse:              h.GetReuseConnection() == nil || h.GetReuseConnection().GetValue(),
 		noTraffic:          defaultNoTrafficInterval,
 		id:                 string(raw),
 	}
@@ -163,13 +179,13 @@ func (h *clusterHealth) healthyOf(hosts []string) []string {
 }
 
 // start is what an ext_proc stream to cluster name does as it starts: it
-// counts as traffic, and goes to the first usable host's channel (conn),
-// or, with none, fails at once.
-func (h *clusterHealth) start(name string, hosts []string, conn func(host string) *grpc.ClientConn) func() (*grpc.ClientConn, error) {
+// counts as traffic, and goes to the channel (conn) of the next usable
+// host in round robin (next), or, with none, fails at once.
+func (h *clusterHealth) start(name string, hosts []string, next *atomic.Uint64, conn func(host string) *grpc.ClientConn) func() (*grpc.ClientConn, error) {
 	return func() (*grpc.ClientConn, error) {
 		h.traffic.Store(true)
 		if usable := h.usable(hosts); len(usable) > 0 {
-			return conn(usable[0]), nil
+			return conn(usable[next.Add(1)%uint64(len(usable))]), nil
 		}
 		return nil, fmt.Errorf("cluster %q has no healthy host (no healthy upstream)", name)
 	}
@@ -198,6 +214,10 @@ type hcKey struct {
 type hcSession struct {
 	cfg     *healthCheck
 	traffic *atomic.Bool
+	dial    func() (*grpc.ClientConn, error)
+	// drain is called as the host turns unhealthy: its connections are
+	// drained (onHostHealthFailure).
+	drain func()
 
 	mu        sync.Mutex
 	healthy   bool
@@ -233,6 +253,12 @@ const (
 func (s *hcSession) record(k failureKind) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	was := s.healthy
+	defer func() {
+		if was && !s.healthy && s.drain != nil {
+			s.drain()
+		}
+	}()
 	switch {
 	case k == passed:
 		s.failures = 0
@@ -269,13 +295,30 @@ func (s *hcSession) wait() time.Duration {
 	return s.cfg.interval
 }
 
-func (s *hcSession) run(ctx context.Context, conn *grpc.ClientConn, settled func()) {
-	defer conn.Close()
-	client := healthpb.NewHealthClient(conn)
+func (s *hcSession) run(ctx context.Context, settled func()) {
+	var shared *grpc.ClientConn // reuse_connection
+	defer func() {
+		if shared != nil {
+			_ = shared.Close()
+		}
+	}()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
-		resp, err := client.Check(cctx, &healthpb.HealthCheckRequest{Service: s.cfg.service})
-		cancel()
+		conn := shared
+		var err error
+		if conn == nil {
+			conn, err = s.dial()
+		}
+		var resp *healthpb.HealthCheckResponse
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+			resp, err = healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: s.cfg.service})
+			cancel()
+			if s.cfg.reuse {
+				shared = conn
+			} else {
+				_ = conn.Close()
+			}
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -311,6 +354,7 @@ func (s *hcSession) run(ctx context.Context, conn *grpc.ClientConn, settled func
 type healthChecks struct {
 	ctx     func() context.Context // the node's run context
 	settled func()                 // a session completed its first check
+	drain   func(grpcTarget)       // drains the connections to a host (connPool.drain)
 
 	mu       sync.Mutex
 	sessions map[hcKey]*hcSession
@@ -319,8 +363,8 @@ type healthChecks struct {
 	live     map[hcKey]bool
 }
 
-func newHealthChecks(ctx func() context.Context, settled func()) *healthChecks {
-	return &healthChecks{ctx: ctx, settled: settled, sessions: map[hcKey]*hcSession{}, traffic: map[string]*atomic.Bool{},
+func newHealthChecks(ctx func() context.Context, settled func(), drain func(grpcTarget)) *healthChecks {
+	return &healthChecks{ctx: ctx, settled: settled, drain: drain, sessions: map[hcKey]*hcSession{}, traffic: map[string]*atomic.Bool{},
 		used: map[hcKey]bool{}, live: map[hcKey]bool{}}
 }
 
@@ -338,17 +382,24 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panicAt float64
 	h := &clusterHealth{sessions: make(map[string]*hcSession, len(hosts)), panicAt: panicAt, traffic: traffic}
 	for _, host := range hosts {
 		t := target(host)
-		k := hcKey{cluster: name, config: cfg.id, host: host, transport: fmt.Sprint(t.addr, t.tls, t.certID)}
+		k := hcKey{cluster: name, config: cfg.id, host: host, transport: fmt.Sprint(t.addr, t.tls, t.certID, t.keepalive)}
 		s := r.sessions[k]
 		if s == nil {
+			// A target that cannot be dialled at all fails the build,
+			// before any session starts.
 			conn, err := dialHealth(t, cfg.authority)
 			if err != nil {
 				return nil, fmt.Errorf("health check of %s: %w", host, err)
 			}
+			_ = conn.Close()
 			ctx, cancel := context.WithCancel(r.ctx())
-			s = &hcSession{cfg: cfg, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel}
+			s = &hcSession{cfg: cfg, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel,
+				dial: func() (*grpc.ClientConn, error) { return dialHealth(t, cfg.authority) }}
+			if r.drain != nil {
+				s.drain = func() { r.drain(t) }
+			}
 			r.sessions[k] = s
-			go s.run(ctx, conn, r.settled)
+			go s.run(ctx, r.settled)
 		}
 		r.used[k] = true
 		h.sessions[host] = s
@@ -393,24 +444,35 @@ func dialHealth(t grpcTarget, authority string) (*grpc.ClientConn, error) {
 	if t.tls {
 		creds = credentials.NewTLS(extprocfilter.TLSConfig(t.cert))
 	}
-	return grpc.NewClient(t.addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(authority))
+	return grpc.NewClient(t.addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(authority), extprocfilter.WithTCPKeepalive(t.keepalive))
 }
 
 // healthAwareClient is the ext_proc filter's client for a health-checked
 // cluster: each stream starts on the first usable host (Envoy's load
 // balancer chooses when the stream starts), and with none it fails at its
 // start, so failure_mode_allow applies whatever of the request came.
+// The channel is looked up as each stream starts, since a host that turned
+// unhealthy has had its channel drained (connPool.drain) and gets a new one.
 func healthAwareClient(cfg extprocfilter.FilterConfig, name string, cl *cluster, env buildEnv) (*extprocfilter.Client, error) {
 	conns := make(map[string]*grpc.ClientConn, len(cl.endpoints))
 	for _, host := range cl.endpoints {
-		t := targetOf(host, cl.transportFor(host))
-		conn, err := env.connFor(t.addr, t.tls, t.cert)
+		t := cl.target(host)
+		conn, err := env.connFor(t.addr, t.tls, t.cert, t.keepalive)
 		if err != nil {
 			return nil, fmt.Errorf("ext_proc filter %q (cluster %q): %w", cfg.Name, name, err)
 		}
 		conns[host] = conn
 	}
-	return extprocfilter.NewClientStarting(cfg, cl.health.start(name, cl.endpoints, func(host string) *grpc.ClientConn { return conns[host] }))
+	current := func(host string) *grpc.ClientConn {
+		t := cl.target(host)
+		if env.currentConn != nil {
+			if conn, err := env.currentConn(t.addr, t.tls, t.cert, t.keepalive); err == nil {
+				return conn
+			}
+		}
+		return conns[host]
+	}
+	return extprocfilter.NewClientStarting(cfg, cl.health.start(name, cl.endpoints, &cl.next, current))
 }
 
 // reuse keeps the sessions of h, the health of a cluster version that
@@ -445,6 +507,7 @@ func flagHealth(name string) *healthCheck {
 	return &healthCheck{
 		timeout: time.Second, interval: interval, unhealthyInterval: interval, noTraffic: interval, noTrafficHealthy: interval,
 		unhealthyThreshold: 2, healthyThreshold: 1, service: wire.ExtProcHealthService, authority: name, id: "flag",
+		reuse: false,
 	}
 }
 
@@ -468,7 +531,7 @@ func flagFilterClient(fc extprocfilter.FilterConfig, checks *healthChecks) (*ext
 	case <-cl.health.sessions[fc.Target].firstDone:
 	case <-time.After(hc.timeout + time.Second):
 	}
-	c, err := extprocfilter.NewClientStarting(fc, cl.health.start(fc.Name, cl.endpoints, func(string) *grpc.ClientConn { return conn }))
+	c, err := extprocfilter.NewClientStarting(fc, cl.health.start(fc.Name, cl.endpoints, &cl.next, func(string) *grpc.ClientConn { return conn }))
 	if err != nil {
 		_ = conn.Close()
 		return nil, nil, err

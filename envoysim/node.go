@@ -62,9 +62,10 @@ type NodeConfig struct {
 	Resolve     map[string]string
 	ResolveOnly bool
 	// Lookup, if set, resolves the names Resolve does not hold, in place of
-	// the system resolver: a test's cluster DNS (Service names to their
-	// cluster IPs, say).
-	Lookup   func(ctx context.Context, host string) (string, error)
+	// the system resolver: a test's cluster DNS (a Service name to its
+	// cluster IP, a headless Service's to its ready Pods' IPs, say). A
+	// STRICT_DNS cluster has a host per address, LOGICAL_DNS the first.
+	Lookup   func(ctx context.Context, host string) ([]string, error)
 	Timeouts Timeouts
 	// DebugMetadata adds DebugMetadataHeader to responses.
 	DebugMetadata bool
@@ -96,6 +97,8 @@ type Node struct {
 	warming   map[string]*warmingListener
 	side      map[string]*sideStream // by the cluster that reaches the EDS server
 	runCtx    context.Context        // Run's, for the side streams
+	dns       *dnsSeen               // STRICT_DNS names of the last accepted build
+	dnsKick   chan struct{}          // dns changed: refreshDNS restarts its wait
 	sideRuns  sync.WaitGroup
 	// warmSince is when clusters started warming during initialization;
 	// zero when none are.
@@ -154,8 +157,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		warmStart: map[string]time.Time{},
 		side:      map[string]*sideStream{},
 		runCtx:    context.Background(),
+		dnsKick:   make(chan struct{}, 1),
 	}
-	n.health = newHealthChecks(n.runContext, n.healthSettled)
+	n.health = newHealthChecks(n.runContext, n.healthSettled, func(t grpcTarget) { n.conns.drain(t.addr, t.tls, t.cert, t.keepalive) })
 	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
 		return nil, errors.New("envoysim node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
 	}
@@ -204,6 +208,11 @@ func (n *Node) Run(ctx context.Context) error {
 	n.mu.Lock()
 	n.runCtx = ctx
 	n.mu.Unlock()
+	n.sideRuns.Add(1)
+	go func() {
+		defer n.sideRuns.Done()
+		n.refreshDNS(ctx)
+	}()
 	var err error
 	if n.client != nil {
 		err = n.client.Run(ctx)
@@ -458,7 +467,7 @@ func keepOne[T proto.Message](next, held map[string]T, name string) bool {
 // rebuild translates next and, if it is accepted, makes it the node's
 // state. Callers hold n.mu.
 func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error) {
-	env := buildEnv{resolve: n.resolve, clientFor: n.conns.client, connFor: n.conns.conn, health: n.health,
+	env := buildEnv{resolve: n.resolveAll, dns: newDNSSeen(), clientFor: n.conns.client, connFor: n.conns.conn, currentConn: n.conns.current, health: n.health,
 		log: n.log, static: n.static != nil, node: n.nodeInfo(), bootstrap: n.bootstrap}
 	if n.initialized {
 		env.hold = n.holdWarming
@@ -475,6 +484,7 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 		n.conns.endBuild(false)
 		n.health.keep()
 		n.res = next
+		n.setDNS(env.dns)
 		return b, nil
 	}
 	if err == nil {
@@ -483,6 +493,7 @@ func (n *Node) rebuild(next *resources, typeURL, version string) (*built, error)
 	n.conns.endBuild(err == nil)
 	n.health.endBuild(err == nil)
 	if err == nil {
+		n.setDNS(env.dns)
 		n.active = b.active
 		n.initialized = n.initialized || (n.cdsSeen && n.client != nil)
 	}
@@ -788,32 +799,50 @@ func (n *Node) verifyingTarget(t grpcTarget) (*tls.Config, string, error) {
 	return tc, addr, nil
 }
 
-// resolve maps a cluster host to an IP address: as given when it is one,
-// else from NodeConfig.Resolve, else the system resolver.
+// resolve maps a host to one IP address: the first of resolveAll, as
+// LOGICAL_DNS and gRPC targets use one.
 func (n *Node) resolve(host string) (string, error) {
+	ips, err := n.resolveAll(host)
+	if err != nil {
+		return "", err
+	}
+	return ips[0], nil
+}
+
+// resolveAll maps a cluster host to its IP addresses: as given when it is
+// one, else from NodeConfig.Resolve, else NodeConfig.Lookup or the system
+// resolver. It never returns an empty list without an error.
+func (n *Node) resolveAll(host string) ([]string, error) {
 	if ip := net.ParseIP(host); ip != nil {
-		return ip.String(), nil
+		return []string{ip.String()}, nil
 	}
 	if ip, ok := n.cfg.Resolve[host]; ok {
-		return ip, nil
+		return []string{ip}, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if n.cfg.Lookup != nil {
-		ip, err := n.cfg.Lookup(ctx, host)
-		if err != nil {
-			return "", fmt.Errorf("resolving %q: %w", host, err)
+		ips, err := n.cfg.Lookup(ctx, host)
+		if err == nil && len(ips) == 0 {
+			err = errors.New("no address")
 		}
-		return ip, nil
+		if err != nil {
+			return nil, fmt.Errorf("resolving %q: %w", host, err)
+		}
+		return ips, nil
 	}
 	if n.cfg.ResolveOnly {
-		return "", fmt.Errorf("%q is not in the stand-in's resolve table", host)
+		return nil, fmt.Errorf("%q is not in the stand-in's resolve table", host)
 	}
 	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return "", fmt.Errorf("resolving %q: %w (add it to the stand-in's resolve table)", host, err)
+		return nil, fmt.Errorf("resolving %q: %w (add it to the stand-in's resolve table)", host, err)
 	}
-	return ips[0].String(), nil
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i] = ip.String()
+	}
+	return out, nil
 }
 
 // activate swaps the built tables into live listeners, binds new ones and
@@ -942,9 +971,10 @@ type connPool struct {
 // channel only if they dial it the same way, with the same client
 // certificate (certID).
 type connKey struct {
-	target string
-	tls    bool
-	cert   string
+	target    string
+	tls       bool
+	cert      string
+	keepalive net.KeepAliveConfig
 }
 
 type pooledConn struct {
@@ -958,7 +988,7 @@ func newConnPool(grace time.Duration) *connPool {
 
 // client makes a client for cfg over the pooled channel to cfg.Target.
 func (p *connPool) client(cfg extprocfilter.FilterConfig) (*extprocfilter.Client, error) {
-	conn, err := p.conn(cfg.Target, cfg.TLS, cfg.ClientCert)
+	conn, err := p.conn(cfg.Target, cfg.TLS, cfg.ClientCert, net.KeepAliveConfig{})
 	if err != nil {
 		return nil, err
 	}
@@ -966,8 +996,8 @@ func (p *connPool) client(cfg extprocfilter.FilterConfig) (*extprocfilter.Client
 }
 
 // conn is the pooled channel to target, dialled as tls and cert say.
-func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate) (*grpc.ClientConn, error) {
-	k := connKey{target, useTLS, certID(cert)}
+func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error) {
+	k := connKey{target, useTLS, certID(cert), ka}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.conns[k]
@@ -975,7 +1005,7 @@ func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate) (*grp
 		pc = nil // closed already
 	}
 	if pc == nil {
-		conn, err := extprocfilter.Dial(target, useTLS, cert)
+		conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithTCPKeepalive(ka))
 		if err != nil {
 			return nil, err
 		}
@@ -985,6 +1015,46 @@ func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate) (*grp
 	pc.retire = nil
 	p.used[k] = true
 	return pc.conn, nil
+}
+
+// current is the channel to target for a stream starting now: the pooled
+// one, or a new one if drain took it out. Unlike conn it is not part of a
+// build.
+func (p *connPool) current(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error) {
+	k := connKey{target, useTLS, certID(cert), ka}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pc := p.conns[k]; pc != nil && pc.retire == nil {
+		return pc.conn, nil
+	}
+	conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithTCPKeepalive(ka))
+	if err != nil {
+		return nil, err
+	}
+	pc := &pooledConn{conn: conn}
+	if old := p.conns[k]; old != nil && old.retire != nil {
+		// Out of the live set: it retires as the old one would have.
+		pc.retire = time.AfterFunc(p.grace, func() { _ = conn.Close() })
+	}
+	p.conns[k] = pc
+	return conn, nil
+}
+
+// drain takes the channel to target out of the pool, as Envoy drains a
+// host's connection pools when its health check fails: streams on it go
+// on, and it closes after the grace period that outlasts them; the next
+// stream gets a new channel (current).
+func (p *connPool) drain(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) {
+	k := connKey{target, useTLS, certID(cert), ka}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pc := p.conns[k]
+	if pc == nil || pc.retire != nil {
+		return
+	}
+	delete(p.conns, k)
+	conn := pc.conn
+	time.AfterFunc(p.grace, func() { _ = conn.Close() })
 }
 
 // endBuild ends a build: an accepted one's channels become the live set;

@@ -133,7 +133,7 @@ func New(cfg Config) (*Proxy, error) {
 		t.filters = append(t.filters, &httpFilter{name: "strip-client-destination", removeRequestHeaders: clientDestinationHeaders})
 		clients = append(clients, nil)
 	}
-	p.health = newHealthChecks(context.Background, func() {})
+	p.health = newHealthChecks(context.Background, func() {}, nil)
 	for _, fc := range cfg.Filters {
 		c, conn, err := flagFilterClient(fc, p.health)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
+	"net"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -61,7 +62,10 @@ type builtListener struct {
 
 // buildEnv is what translation needs beyond the resources.
 type buildEnv struct {
-	resolve func(host string) (string, error)
+	// resolve maps a host name to its addresses; dns records those of
+	// STRICT_DNS clusters, to be resolved again (refreshDNS).
+	resolve func(host string) ([]string, error)
+	dns     *dnsSeen
 	log     logr.Logger
 	// clientFor makes a client over a shared channel for cfg, whose Target
 	// is the cluster's address and TLS its transport socket.
@@ -75,7 +79,10 @@ type buildEnv struct {
 	// health runs the clusters' active health checks.
 	health *healthChecks
 	// connFor is the shared channel to a processor host (connPool.conn).
-	connFor func(target string, tls bool, cert *tls.Certificate) (*grpc.ClientConn, error)
+	connFor func(target string, tls bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error)
+	// currentConn is the channel to a processor host for a stream starting
+	// now (connPool.current): nil, the one connFor gave.
+	currentConn func(target string, tls bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error)
 	// bootstrap are the clusters of the node's bootstrap (static_resources)
 	// beside those CDS sends. Only its non-EDS ones may back an
 	// api_config_source (Envoy's primary clusters).

@@ -109,9 +109,15 @@ func xbEnv(t *testing.T, resolve func(string) (string, error)) buildEnv {
 		}
 	})
 	return buildEnv{
-		resolve: resolve,
-		log:     logr.Discard(),
-		node:    xbNode,
+		resolve: func(host string) ([]string, error) {
+			ip, err := resolve(host)
+			if err != nil {
+				return nil, err
+			}
+			return []string{ip}, nil
+		},
+		log:  logr.Discard(),
+		node: xbNode,
 		clientFor: func(cfg extprocfilter.FilterConfig) (*extprocfilter.Client, error) {
 			conn, err := extprocfilter.Dial(cfg.Target, cfg.TLS, cfg.ClientCert)
 			if err != nil {
@@ -1446,7 +1452,7 @@ func TestClusterEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, _, err := clusterEndpoints(tc.cla, &transportSelector{}, env)
+			got, _, _, err := clusterEndpoints(tc.cla, &transportSelector{}, env, 0)
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("got %q, want an error", got)

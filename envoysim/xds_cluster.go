@@ -41,6 +41,9 @@ type grpcTarget struct {
 	// (nil: none), certID its certID.
 	cert   *tls.Certificate
 	certID string
+	// keepalive is the cluster's TCP keepalive (health-checked processor
+	// clusters; the zero value is none).
+	keepalive net.KeepAliveConfig
 	// cl is the cluster when its hosts are health checked: a stream then
 	// starts on its first usable host, chosen when it starts.
 	cl *cluster
@@ -98,6 +101,11 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	if d := c.GetConnectTimeout(); d != nil {
 		out.connectTimeout = d.AsDuration()
 	}
+	keepalive, err := tcpKeepalive(c.GetUpstreamConnectionOptions())
+	if err != nil {
+		return nil, tgt, edsRef{}, err
+	}
+	out.keepalive = keepalive
 	sel, err := clusterTransports(c)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
@@ -169,7 +177,14 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		}
 		out.override = oh
 	}
-	eps, members, transports, err := clusterEndpoints(cla, sel, env)
+	var dnsRefresh time.Duration // STRICT_DNS: a host per address, resolved again
+	if c.GetType() == clusterv3.Cluster_STRICT_DNS {
+		dnsRefresh = defaultDNSRefresh
+		if d := c.GetDnsRefreshRate(); d != nil {
+			dnsRefresh = d.AsDuration()
+		}
+	}
+	eps, members, transports, err := clusterEndpoints(cla, sel, env, dnsRefresh)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
@@ -183,7 +198,7 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 		return nil, tgt, edsRef{}, err
 	}
 	if hc != nil && env.health != nil {
-		out.health, err = env.health.forCluster(c.GetName(), hc, panicAt, eps, func(host string) grpcTarget { return targetOf(host, out.transportFor(host)) })
+		out.health, err = env.health.forCluster(c.GetName(), hc, panicAt, eps, out.target)
 		if err != nil {
 			return nil, tgt, edsRef{}, err
 		}
@@ -204,6 +219,34 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 // a filter's stream to it fails (its failure mode decides), an EDS stream
 // never connects.
 const secretNotSuppliedTarget = "unix:///nonexistent/infergate-envoysim-sds-secret-not-supplied"
+
+// tcpKeepalive reads upstream_connection_options: tcp_keepalive turns the
+// kernel's keepalive on, each unset field left at the system's default, as
+// Envoy sets only the socket options given (source/common/network/
+// socket_option_factory.cc SocketOptionFactory::buildTcpKeepaliveOptions).
+func tcpKeepalive(o *clusterv3.UpstreamConnectionOptions) (net.KeepAliveConfig, error) {
+	if err := checkFields("upstream_connection_options", o); err != nil {
+		return net.KeepAliveConfig{}, err
+	}
+	k := o.GetTcpKeepalive()
+	if k == nil {
+		return net.KeepAliveConfig{}, nil
+	}
+	if err := checkFields("upstream_connection_options.tcp_keepalive", k); err != nil {
+		return net.KeepAliveConfig{}, err
+	}
+	kc := net.KeepAliveConfig{Enable: true, Idle: -1, Interval: -1, Count: -1}
+	if v := k.GetKeepaliveTime(); v != nil {
+		kc.Idle = time.Duration(v.GetValue()) * time.Second
+	}
+	if v := k.GetKeepaliveInterval(); v != nil {
+		kc.Interval = time.Duration(v.GetValue()) * time.Second
+	}
+	if v := k.GetKeepaliveProbes(); v != nil {
+		kc.Count = int(v.GetValue())
+	}
+	return kc, nil
+}
 
 // targetOf is how a gRPC client reaches host through its transport socket.
 func targetOf(host string, t hostTransport) grpcTarget {
@@ -508,8 +551,10 @@ func dataSource(where string, ds *corev3.DataSource) ([]byte, error) {
 // TIMEOUT hosts left out), every host of the assignment, for
 // override_host, which Envoy lets pick any host of the cluster, and each
 // host's transport socket (sel, by the host's and its locality's
-// metadata). Host names are resolved.
-func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelector, env buildEnv) ([]string, map[string]bool, map[string]hostTransport, error) {
+// metadata). Host names are resolved: with dnsRefresh set (STRICT_DNS) to
+// a host per address, recorded to be resolved again that often; else to
+// the first address (LOGICAL_DNS).
+func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelector, env buildEnv, dnsRefresh time.Duration) ([]string, map[string]bool, map[string]hostTransport, error) {
 	if cla == nil {
 		return nil, nil, nil, nil
 	}
@@ -538,23 +583,32 @@ func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelec
 			if sa == nil {
 				return nil, nil, nil, fmt.Errorf("%s: want a socket_address", ew)
 			}
-			ip, err := env.resolve(sa.GetAddress())
+			ips, err := env.resolve(sa.GetAddress())
+			if dnsRefresh > 0 && net.ParseIP(sa.GetAddress()) == nil {
+				env.dns.record(sa.GetAddress(), ips, dnsRefresh)
+			}
 			if err != nil {
 				// As Envoy: a name that does not resolve gives the cluster
-				// no host (and requests to it "no healthy upstream").
+				// no host (and requests to it "no healthy upstream") until
+				// it does.
 				env.log.Error(err, "cluster host not resolved", "where", ew)
 				continue
 			}
-			hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
-			members[hostPort] = true
-			transports[hostPort] = sel.pick(le.GetMetadata(), lle.GetMetadata())
-			switch le.GetHealthStatus() {
-			case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
-				continue
+			if dnsRefresh == 0 {
+				ips = ips[:1]
 			}
-			p := lle.GetPriority()
-			byPriority[p] = append(byPriority[p], hostPort)
-			best = min(best, p)
+			for _, ip := range ips {
+				hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
+				members[hostPort] = true
+				transports[hostPort] = sel.pick(le.GetMetadata(), lle.GetMetadata())
+				switch le.GetHealthStatus() {
+				case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
+					continue
+				}
+				p := lle.GetPriority()
+				byPriority[p] = append(byPriority[p], hostPort)
+				best = min(best, p)
+			}
 		}
 	}
 	return byPriority[best], members, transports, nil

@@ -26,6 +26,11 @@ type ProcessorConfig struct {
 	Env []string
 	// Ready bounds the wait for its readiness service (default 30 s).
 	Ready time.Duration
+	// GRPCHost and GRPCPort, when set, are where ext_proc is served
+	// (default: loopback, a free port), e.g. a pod's address in a test's
+	// network namespace; health and metrics stay on free loopback ports.
+	GRPCHost string
+	GRPCPort int
 }
 
 // Processor is a running processor child.
@@ -66,9 +71,21 @@ func startProcessor(ctx context.Context, cfg ProcessorConfig) (*Processor, error
 		}
 		addrs[i] = a
 	}
-	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
+	if cfg.GRPCHost != "" || cfg.GRPCPort != 0 {
+		host, port, _ := net.SplitHostPort(addrs[0])
+		if cfg.GRPCHost != "" {
+			host = cfg.GRPCHost
+		}
+		if cfg.GRPCPort != 0 {
+			port = strconv.Itoa(cfg.GRPCPort)
+		}
+		addrs[0] = net.JoinHostPort(host, port)
+	}
+	hostPort := func(a string) (string, string) { h, p, _ := net.SplitHostPort(a); return h, p }
+	port := func(a string) string { _, p := hostPort(a); return p }
+	grpcHost, _ := hostPort(addrs[0])
 	args := append([]string{cfg.Command, "--secure-serving=" + strconv.FormatBool(cfg.TLS),
-		"--grpc-bind-address", "127.0.0.1", "--grpc-port", port(addrs[0]),
+		"--grpc-bind-address", grpcHost, "--grpc-port", port(addrs[0]),
 		"--grpc-health-bind-address", "127.0.0.1", "--grpc-health-port", port(addrs[1]),
 		"--metrics-bind-address", "127.0.0.1", "--metrics-port", port(addrs[2])}, cfg.Args...)
 	logf, err := os.Create(cfg.Log)

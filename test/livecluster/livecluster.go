@@ -153,8 +153,12 @@ func registerNode(ctx context.Context, c *gatewaytest.Cluster) error {
 
 // Lookup resolves a Service's cluster DNS name (name.namespace.svc, with or
 // without .cluster.local) to its cluster IP, for the Envoy stand-in.
-func (l *Live) Lookup(ctx context.Context, host string) (string, error) {
-	return l.proxy.lookup(ctx, host)
+func (l *Live) Lookup(ctx context.Context, host string) ([]string, error) {
+	ip, err := l.proxy.lookup(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	return []string{ip}, nil
 }
 
 // pods lists every Pod with its node, phase and IP, for a failed test.

@@ -71,10 +71,11 @@ func TestDeploymentServesThroughItsService(t *testing.T) {
 	gatewaytest.WaitFor(t, "the LoadBalancer Service's ingress", time.Minute, func() bool {
 		return c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "echo-lb"}, &svc) == nil && len(svc.Status.LoadBalancer.Ingress) > 0
 	})
-	clusterIP, err := l.Lookup(ctx, "echo."+ns+".svc.cluster.local")
+	clusterIPs, err := l.Lookup(ctx, "echo."+ns+".svc.cluster.local")
 	if err != nil {
 		t.Fatal(err)
 	}
+	clusterIP := clusterIPs[0]
 	// A connection per request: the proxy balances connections.
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, base := range []string{"http://" + clusterIP + ":80", "http://" + svc.Status.LoadBalancer.Ingress[0].IP + ":8080"} {

@@ -78,16 +78,31 @@ type TLS struct {
 	ClientCert *ClientCert
 }
 
-// GRPCCluster is a STRICT_DNS cluster of one gRPC server at host:port over
-// HTTP/2, health checked (ProcessorHealth).
+// GRPCCluster is a STRICT_DNS cluster of the gRPC servers at host:port
+// over HTTP/2, health checked (ProcessorHealth). STRICT_DNS makes each
+// address host resolves to a host of its own, resolved again every 5 s
+// (source/extensions/clusters/dns/dns_cluster.cc): a headless Service's
+// name gives Envoy one host per ready pod, which it can fail over between;
+// a ClusterIP is one host, down whenever the pod its checks reach is.
+//
+// Connections carry TCP keepalive (ProcessorKeepalive), which the kernel
+// answers whatever the server: an idle connection to a peer that vanished
+// without a word (a node lost, a partition) is closed within about 10 s
+// instead of the kernel's two hours. HTTP/2 PING keepalive
+// (Http2ProtocolOptions.connection_keepalive) is not set: grpc-go servers,
+// GAIE's and llm-d's endpoint pickers among them, allow a PING only every
+// 5 minutes by default (keepalive.EnforcementPolicy MinTime) and close the
+// connection, streams and all, with GOAWAY ENHANCE_YOUR_CALM
+// "too_many_pings" after a few more frequent ones.
 func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		ConnectTimeout:       durationpb.New(ConnectTimeout),
-		HealthChecks:         []*corev3.HealthCheck{ProcessorHealth()},
-		CommonLbConfig:       &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
+		Name:                      name,
+		ClusterDiscoveryType:      &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
+		LbPolicy:                  clusterv3.Cluster_ROUND_ROBIN,
+		ConnectTimeout:            durationpb.New(ConnectTimeout),
+		HealthChecks:              []*corev3.HealthCheck{ProcessorHealth()},
+		CommonLbConfig:            &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
+		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{TcpKeepalive: ProcessorKeepalive()},
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Address: SocketAddress(host, port),
@@ -122,6 +137,20 @@ func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
 // ProcessorUnhealthyThreshold checks without one; the no-traffic intervals
 // equal the interval, since Envoy's default for a cluster that never
 // carried traffic is 60 s (HealthCheckerImplBase::interval).
+//
+// Each check opens a connection of its own (reuse_connection false). With
+// the default, checks share one connection and a timeout resets only the
+// stream (source/extensions/health_checkers/grpc/health_checker_impl.cc
+// GrpcActiveHealthCheckSession::onTimeout): a connection to a pod that
+// vanished without a word would keep failing checks until the kernel gave
+// up retransmitting (about 15 minutes), and a ClusterIP's connection
+// tracking would keep it on the dead pod after a replacement is ready. A
+// new connection per check reaches whoever answers the address now. A host
+// found unhealthy has its worker connections drained by Envoy (idle ones
+// closed, busy ones take no new stream: cluster_manager_impl.cc
+// onHostHealthFailure), so new streams open fresh connections once it is
+// healthy again; close_connections_on_host_health_failure would add
+// nothing for HTTP pools and is not set.
 const (
 	ProcessorHealthInterval     = 2 * time.Second
 	ProcessorHealthTimeout      = time.Second
@@ -138,9 +167,28 @@ func ProcessorHealth() *corev3.HealthCheck {
 		NoTrafficHealthyInterval: interval,
 		UnhealthyThreshold:       wrapperspb.UInt32(ProcessorUnhealthyThreshold),
 		HealthyThreshold:         wrapperspb.UInt32(1),
+		ReuseConnection:          wrapperspb.Bool(false),
 		HealthChecker: &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{
 			ServiceName: wire.ExtProcHealthService,
 		}},
+	}
+}
+
+// TCP keepalive of a processor's connections: probes after 5 s idle, every
+// 2 s, 3 unanswered close it (about 11 s). The kernel sends them only
+// while nothing sent is unacknowledged.
+const (
+	ProcessorKeepaliveTime     = 5
+	ProcessorKeepaliveInterval = 2
+	ProcessorKeepaliveProbes   = 3
+)
+
+// ProcessorKeepalive is the TCP keepalive of a processor's connections.
+func ProcessorKeepalive() *corev3.TcpKeepalive {
+	return &corev3.TcpKeepalive{
+		KeepaliveTime:     wrapperspb.UInt32(ProcessorKeepaliveTime),
+		KeepaliveInterval: wrapperspb.UInt32(ProcessorKeepaliveInterval),
+		KeepaliveProbes:   wrapperspb.UInt32(ProcessorKeepaliveProbes),
 	}
 }
 
