@@ -41,8 +41,8 @@ wasm:
 # the picker) is race-tested in its own packages.
 CONFORMANCE_RUNS := ./test/gatewayconformance
 test: lint
-	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && h2spec="$$(hack/h2spec.sh)" && grpcjs="$$(hack/grpcjs.sh)" && \
-	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_H2SPEC="$$h2spec" INFERGATE_GRPCJS="$$grpcjs" && \
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && h2spec="$$(hack/h2spec.sh)" && grpcjs="$$(hack/grpcjs.sh)" && iptables="$$(hack/iptables.sh)" && \
+	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_H2SPEC="$$h2spec" INFERGATE_GRPCJS="$$grpcjs" INFERGATE_IPTABLES="$$iptables" && \
 	pkgs="$$($(GO) list ./... | grep -vxF "$$($(GO) list $(CONFORMANCE_RUNS))")" && \
 	{ $(GO) test -count=1 -timeout 30m $(CONFORMANCE_RUNS) & runs=$$!; \
 	  $(GO) test -race -count=1 -timeout 30m $$pkgs; rest=$$?; \

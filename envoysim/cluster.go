@@ -2,7 +2,6 @@ package envoysim
 
 import (
 	"fmt"
-	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -17,7 +16,7 @@ type cluster struct {
 	name string
 	// keepalive is upstream_connection_options.tcp_keepalive (Enable
 	// false: none, Envoy's default).
-	keepalive net.KeepAliveConfig
+	sockopts extprocfilter.SocketOptions
 	// endpoints are the hosts the normal load balancer takes round robin:
 	// the healthy hosts of the lowest priority level of a STATIC or
 	// STRICT_DNS load_assignment, or of the EDS ClusterLoadAssignment.
@@ -234,6 +233,6 @@ func (k *metadataKey) set(md map[string]*structpb.Struct, value string) {
 // cluster's connection options.
 func (c *cluster) target(host string) grpcTarget {
 	t := targetOf(host, c.transportFor(host))
-	t.keepalive = c.keepalive
+	t.sockopts = c.sockopts
 	return t
 }

@@ -311,16 +311,20 @@
 //	  test/faults (every scenario), e2e TestPlainEnvoyBootstrap,
 //	  TestFailureModeWhenThePickerStops, TestEnvoyGatewayExtensionConfigRoutes
 //
-//	upstream_connection_options.tcp_keepalive on a health-checked
-//	processor cluster's connections (ext_proc channels and the checks'):
-//	the kernel's keepalive with the given probes, time and interval, each
-//	unset one the system's; without it, none (Go would otherwise probe
-//	every 15 s). A connection whose peer vanished closes after the
-//	unanswered probes, resetting its streams.
-//	  Cluster.upstream_connection_options.tcp_keepalive
+//	Socket options of a health-checked processor cluster's connections
+//	(ext_proc channels and the checks'): upstream_connection_options
+//	.tcp_keepalive turns the kernel's keepalive on with the given probes,
+//	time and interval, each unset one the system's (without it, none: Go
+//	would otherwise probe every 15 s); upstream_bind_config with socket
+//	options alone, of which TCP_USER_TIMEOUT (level 6, name 18,
+//	STATE_PREBIND) is applied and any other is a NACK. A connection whose
+//	peer vanished closes after the unanswered probes, or once sent data has
+//	waited the user timeout for an acknowledgement, resetting its streams.
+//	  Cluster.{upstream_connection_options.tcp_keepalive,upstream_bind_config.socket_options}
 //	  Envoy: source/common/upstream/upstream_impl.cc (cluster socket
-//	  options); source/common/network/socket_option_factory.cc
-//	  SocketOptionFactory::buildTcpKeepaliveOptions
+//	  options, the bind config's socket_options); source/common/network/
+//	  socket_option_factory.cc SocketOptionFactory::buildTcpKeepaliveOptions,
+//	  buildLiteralOptions; socket_option_impl.cc SocketOptionImpl::setOption
 //	  test/faults TestPickerSilentLoss, TestPayloadSilentLoss
 //
 //	Transport sockets per host: the first of transport_socket_matches whose

@@ -382,7 +382,7 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panicAt float64
 	h := &clusterHealth{sessions: make(map[string]*hcSession, len(hosts)), panicAt: panicAt, traffic: traffic}
 	for _, host := range hosts {
 		t := target(host)
-		k := hcKey{cluster: name, config: cfg.id, host: host, transport: fmt.Sprint(t.addr, t.tls, t.certID, t.keepalive)}
+		k := hcKey{cluster: name, config: cfg.id, host: host, transport: fmt.Sprint(t.addr, t.tls, t.certID, t.sockopts)}
 		s := r.sessions[k]
 		if s == nil {
 			// A target that cannot be dialled at all fails the build,
@@ -444,7 +444,7 @@ func dialHealth(t grpcTarget, authority string) (*grpc.ClientConn, error) {
 	if t.tls {
 		creds = credentials.NewTLS(extprocfilter.TLSConfig(t.cert))
 	}
-	return grpc.NewClient(t.addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(authority), extprocfilter.WithTCPKeepalive(t.keepalive))
+	return grpc.NewClient(t.addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(authority), extprocfilter.WithSocketOptions(t.sockopts))
 }
 
 // healthAwareClient is the ext_proc filter's client for a health-checked
@@ -457,7 +457,7 @@ func healthAwareClient(cfg extprocfilter.FilterConfig, name string, cl *cluster,
 	conns := make(map[string]*grpc.ClientConn, len(cl.endpoints))
 	for _, host := range cl.endpoints {
 		t := cl.target(host)
-		conn, err := env.connFor(t.addr, t.tls, t.cert, t.keepalive)
+		conn, err := env.connFor(t.addr, t.tls, t.cert, t.sockopts)
 		if err != nil {
 			return nil, fmt.Errorf("ext_proc filter %q (cluster %q): %w", cfg.Name, name, err)
 		}
@@ -466,7 +466,7 @@ func healthAwareClient(cfg extprocfilter.FilterConfig, name string, cl *cluster,
 	current := func(host string) *grpc.ClientConn {
 		t := cl.target(host)
 		if env.currentConn != nil {
-			if conn, err := env.currentConn(t.addr, t.tls, t.cert, t.keepalive); err == nil {
+			if conn, err := env.currentConn(t.addr, t.tls, t.cert, t.sockopts); err == nil {
 				return conn
 			}
 		}

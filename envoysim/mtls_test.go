@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -269,7 +268,7 @@ func TestConnPoolKeysByCertificate(t *testing.T) {
 		if _, err := p.client(extprocfilter.FilterConfig{Name: "f", Target: "127.0.0.1:1", TLS: true, ClientCert: cert}); err != nil {
 			t.Fatal(err)
 		}
-		return p.conns[connKey{"127.0.0.1:1", true, certID(cert), net.KeepAliveConfig{}}].conn
+		return p.conns[connKey{"127.0.0.1:1", true, certID(cert), extprocfilter.SocketOptions{}}].conn
 	}
 	none, withA, withB, withA2 := conn(nil), conn(&a), conn(&b), conn(&a2)
 	if len(p.conns) != 3 || none == withA || withA == withB || withA != withA2 {

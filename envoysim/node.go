@@ -159,7 +159,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		runCtx:    context.Background(),
 		dnsKick:   make(chan struct{}, 1),
 	}
-	n.health = newHealthChecks(n.runContext, n.healthSettled, func(t grpcTarget) { n.conns.drain(t.addr, t.tls, t.cert, t.keepalive) })
+	n.health = newHealthChecks(n.runContext, n.healthSettled, func(t grpcTarget) { n.conns.drain(t.addr, t.tls, t.cert, t.sockopts) })
 	if cfg.Bootstrap != nil && cfg.BootstrapClusters != nil {
 		return nil, errors.New("envoysim node: BootstrapClusters are for xDS mode; a Bootstrap holds its own clusters")
 	}
@@ -971,10 +971,10 @@ type connPool struct {
 // channel only if they dial it the same way, with the same client
 // certificate (certID).
 type connKey struct {
-	target    string
-	tls       bool
-	cert      string
-	keepalive net.KeepAliveConfig
+	target   string
+	tls      bool
+	cert     string
+	sockopts extprocfilter.SocketOptions
 }
 
 type pooledConn struct {
@@ -988,7 +988,7 @@ func newConnPool(grace time.Duration) *connPool {
 
 // client makes a client for cfg over the pooled channel to cfg.Target.
 func (p *connPool) client(cfg extprocfilter.FilterConfig) (*extprocfilter.Client, error) {
-	conn, err := p.conn(cfg.Target, cfg.TLS, cfg.ClientCert, net.KeepAliveConfig{})
+	conn, err := p.conn(cfg.Target, cfg.TLS, cfg.ClientCert, extprocfilter.SocketOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -996,8 +996,8 @@ func (p *connPool) client(cfg extprocfilter.FilterConfig) (*extprocfilter.Client
 }
 
 // conn is the pooled channel to target, dialled as tls and cert say.
-func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error) {
-	k := connKey{target, useTLS, certID(cert), ka}
+func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate, so extprocfilter.SocketOptions) (*grpc.ClientConn, error) {
+	k := connKey{target, useTLS, certID(cert), so}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.conns[k]
@@ -1005,7 +1005,7 @@ func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate, ka ne
 		pc = nil // closed already
 	}
 	if pc == nil {
-		conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithTCPKeepalive(ka))
+		conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithSocketOptions(so))
 		if err != nil {
 			return nil, err
 		}
@@ -1020,14 +1020,14 @@ func (p *connPool) conn(target string, useTLS bool, cert *tls.Certificate, ka ne
 // current is the channel to target for a stream starting now: the pooled
 // one, or a new one if drain took it out. Unlike conn it is not part of a
 // build.
-func (p *connPool) current(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error) {
-	k := connKey{target, useTLS, certID(cert), ka}
+func (p *connPool) current(target string, useTLS bool, cert *tls.Certificate, so extprocfilter.SocketOptions) (*grpc.ClientConn, error) {
+	k := connKey{target, useTLS, certID(cert), so}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pc := p.conns[k]; pc != nil && pc.retire == nil {
 		return pc.conn, nil
 	}
-	conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithTCPKeepalive(ka))
+	conn, err := extprocfilter.Dial(target, useTLS, cert, extprocfilter.WithSocketOptions(so))
 	if err != nil {
 		return nil, err
 	}
@@ -1044,8 +1044,8 @@ func (p *connPool) current(target string, useTLS bool, cert *tls.Certificate, ka
 // host's connection pools when its health check fails: streams on it go
 // on, and it closes after the grace period that outlasts them; the next
 // stream gets a new channel (current).
-func (p *connPool) drain(target string, useTLS bool, cert *tls.Certificate, ka net.KeepAliveConfig) {
-	k := connKey{target, useTLS, certID(cert), ka}
+func (p *connPool) drain(target string, useTLS bool, cert *tls.Certificate, so extprocfilter.SocketOptions) {
+	k := connKey{target, useTLS, certID(cert), so}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.conns[k]

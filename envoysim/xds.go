@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
-	"net"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -79,10 +78,10 @@ type buildEnv struct {
 	// health runs the clusters' active health checks.
 	health *healthChecks
 	// connFor is the shared channel to a processor host (connPool.conn).
-	connFor func(target string, tls bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error)
+	connFor func(target string, tls bool, cert *tls.Certificate, so extprocfilter.SocketOptions) (*grpc.ClientConn, error)
 	// currentConn is the channel to a processor host for a stream starting
 	// now (connPool.current): nil, the one connFor gave.
-	currentConn func(target string, tls bool, cert *tls.Certificate, ka net.KeepAliveConfig) (*grpc.ClientConn, error)
+	currentConn func(target string, tls bool, cert *tls.Certificate, so extprocfilter.SocketOptions) (*grpc.ClientConn, error)
 	// bootstrap are the clusters of the node's bootstrap (static_resources)
 	// beside those CDS sends. Only its non-EDS ones may back an
 	// api_config_source (Envoy's primary clusters).

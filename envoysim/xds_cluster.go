@@ -24,6 +24,8 @@ import (
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	metadatav3 "github.com/envoyproxy/go-control-plane/envoy/type/metadata/v3"
+
+	"github.com/infergate/infergate/envoysim/extprocfilter"
 )
 
 // grpcTarget is where an ext_proc filter (or an EDS stream) naming a
@@ -41,9 +43,9 @@ type grpcTarget struct {
 	// (nil: none), certID its certID.
 	cert   *tls.Certificate
 	certID string
-	// keepalive is the cluster's TCP keepalive (health-checked processor
+	// sockopts are the cluster's socket options (health-checked processor
 	// clusters; the zero value is none).
-	keepalive net.KeepAliveConfig
+	sockopts extprocfilter.SocketOptions
 	// cl is the cluster when its hosts are health checked: a stream then
 	// starts on its first usable host, chosen when it starts.
 	cl *cluster
@@ -105,7 +107,11 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
-	out.keepalive = keepalive
+	userTimeout, err := bindSocketOptions(c.GetUpstreamBindConfig())
+	if err != nil {
+		return nil, tgt, edsRef{}, err
+	}
+	out.sockopts = extprocfilter.SocketOptions{Keepalive: keepalive, UserTimeout: userTimeout}
 	sel, err := clusterTransports(c)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
@@ -246,6 +252,32 @@ func tcpKeepalive(o *clusterv3.UpstreamConnectionOptions) (net.KeepAliveConfig, 
 		kc.Count = int(v.GetValue())
 	}
 	return kc, nil
+}
+
+// bindSocketOptions reads upstream_bind_config: socket options only (no
+// address to bind, which Envoy allows since 1.25), and of them only
+// TCP_USER_TIMEOUT (level IPPROTO_TCP, name 18) set before bind, which
+// the stand-in applies as Envoy does any such literal option
+// (source/common/network/socket_option_impl.cc SocketOptionImpl::setOption).
+func bindSocketOptions(b *corev3.BindConfig) (time.Duration, error) {
+	if b == nil {
+		return 0, nil
+	}
+	if err := checkFields("upstream_bind_config", b); err != nil {
+		return 0, err
+	}
+	var userTimeout time.Duration
+	for i, o := range b.GetSocketOptions() {
+		where := fmt.Sprintf("upstream_bind_config.socket_options[%d]", i)
+		if err := checkFields(where, o); err != nil {
+			return 0, err
+		}
+		if o.GetLevel() != 6 || o.GetName() != 18 || o.GetState() != corev3.SocketOption_STATE_PREBIND || o.GetValue() == nil {
+			return 0, fmt.Errorf("%s: only TCP_USER_TIMEOUT (level 6, name 18, an int_value, STATE_PREBIND) is implemented by the stand-in", where)
+		}
+		userTimeout = time.Duration(o.GetIntValue()) * time.Millisecond
+	}
+	return userTimeout, nil
 }
 
 // targetOf is how a gRPC client reaches host through its transport socket.

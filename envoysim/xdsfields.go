@@ -318,7 +318,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		// (peerMetadataFilter); the rest of it is opaque to routing.
 		reads: []string{"name", "type", "eds_cluster_config", "load_assignment", "connect_timeout", "lb_policy",
 			"load_balancing_policy", "original_dst_lb_config", "transport_socket", "transport_socket_matches", "filters",
-			"metadata", "health_checks", "common_lb_config", "dns_refresh_rate", "upstream_connection_options"},
+			"metadata", "health_checks", "common_lb_config", "dns_refresh_rate", "upstream_connection_options", "upstream_bind_config"},
 		ignores: map[string]string{
 			"circuit_breakers":                         "concurrency limits the tests stay under",
 			"per_connection_buffer_limit_bytes":        "buffer sizing",
@@ -343,6 +343,13 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"set_local_interface_name_on_upstream_connections": "names the local interface in the connection's info",
 			"happy_eyeballs_config":                            "address family order; the stand-in's hosts have one address each",
 		},
+	},
+	"envoy.config.core.v3.BindConfig": {
+		reads: []string{"socket_options"},
+	},
+	"envoy.config.core.v3.SocketOption": {
+		reads:   []string{"level", "name", "int_value", "state"},
+		ignores: map[string]string{"description": "a label for logs"},
 	},
 	"envoy.config.core.v3.TcpKeepalive": {
 		reads: []string{"keepalive_probes", "keepalive_time", "keepalive_interval"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -110,19 +111,42 @@ func Dial(target string, useTLS bool, cert *tls.Certificate, opts ...grpc.DialOp
 	}, opts...)...)
 }
 
-// WithTCPKeepalive dials with the kernel's TCP keepalive as k says, and
-// without it when k.Enable is false (Go would otherwise turn it on with
-// 15 s probes; Envoy leaves it off unless a cluster's
-// upstream_connection_options.tcp_keepalive asks for it).
-func WithTCPKeepalive(k net.KeepAliveConfig) grpc.DialOption {
+// SocketOptions are what a cluster sets on its upstream sockets.
+type SocketOptions struct {
+	// Keepalive is the kernel's TCP keepalive; Enable false is none.
+	Keepalive net.KeepAliveConfig
+	// UserTimeout is TCP_USER_TIMEOUT: how long sent data may stay
+	// unacknowledged before the kernel closes the connection; 0 leaves
+	// the system's (none).
+	UserTimeout time.Duration
+}
+
+// WithSocketOptions dials with o. Keepalive stays off unless o turns it on
+// (Go would otherwise probe every 15 s; Envoy leaves it off unless a
+// cluster's upstream_connection_options.tcp_keepalive asks for it).
+func WithSocketOptions(o SocketOptions) grpc.DialOption {
 	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		d := net.Dialer{KeepAliveConfig: k}
-		if !k.Enable {
+		d := net.Dialer{KeepAliveConfig: o.Keepalive}
+		if !o.Keepalive.Enable {
 			d.KeepAlive = -1
+		}
+		if ms := o.UserTimeout.Milliseconds(); ms > 0 {
+			d.Control = func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				if err := c.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpUserTimeout, int(ms))
+				}); err != nil {
+					return err
+				}
+				return serr
+			}
 		}
 		return d.DialContext(ctx, "tcp", addr)
 	})
 }
+
+// tcpUserTimeout is Linux's TCP_USER_TIMEOUT option name.
+const tcpUserTimeout = 0x12
 
 // TLSConfig is the TLS of an Envoy cluster whose UpstreamTlsContext has an
 // empty validation context: any server certificate is accepted, since

@@ -85,10 +85,13 @@ type TLS struct {
 // name gives Envoy one host per ready pod, which it can fail over between;
 // a ClusterIP is one host, down whenever the pod its checks reach is.
 //
-// Connections carry TCP keepalive (ProcessorKeepalive), which the kernel
-// answers whatever the server: an idle connection to a peer that vanished
-// without a word (a node lost, a partition) is closed within about 10 s
-// instead of the kernel's two hours. HTTP/2 PING keepalive
+// Connections carry TCP keepalive (ProcessorKeepalive) and
+// TCP_USER_TIMEOUT (ProcessorUserTimeout), which the kernel applies
+// whatever the server: a connection to a peer that vanished without a
+// word (a node lost, a partition) is closed within about 10 s, idle or
+// with streams waiting on it, instead of the kernel's two hours (idle) or
+// about 15 minutes of retransmissions; its streams are reset and the
+// requests on them answered by the failure mode. HTTP/2 PING keepalive
 // (Http2ProtocolOptions.connection_keepalive) is not set: grpc-go servers,
 // GAIE's and llm-d's endpoint pickers among them, allow a PING only every
 // 5 minutes by default (keepalive.EnforcementPolicy MinTime) and close the
@@ -103,6 +106,8 @@ func GRPCCluster(name, host string, port uint32, tls *TLS) *clusterv3.Cluster {
 		HealthChecks:              []*corev3.HealthCheck{ProcessorHealth()},
 		CommonLbConfig:            &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
 		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{TcpKeepalive: ProcessorKeepalive()},
+		// A bind config of socket options alone, no address (Envoy 1.25+).
+		UpstreamBindConfig: &corev3.BindConfig{SocketOptions: []*corev3.SocketOption{ProcessorUserTimeout()}},
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Address: SocketAddress(host, port),
@@ -182,6 +187,25 @@ const (
 	ProcessorKeepaliveInterval = 2
 	ProcessorKeepaliveProbes   = 3
 )
+
+// ProcessorUserTimeoutMillis bounds how long data sent to a processor may
+// stay unacknowledged before the kernel closes the connection
+// (TCP_USER_TIMEOUT); it also ends keepalive probing at that age. A live
+// processor's kernel acknowledges at once, however busy the process.
+const ProcessorUserTimeoutMillis = 10000
+
+// ProcessorUserTimeout is TCP_USER_TIMEOUT as a literal socket option
+// (Linux: level IPPROTO_TCP 6, name TCP_USER_TIMEOUT 18), set before the
+// connection is made (source/common/network/socket_option_impl.cc).
+func ProcessorUserTimeout() *corev3.SocketOption {
+	return &corev3.SocketOption{
+		Description: "TCP_USER_TIMEOUT",
+		Level:       6,
+		Name:        18,
+		Value:       &corev3.SocketOption_IntValue{IntValue: ProcessorUserTimeoutMillis},
+		State:       corev3.SocketOption_STATE_PREBIND,
+	}
+}
 
 // ProcessorKeepalive is the TCP keepalive of a processor's connections.
 func ProcessorKeepalive() *corev3.TcpKeepalive {
