@@ -72,8 +72,9 @@ controlplane:
 # Left out: the packages that start control planes (test/charts renders
 # against a kube-apiserver), h2spec and grpc-js, the GAIE reference build,
 # and the slowest end-to-end runs: the HTTP/2 attack suite (about 95 s),
-# the image build (about 50 s) and test/e2e (about 35 s).
-NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack ./internal/ociimage ./test/e2e
+# the image build (about 50 s), test/e2e (about 35 s) and the fault
+# suite (about 4 minutes, iptables in a namespace of its own).
+NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack ./internal/ociimage ./test/e2e ./test/faults
 test-unit:
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -vxF "$$($(GO) list $(NOT_UNIT))")
 
