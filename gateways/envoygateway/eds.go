@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -67,6 +68,10 @@ func (e *EDSServer) configSource() *corev3.ConfigSource {
 // EDSName is the load assignment of pool p: its ready pods × targetPorts.
 func EDSName(p *Pool) string { return "infergate/pool/" + p.Key() }
 
+// PickerEDSName is the load assignment of pool p's picker: the ready
+// addresses of its Service (KubeEndpoints.PickerEndpoints).
+func PickerEDSName(p *Pool) string { return "infergate/picker/" + p.Key() }
+
 // allNodes gives every Envoy the same snapshot: the pools' endpoints do
 // not depend on which Gateway asks.
 type allNodes struct{}
@@ -85,7 +90,7 @@ func newEndpointCache() cachev3.SnapshotCache {
 type endpointPublisher struct {
 	reader    client.Reader
 	cache     cachev3.SnapshotCache
-	endpoints Endpoints
+	endpoints KubeEndpoints
 	version   atomic.Uint64
 	log       logr.Logger
 }
@@ -98,9 +103,13 @@ func setUpEndpoints(mgr ctrl.Manager, cache cachev3.SnapshotCache, log logr.Logg
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{everything} })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("inferencepool-endpoints").
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		// Every replica serves EDS, leader or not: a proxy that starts
+		// while one replica is down gets its endpoints from another.
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), NeedLeaderElection: ptr.To(false)}).
 		Watches(&inferencev1.InferencePool{}, all).
 		Watches(&corev1.Pod{}, all).
+		Watches(&corev1.Service{}, all).
+		Watches(&discoveryv1.EndpointSlice{}, all).
 		Complete(p)
 }
 
@@ -121,6 +130,16 @@ func (e *endpointPublisher) Reconcile(ctx context.Context, _ reconcile.Request) 
 		}
 		cla, err := loadAssignment(EDSName(p), eps)
 		if err != nil {
+			return reconcile.Result{}, err
+		}
+		clas = append(clas, cla)
+		// An empty assignment too: the picker's cluster then has no host
+		// (its failure mode answers) rather than waiting to warm.
+		peps, err := e.endpoints.PickerEndpoints(ctx, p)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if cla, err = loadAssignment(PickerEDSName(p), peps); err != nil {
 			return reconcile.Result{}, err
 		}
 		clas = append(clas, cla)

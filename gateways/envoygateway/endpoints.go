@@ -3,8 +3,13 @@ package envoygateway
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -35,6 +40,63 @@ func (k KubeEndpoints) Endpoints(ctx context.Context, p *Pool) ([]string, error)
 		out[i] = s.Address
 	}
 	return out, nil
+}
+
+// PickerEndpoints lists where pool p's endpoint picker answers: every
+// ready address of its Service's EndpointSlices, at the port that serves
+// the Service port the pool names. Each is a host of the picker's cluster,
+// so that Envoy checks every replica and fails over between them; a
+// cluster IP would be one host, down whenever the pod its checks reach is.
+// A Service that does not exist (yet) has none: the pool's status says so.
+func (k KubeEndpoints) PickerEndpoints(ctx context.Context, p *Pool) ([]string, error) {
+	var svc corev1.Service
+	if err := k.Reader.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.EPPService}, &svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("picker Service of pool %s: %w", p.Key(), err)
+	}
+	portName, found := "", false
+	for _, sp := range svc.Spec.Ports {
+		if uint32(sp.Port) == p.EPPPort {
+			portName, found = sp.Name, true
+		}
+	}
+	if !found {
+		return nil, nil // the status names the missing port
+	}
+	var epSlices discoveryv1.EndpointSliceList
+	if err := k.Reader.List(ctx, &epSlices, client.InNamespace(p.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: p.EPPService}); err != nil {
+		return nil, fmt.Errorf("EndpointSlices of the picker of pool %s: %w", p.Key(), err)
+	}
+	var out []string
+	for _, es := range epSlices.Items {
+		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		port := int32(0)
+		for _, ep := range es.Ports {
+			if ep.Port != nil && (ep.Name == nil && portName == "" || ep.Name != nil && *ep.Name == portName) {
+				port = *ep.Port
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, e := range es.Endpoints {
+			// Ready unset means ready (discovery/v1 EndpointConditions);
+			// a terminating pod is not ready, and Envoy keeps a host that
+			// leaves EDS while it passes its checks.
+			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+				continue
+			}
+			for _, a := range e.Addresses {
+				out = append(out, net.JoinHostPort(a, strconv.Itoa(int(port))))
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // KubeRules reads HTTPRoute rules from the API server (through a cache).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 
 	"github.com/spf13/pflag"
@@ -22,6 +23,8 @@ type Flags struct {
 	PayloadTLS, PayloadFailOpen        bool
 	ProcessorClientCertFile            string
 	ProcessorClientKeyFile             string
+	LeaderElect                        bool
+	LeaderElectionNamespace            string
 }
 
 // AddFlags binds the flags to fs with their defaults.
@@ -40,6 +43,8 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.PayloadFailOpen, "payload-fail-open", false, "let requests through when the payload processor cannot be reached (failure_mode_allow)")
 	fs.StringVar(&f.ProcessorClientCertFile, "processor-client-cert-file", "", "PEM certificate Envoy presents to the pickers and the payload processor over TLS, for processors run with --client-ca-file")
 	fs.StringVar(&f.ProcessorClientKeyFile, "processor-client-key-file", "", "PEM key of --processor-client-cert-file")
+	fs.BoolVar(&f.LeaderElect, "leader-elect", false, "run as one of several replicas: all serve Envoy Gateway and EDS, the holder of the Lease "+LeaderElectionID+" writes pool status")
+	fs.StringVar(&f.LeaderElectionNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease (default: $POD_NAMESPACE)")
 }
 
 // Validate checks the flags without touching files or the network; each
@@ -64,6 +69,9 @@ func (f *Flags) Validate() error {
 			return fmt.Errorf("--eds-address %q: %w", f.EDSAddress, err)
 		}
 	}
+	if f.LeaderElect && f.LeaderElectionNamespace == "" {
+		return errors.New("--leader-elect needs --leader-election-namespace (or $POD_NAMESPACE)")
+	}
 	return nil
 }
 
@@ -78,6 +86,9 @@ func (f *Flags) Options() (Options, error) {
 		Addr: net.JoinHostPort(f.BindAddress, strconv.Itoa(f.Port)), CertFile: f.CertFile, KeyFile: f.KeyFile,
 		EDSAddress: f.EDSAddress, ClientCertFile: f.ProcessorClientCertFile, ClientKeyFile: f.ProcessorClientKeyFile,
 		Kube: cfg, Namespace: f.Namespace, ControllerName: f.ControllerName,
+	}
+	if f.LeaderElect {
+		o.LeaderElectionNamespace = f.LeaderElectionNamespace
 	}
 	if f.PayloadAddress != "" {
 		o.Payload = &Payload{Address: f.PayloadAddress, TLS: f.PayloadTLS, FailOpen: f.PayloadFailOpen}

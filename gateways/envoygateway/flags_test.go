@@ -17,6 +17,7 @@ func TestFlags(t *testing.T) {
 		{Name: "client key without cert", Args: []string{"--processor-client-key-file", "k.pem"}, Want: "--processor-client-cert-file and --processor-client-key-file go together"},
 		{Name: "payload without port", Args: []string{"--payload-address", "payload.default.svc"}, Want: `--payload-address "payload.default.svc"`},
 		{Name: "eds without port", Args: []string{"--eds-address", "egext"}, Want: `--eds-address "egext"`},
+		{Name: "leader election without a namespace", Args: []string{"--leader-elect", "--leader-election-namespace="}, Want: "--leader-elect needs --leader-election-namespace"},
 		{Name: "all set", Args: []string{"--payload-address", "p:9004", "--eds-address", "e:5005", "--tls-cert-file", "c", "--tls-key-file", "k"}},
 	})
 }

@@ -58,6 +58,11 @@ type Options struct {
 	// ControllerName is Envoy Gateway's GatewayClass controller
 	// (default DefaultControllerName): pool status is written for its Gateways.
 	ControllerName string
+	// LeaderElectionNamespace, when set, runs the extension as one of
+	// several replicas: every replica serves Envoy Gateway's hooks and
+	// EDS, and only the one holding the Lease LeaderElectionID in this
+	// namespace writes pool status. Empty: this is the only replica.
+	LeaderElectionNamespace string
 	Logger         logr.Logger
 }
 
@@ -81,7 +86,9 @@ func Run(ctx context.Context, o Options) error {
 		copts.DefaultNamespaces = map[string]cache.Config{o.Namespace: {}}
 	}
 	mgr, err := ctrl.NewManager(o.Kube, ctrl.Options{Scheme: scheme, Cache: copts, Metrics: metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0", Logger: o.Logger})
+		HealthProbeBindAddress: "0", Logger: o.Logger,
+		LeaderElection: o.LeaderElectionNamespace != "", LeaderElectionNamespace: o.LeaderElectionNamespace,
+		LeaderElectionID: LeaderElectionID, LeaderElectionReleaseOnCancel: true})
 	if err != nil {
 		return fmt.Errorf("envoygateway: %w", err)
 	}
@@ -149,14 +156,28 @@ func Run(ctx context.Context, o Options) error {
 	return err
 }
 
+// LeaderElectionID is the Lease the replicas take turns on to write pool
+// status (Options.LeaderElectionNamespace).
+const LeaderElectionID = "infergate-egext-status"
+
+// LeaseRoleRules is what leader election needs in its namespace.
+func LeaseRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+}
+
 // ClusterRoleRules is every permission the extension needs, cluster-wide
 // (namespaced to Options.Namespace when that is set): it reads pods (the
-// pools' endpoints), services (the pickers), HTTPRoutes and InferencePools,
+// pools' endpoints), services and their EndpointSlices (the pickers'
+// replicas), HTTPRoutes and InferencePools,
 // writes InferencePool status, and records Events about pools.
 func ClusterRoleRules() []rbacv1.PolicyRule {
 	read := []string{"get", "list", "watch"}
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: read},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
 		{APIGroups: []string{gatewayv1.GroupName}, Resources: []string{"httproutes"}, Verbs: read},
 		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools"}, Verbs: read},
 		{APIGroups: []string{inferencev1.GroupVersion.Group}, Resources: []string{"inferencepools/status"}, Verbs: []string{"get", "update", "patch"}},

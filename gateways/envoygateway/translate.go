@@ -307,7 +307,7 @@ func ModifyTranslation(ctx context.Context, clusters []*clusterv3.Cluster, liste
 		outClusters = append(outClusters, c)
 	}
 	for _, k := range slices.Sorted(maps.Keys(pools)) {
-		outClusters = append(outClusters, eppCluster(pools[k], cfg.ClientCert))
+		outClusters = append(outClusters, eppCluster(pools[k], cfg.ClientCert, eds))
 	}
 	if payload != nil {
 		c, err := serverCluster(PayloadClusterName, payload.Address, payload.TLS, cfg.ClientCert)
@@ -450,15 +450,25 @@ type Payload struct {
 	FailOpen bool
 }
 
-// eppCluster reaches the picker Service by its DNS name over HTTP/2, with
-// TLS that accepts its self-signed certificate unless the pool says
-// plaintext.
-func eppCluster(p *Pool, cert *ClientCert) *clusterv3.Cluster {
+// eppCluster reaches the picker over HTTP/2, with TLS that accepts its
+// self-signed certificate unless the pool says plaintext. With eds set its
+// hosts are the ready addresses of the picker's Service, from the
+// extension's EDS service (PickerEDSName): one host per replica, each
+// health checked, so a rollout or a lost replica moves streams to the
+// others. Without it the cluster resolves the Service's DNS name
+// (STRICT_DNS): a cluster IP is one host, a headless Service one per pod.
+func eppCluster(p *Pool, cert *ClientCert, eds *EDSServer) *clusterv3.Cluster {
 	var tls *xdsbuild.TLS
 	if !p.Plaintext {
 		tls = &xdsbuild.TLS{SNI: eppHost(p), ClientCert: cert}
 	}
-	return xdsbuild.GRPCCluster(EPPClusterName(p), eppHost(p), p.EPPPort, tls)
+	c := xdsbuild.GRPCCluster(EPPClusterName(p), eppHost(p), p.EPPPort, tls)
+	if eds != nil {
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.LoadAssignment = nil
+		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: PickerEDSName(p), EdsConfig: eds.configSource()}
+	}
+	return c
 }
 
 func lbKey(key string) *metadatav3.MetadataKey {

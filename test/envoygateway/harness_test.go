@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -72,6 +75,45 @@ func poolRoute(ns, name, pool string) *gatewayv1.HTTPRoute {
 					Group: &group, Kind: &kind, Name: gatewayv1.ObjectName(pool),
 				}}}},
 			}},
+		},
+	}
+}
+
+// change reads obj (key), applies mutate and writes it back, again from a
+// fresh read when the write conflicts: Envoy Gateway and the extension
+// write the status of routes and pools at any time, and a status write
+// moves the object's resourceVersion, so a read-then-Update may meet 409
+// Conflict (seen under load, where their writes land between the two).
+func (c *cluster) change(t *testing.T, key client.ObjectKey, obj client.Object, mutate func()) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Client.Get(gatewaytest.Ctx(t), key, obj); err != nil {
+			return err
+		}
+		mutate()
+		return c.Client.Update(gatewaytest.Ctx(t), obj)
+	})
+	if err != nil {
+		t.Fatalf("update %s: %v", key, err)
+	}
+}
+
+// pickerObjects are pool name's picker Service, <name>-epp:9002, and the
+// EndpointSlice Kubernetes' endpoint controller would write for its one
+// ready replica at pickerIP (the test control plane runs no controllers).
+func pickerObjects(ns, name string) []client.Object {
+	svc := name + "-epp"
+	port, portName, ready := int32(9002), "grpc-ext-proc", true
+	return []client.Object{
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: svc, Namespace: ns},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: portName, Port: port}}},
+		},
+		&discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: svc + "-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{pickerIP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
 		},
 	}
 }

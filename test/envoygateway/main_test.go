@@ -32,8 +32,10 @@ func TestMain(m *testing.M) {
 }
 
 func setUpNamespace() error {
-	// Every test server binds 127.0.0.1; the bridge is for the API server.
-	if err := gatewaytest.SetUpBridge(); err != nil {
+	// Test servers bind 127.0.0.1 but the picker, whose address goes
+	// into an EndpointSlice (the API server refuses loopback there); the
+	// bridge is for the API server and the picker.
+	if err := gatewaytest.SetUpBridge(pickerIP); err != nil {
 		return err
 	}
 	if err := syscall.Mount("tmpfs", "/certs", "tmpfs", 0, "size=1m"); err != nil {

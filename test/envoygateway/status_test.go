@@ -115,13 +115,9 @@ func TestExtensionWritesPoolStatus(t *testing.T) {
 	})
 	// A picker port the Service does not expose is refused by name.
 	var pool inferencev1.InferencePool
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
-		t.Fatal(err)
-	}
-	pool.Spec.EndpointPickerRef.Port = &inferencev1.Port{Number: 9999}
-	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
-		t.Fatal(err)
-	}
+	c.change(t, client.ObjectKey{Namespace: ns, Name: "llama"}, &pool, func() {
+		pool.Spec.EndpointPickerRef.Port = &inferencev1.Port{Number: 9999}
+	})
 	c.poolParent(t, ns, "llama", "inference-gateway", "InvalidExtensionRef for a port the Service lacks", func(a, r *metav1.Condition) bool {
 		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == "InvalidExtensionRef" && strings.Contains(r.Message, "has no port 9999")
 	})

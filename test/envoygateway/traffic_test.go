@@ -62,11 +62,12 @@ func (c *cluster) modelServersFrom(t *testing.T, ns, pool string, first, n int) 
 // cluster names the Gateway.
 func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *envoysim.Node {
 	t.Helper()
-	// The pickers' Service names resolve to the namespace's loopback; no
-	// other name resolves (there is no DNS server in the namespace).
+	// The pickers' Service names resolve to the picker's address, for an
+	// extension without EDS; no other name resolves (there is no DNS
+	// server in the namespace).
 	resolve := map[string]string{}
 	for _, p := range append([]string{"llama"}, pools...) {
-		resolve[fmt.Sprintf("%s-epp.%s.svc.cluster.local", p, ns)] = "127.0.0.1"
+		resolve[fmt.Sprintf("%s-epp.%s.svc.cluster.local", p, ns)] = pickerIP
 	}
 	return gatewaytest.StandIn(t, envoysim.NodeConfig{
 		XDS: xdsclient.Config{
@@ -82,8 +83,12 @@ func (c *cluster) standIn(t *testing.T, ns, gateway string, pools ...string) *en
 }
 
 // pickerAddr is where the pools' picker listens: the pools'
-// endpointPickerRef port, on the namespace's loopback.
-const pickerAddr = "127.0.0.1:9002"
+// endpointPickerRef port, at an address of the namespace's bridge that the
+// pickers' EndpointSlices (pickerObjects) name.
+const (
+	pickerIP   = "192.0.2.2"
+	pickerAddr = pickerIP + ":9002"
+)
 
 type reply struct {
 	status        int
@@ -127,6 +132,7 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 	servers := c.modelServers(t, ns, "llama", 3)
 	stopPicker := gatewaytest.StartPicker(t, pickerAddr, servers)
 	c.create(t, gatewayObjects(ns)...)
+	c.create(t, pickerObjects(ns, "llama")...)
 	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
 	if cond := c.routeCondition(t, ns, "llm-route", "ResolvedRefs"); cond.Status != metav1.ConditionTrue {
 		t.Fatalf("ResolvedRefs = %s %s (%s)", cond.Status, cond.Reason, cond.Message)
@@ -170,13 +176,9 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 		})
 	}
 	var pool inferencev1.InferencePool
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llama"}, &pool); err != nil {
-		t.Fatal(err)
-	}
-	pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
-	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
-		t.Fatal(err)
-	}
+	c.change(t, client.ObjectKey{Namespace: ns, Name: "llama"}, &pool, func() {
+		pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
+	})
 	gatewaytest.WaitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
 }
 
@@ -213,6 +215,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	servers := c.modelServers(t, ns, "llama", 2)
 	stopPicker := gatewaytest.StartPicker(t, pickerAddr, servers)
 	c.create(t, gatewayObjects(ns)...)
+	c.create(t, pickerObjects(ns, "llama")...)
 	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
 	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
 	n := c.standIn(t, ns, "inference-gateway")
@@ -247,25 +250,15 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	// generations): a spec change does.
 	eps.fail.Store(false)
 	var route gatewayv1.HTTPRoute
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route); err != nil {
-		t.Fatal(err)
-	}
 	timeout := gatewayv1.Duration("300s")
-	route.Spec.Rules[0].Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: &timeout}
-	if err := c.Client.Update(gatewaytest.Ctx(t), &route); err != nil {
-		t.Fatal(err)
-	}
+	c.change(t, client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route, func() {
+		route.Spec.Rules[0].Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: &timeout}
+	})
 	gatewaytest.WaitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
 }
 
 func setFailureMode(t *testing.T, c *cluster, ns, name string, mode inferencev1.EndpointPickerFailureMode) {
 	t.Helper()
 	var pool inferencev1.InferencePool
-	if err := c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: ns, Name: name}, &pool); err != nil {
-		t.Fatal(err)
-	}
-	pool.Spec.EndpointPickerRef.FailureMode = mode
-	if err := c.Client.Update(gatewaytest.Ctx(t), &pool); err != nil {
-		t.Fatal(err)
-	}
+	c.change(t, client.ObjectKey{Namespace: ns, Name: name}, &pool, func() { pool.Spec.EndpointPickerRef.FailureMode = mode })
 }

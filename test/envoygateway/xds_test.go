@@ -47,6 +47,7 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 	ns := "xds"
 	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	c.create(t, gatewayObjects(ns)...)
+	c.create(t, pickerObjects(ns, "llama")...)
 	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
 	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
 	x := c.captureXDS(t, ns, "inference-gateway")
@@ -90,7 +91,9 @@ func TestEnvoyGatewayServesTheExtensionsXDS(t *testing.T) {
 		oh.GetOverrideHostSources()[0].GetMetadata().GetKey() != wire.LBNamespace {
 		t.Errorf("pool cluster's override_host: %v %v", oh, err)
 	}
-	if epp := x.Clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_STRICT_DNS || epp.GetTransportSocket() == nil ||
+	// The picker's replicas come over the same EDS service: a host each.
+	if epp := x.Clusters[envoygateway.EPPClusterName(pool)]; epp.GetType() != clusterv3.Cluster_EDS ||
+		epp.GetEdsClusterConfig().GetServiceName() != envoygateway.PickerEDSName(pool) || epp.GetTransportSocket() == nil ||
 		len(epp.GetHealthChecks()) != 1 || epp.GetCommonLbConfig().GetHealthyPanicThreshold() == nil || epp.GetCommonLbConfig().GetHealthyPanicThreshold().GetValue() != 0 {
 		t.Errorf("picker cluster %v", epp)
 	}
