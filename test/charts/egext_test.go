@@ -9,6 +9,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/infergate/infergate/gateways/envoygateway"
 )
@@ -29,7 +31,7 @@ func TestEgextChart(t *testing.T) {
 		roleKind     string
 	}{
 		{"defaults", ``, []string{"egext", "--port=5005", "--eds-address=egext-egext.<ns>.svc.cluster.local:5005",
-			"--gateway-controller-name=gateway.envoyproxy.io/gatewayclass-controller"}, []string{"--namespace", "--payload-address", "--tls-cert-file"}, "ClusterRole"},
+			"--gateway-controller-name=gateway.envoyproxy.io/gatewayclass-controller", "--leader-elect"}, []string{"--namespace", "--payload-address", "--tls-cert-file"}, "ClusterRole"},
 		{"one namespace, no EDS", `egext: {watchNamespace: models, eds: false}`, []string{"--namespace=models"}, []string{"--eds-address"}, "Role"},
 		{"payload processor", `egext: {payload: {address: "infergate-payload.infergate.svc.cluster.local:9004", failOpen: true}}`,
 			[]string{"--payload-address=infergate-payload.infergate.svc.cluster.local:9004", "--payload-tls=true", "--payload-fail-open=true"}, nil, "ClusterRole"},
@@ -62,7 +64,7 @@ func TestEgextChart(t *testing.T) {
 			var rules []rbacv1.PolicyRule
 			switch tc.roleKind {
 			case "Role":
-				role := one[rbacv1.Role](t, objs, "Role")
+				role := roleNamed(t, objs, "egext-egext")
 				if role.Namespace != "models" {
 					t.Errorf("Role in %q, want the watched namespace", role.Namespace)
 				}
@@ -81,6 +83,20 @@ func TestEgextChart(t *testing.T) {
 			if !slices.Equal(keys(got), keys(want)) {
 				t.Errorf("chart RBAC %v\nwant envoygateway.ClusterRoleRules() %v", keys(got), keys(want))
 			}
+			lease := roleNamed(t, objs, "egext-egext-leader-election")
+			if lease.Namespace != ns {
+				t.Errorf("leader election Role in %q, want the release namespace", lease.Namespace)
+			}
+			if got, want := mustRuleSet(t, lease.Rules), mustRuleSet(t, envoygateway.LeaseRoleRules()); !slices.Equal(keys(got), keys(want)) {
+				t.Errorf("leader election RBAC %v, want envoygateway.LeaseRoleRules() %v", keys(got), keys(want))
+			}
+			if pdb := only(objs, "PodDisruptionBudget"); len(pdb) != 1 {
+				t.Errorf("%d PodDisruptionBudgets for 2 replicas, want 1", len(pdb))
+			}
+			env := dep.Spec.Template.Spec.Containers[0].Env
+			if len(env) == 0 || env[0].Name != "POD_NAMESPACE" || env[0].ValueFrom == nil || env[0].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+				t.Errorf("env %v, want POD_NAMESPACE from the pod's namespace", env)
+			}
 		})
 	}
 }
@@ -92,7 +108,7 @@ func TestEgextBadValues(t *testing.T) {
 		name, values string
 		want         []string
 	}{
-		{"two replicas", `egext: {replicas: 2}`, []string{"/egext/replicas", "maximum"}},
+		{"negative replicas", `egext: {replicas: -1}`, []string{"/egext/replicas", "minimum"}},
 		{"port out of range", `egext: {port: 0}`, []string{"/egext/port", "minimum"}},
 		{"payload address without a port", `egext: {payload: {address: infergate-payload}}`, []string{"/egext/payload/address"}},
 		{"misspelt value", `egext: {replica: 1}`, []string{"replica"}},
@@ -105,3 +121,28 @@ func TestEgextBadValues(t *testing.T) {
 }
 
 func TestEgextReadmeValues(t *testing.T) { readmeValues(t, egextChartDir) }
+
+// roleNamed is the rendered Role called name.
+func roleNamed(t *testing.T, objs []*unstructured.Unstructured, name string) *rbacv1.Role {
+	t.Helper()
+	for _, o := range only(objs, "Role") {
+		if o.GetName() == name {
+			r := new(rbacv1.Role)
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+	}
+	t.Fatalf("no Role %s (objects: %v)", name, kinds(objs))
+	return nil
+}
+
+func mustRuleSet(t *testing.T, rules []rbacv1.PolicyRule) map[access]bool {
+	t.Helper()
+	s, err := ruleSet(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
