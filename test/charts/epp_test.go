@@ -336,9 +336,11 @@ func providerValues(name string) string {
 }
 
 // checkInferenceFilter: on the Gateway's pods, in namespace ns, the
-// listener's envoy.filters.http.ext_proc is removed and put back before
-// the router as istiod builds it (pilot/pkg/xds/filters/filters.go
-// InferencePoolExtProc): dormant (cluster "dummy", headers skipped) until
+// listener's envoy.filters.http.ext_proc is removed and put back as istiod
+// builds it (pilot/pkg/xds/filters/filters.go InferencePoolExtProc) where
+// istiod puts it, right before envoy.filters.http.grpc_stats and so ahead
+// of fault, cors and telemetry (pilot/pkg/networking/core/
+// listener_builder.go buildHTTPConnectionManager): dormant (cluster "dummy", headers skipped) until
 // a route's override turns it on, failing open, with the envoy.lb
 // metadata namespace received and forwarded. TestIstioInferenceFilter
 // compares it with istiod's own, field by field.
@@ -369,7 +371,7 @@ func checkInferenceFilter(t *testing.T, objs []*unstructured.Unstructured, ns, g
 		{1, []string{"applyTo"}, "HTTP_FILTER"},
 		{1, []string{"match", "context"}, "GATEWAY"},
 		{1, []string{"match", "listener", "filterChain", "filter", "name"}, hcm},
-		{1, []string{"match", "listener", "filterChain", "filter", "subFilter", "name"}, "envoy.filters.http.router"},
+		{1, []string{"match", "listener", "filterChain", "filter", "subFilter", "name"}, "envoy.filters.http.grpc_stats"},
 		{1, []string{"patch", "operation"}, "INSERT_BEFORE"},
 		{1, []string{"patch", "value", "name"}, filter},
 		{1, []string{"patch", "value", "typed_config", "grpc_service", "envoy_grpc", "cluster_name"}, "dummy"},

@@ -14,7 +14,7 @@ func TestIstioMutualTLS(t *testing.T) {
 		name, dir, release, values, istio, service string
 	}{
 		{"picker", eppChartDir, "pool", eppInstall + "\nepp: {clientCASecretName: epp-client-ca}", "{gateway: {name: inference-gateway}}", "pool-epp"},
-		{"payload processor", payloadChartDir, "payload", "payload: {clientCASecretName: payload-client-ca}", "{gateway: {name: inference-gateway}}", "payload-payload"},
+		{"payload processor", payloadChartDir, "payload", "payload: {clientCASecretName: payload-client-ca}", `{gateway: {name: inference-gateway}, proxyVersion: "1.30.0"}`, "payload-payload"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace(t, "charts-mtls")

@@ -328,8 +328,11 @@ func TestPayloadRBACGrantsAccount(t *testing.T) {
 // payloadProvider is the provider values of a test install: Istio and
 // agentgateway need the inference Gateway the filter or policy goes to.
 func payloadProvider(name string) string {
-	if name == "agentgateway" {
+	switch name {
+	case "agentgateway":
 		return "provider: {name: agentgateway, agentgateway: {gateway: {name: inference-gateway}}}"
+	case "istio":
+		return `provider: {name: istio, istio: {gateway: {name: inference-gateway}, proxyVersion: "1.30.0"}}`
 	}
 	return providerValues(name)
 }
@@ -483,6 +486,12 @@ func TestPayloadBadValues(t *testing.T) {
 		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
 		{"istio filter named as Istio's own", `provider: {name: istio, istio: {gateway: {name: gw}, filterName: envoy.filters.http.ext_proc}}`, []string{"/provider/istio/filterName"}},
 		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
+		{"istio without its proxy version", `provider: {name: istio, istio: {gateway: {name: gw}}}`, []string{"/provider/istio/proxyVersion"}},
+		{"istio proxies on Envoy 1.37", `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: "1.29.9"}}`, []string{"/provider/istio/proxyVersion", "1.29.9"}},
+		{"istio proxy version without patch", `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: "1.29"}}`, []string{"/provider/istio/proxyVersion"}},
+		{"istio proxy version 1.3", `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: "1.3"}}`, []string{"/provider/istio/proxyVersion"}},
+		{"istio proxy version as a YAML number", `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: 1.30}}`, []string{"/provider/istio/proxyVersion"}},
+		{"istio proxy version not a version", `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: latest}}`, []string{"/provider/istio/proxyVersion"}},
 		{"negative replicas", `payload: {replicas: -1}`, []string{"/payload/replicas", "minimum"}},
 		{"unknown PII action", `payload: {config: {pii: [{name: ssn, detector: ssn, action: block}]}}`, []string{"/payload/config/pii/0/action", "must be one of"}},
 		{"misspelt policy section", `payload: {config: {limit: {maxTokens: 10}}}`, []string{"limit"}},
@@ -502,6 +511,23 @@ func TestPayloadBadValues(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			wantError(t, ch, payloadChartDir, ns, values(t, tc.values), tc.want)
+		})
+	}
+}
+
+// TestPayloadIstioProxyVersions: every Istio release whose proxies are built
+// on Envoy 1.38 or later installs (1.30 on; TestPayloadBadValues has the
+// refusals below it), the forms istio-proxy's ISTIO_VERSION takes included.
+func TestPayloadIstioProxyVersions(t *testing.T) {
+	ch := loadChart(t, payloadChartDir)
+	ns := namespace(t, "charts-payload-istio-versions")
+	for _, v := range []string{"1.30", "1.30.0", "1.30.2", "1.31.0-rc.0", "1.32-alpha.86c9f01fd735", "1.100.1", "2.0"} {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			objs := mustRender(t, ch, "payload", ns, values(t, `provider: {name: istio, istio: {gateway: {name: gw}, proxyVersion: "`+v+`"}}`))
+			if len(only(objs, "EnvoyFilter")) != 1 {
+				t.Errorf("proxy version %s: %d EnvoyFilters, want 1", v, len(only(objs, "EnvoyFilter")))
+			}
 		})
 	}
 }

@@ -46,7 +46,7 @@ func (c *cluster) install(t *testing.T, failureMode string, n int) {
 		c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
 	c.applyChart(t, "infergate-payload", "infergate", payloadNS,
-		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s, namespace: %s}}}", gatewayName, modelsNS))
+		fmt.Sprintf(`provider: {name: istio, istio: {gateway: {name: %s, namespace: %s}, proxyVersion: "1.30.0"}}`, gatewayName, modelsNS))
 	c.applyChart(t, "infergate-epp", "llama", modelsNS,
 		fmt.Sprintf("provider: {name: istio, istio: {gateway: {name: %s}}}", gatewayName),
 		fmt.Sprintf("inferencePool: {targetPorts: [{number: %d}], modelServers: {matchLabels: {app: llama}}, failureMode: %s}", modelPort, failureMode))

@@ -64,7 +64,7 @@ func filterNames(hcm *hcmv3.HttpConnectionManager) []string {
 // beside an HTTPRoute to an InferencePool, and reads what istiod sends the
 // Gateway's Envoy: the payload processor's ext_proc filter first (before
 // Istio's InferencePool ext_proc, kept there once by the picker chart's
-// EnvoyFilter, and the router), to its outbound cluster,
+// EnvoyFilter where istiod puts it, and the router), to its outbound cluster,
 // which originates TLS; and the pool's route turning Istio's ext_proc on
 // toward the picker with the pool's failure mode.
 func TestIstioServesThePayloadFilter(t *testing.T) {
@@ -91,8 +91,17 @@ func checkIstioXDS(t *testing.T, failureMode string) {
 		return slices.Contains(names, payloadFilter) && slices.Contains(names, istioExtProc)
 	})
 	names := filterNames(hcm)
-	if p, i, r := slices.Index(names, payloadFilter), slices.Index(names, istioExtProc), slices.Index(names, "envoy.filters.http.router"); !(p < i && i < r) {
-		t.Fatalf("filter order %v: want %s before %s before the router", names, payloadFilter, istioExtProc)
+	t.Logf("the Gateway's HTTP filters: %v", names)
+	// The payload filter first (INSERT_FIRST); Istio's InferencePool filter
+	// where istiod puts its own, right before grpc_stats and so ahead of
+	// fault and cors (pilot/pkg/networking/core/listener_builder.go,
+	// buildHTTPConnectionManager); the router last.
+	i := slices.Index(names, istioExtProc)
+	if slices.Index(names, payloadFilter) != 0 || i < 0 || i+1 == len(names) || names[i+1] != "envoy.filters.http.grpc_stats" ||
+		slices.Index(names, "envoy.filters.http.fault") < i || slices.Index(names, "envoy.filters.http.cors") < i ||
+		names[len(names)-1] != "envoy.filters.http.router" {
+		t.Fatalf("filter order %v: want %s first, %s right before envoy.filters.http.grpc_stats (before fault and cors), the router last",
+			names, payloadFilter, istioExtProc)
 	}
 	// The picker chart's EnvoyFilter replaces istiod's InferencePool filter
 	// with its own copy (two picker releases here, each removing what was
