@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/infergate/infergate/envoysim/extprocfilter"
@@ -29,7 +30,7 @@ var errStreamIdle = errors.New("stream idle timeout")
 // source/common/http/utility.cc Utility::maybeRequestTimeoutCode).
 type idleStream struct {
 	http.ResponseWriter
-	timeout time.Duration
+	timeout atomic.Int64 // time.Duration; 0: the timer is off (a route's idle_timeout 0)
 	cancel  context.CancelCauseFunc
 
 	mu      sync.Mutex
@@ -46,7 +47,8 @@ func newIdleStream(w http.ResponseWriter, r *http.Request, d time.Duration, canc
 	if d <= 0 {
 		return nil
 	}
-	s := &idleStream{ResponseWriter: w, timeout: d, cancel: cancel}
+	s := &idleStream{ResponseWriter: w, cancel: cancel}
+	s.timeout.Store(int64(d))
 	s.decoded = r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	s.timer = time.AfterFunc(d, s.fire)
 	return s
@@ -88,9 +90,34 @@ func (s *idleStream) finish() {
 	}
 }
 
+// routeIdle applies the route's idle_timeout, if it has one, to the
+// stream, as Envoy does each time it resolves the route
+// (conn_manager_impl.cc ActiveStream::refreshIdleTimeout): it replaces the
+// connection manager's stream_idle_timeout, and 0 turns the timer off. A
+// stream without a timer (stream_idle_timeout 0) keeps none here.
+func routeIdle(w http.ResponseWriter, rt *route) {
+	s, ok := w.(*idleStream)
+	if !ok || rt == nil || rt.idleTimeout == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fired {
+		return
+	}
+	s.timeout.Store(int64(*rt.idleTimeout))
+	if *rt.idleTimeout == 0 {
+		s.timer.Stop()
+		return
+	}
+	s.timer.Reset(*rt.idleTimeout)
+}
+
 // touch restarts the timer on activity.
 func (s *idleStream) touch() {
-	s.timer.Reset(s.timeout)
+	if d := time.Duration(s.timeout.Load()); d > 0 {
+		s.timer.Reset(d)
+	}
 }
 
 func (s *idleStream) WriteHeader(code int) {

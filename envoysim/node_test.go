@@ -822,14 +822,27 @@ func TestStreamIdleTimeout(t *testing.T) {
 		name     string
 		upstream http.HandlerFunc
 		stalled  bool // the client sends part of a body and stops
-		want     int  // status; 0: the stream is reset
-		wantBody bool // the whole body arrives
+		// routeIdle is the route's idle_timeout, which replaces the
+		// connection manager's (conn_manager_impl.cc
+		// ActiveStream::refreshIdleTimeout); nil: unset.
+		routeIdle *durationpb.Duration
+		want      int  // status; 0: the stream is reset
+		wantBody  bool // the whole body arrives
 	}{
 		{name: "silent before the response", want: http.StatusGatewayTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(3 * idle)
 		}},
 		{name: "request body stalled", stalled: true, want: http.StatusRequestTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.ReadAll(r.Body)
+		}},
+		{name: "a route's longer idle_timeout", routeIdle: durationpb.New(10 * idle), want: http.StatusOK, upstream: func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(3 * idle)
+		}},
+		{name: "a route's idle_timeout 0", routeIdle: durationpb.New(0), want: http.StatusOK, upstream: func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(3 * idle)
+		}},
+		{name: "a route's shorter idle_timeout", routeIdle: durationpb.New(idle / 3), want: http.StatusGatewayTimeout, upstream: func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(idle)
 		}},
 		{name: "silent after the response started", want: 0, upstream: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write([]byte("data: 1\n\n"))
@@ -854,7 +867,9 @@ func TestStreamIdleTimeout(t *testing.T) {
 			hcm.StreamIdleTimeout = durationpb.New(idle)
 			l.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: xdstest.Any(hcm)}
 			srv := xdstest.Start(t)
-			srv.Set(t, "1", l, xdstest.CatchAllRoutes("r", "up"), xdstest.StaticCluster("up", up.Addr))
+			rc := xdstest.CatchAllRoutes("r", "up")
+			rc.VirtualHosts[0].Routes[0].GetRoute().IdleTimeout = tc.routeIdle
+			srv.Set(t, "1", l, rc, xdstest.StaticCluster("up", up.Addr))
 			n := testNode(t, srv)
 			req, err := http.NewRequest(http.MethodGet, listenerURL(t, n, "l")+"/", nil)
 			if err != nil {

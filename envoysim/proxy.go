@@ -358,6 +358,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// until a filter clears the route cache.
 	rv := rq.rv
 	rt := t.match(hdrs, rv)
+	routeIdle(w, rt)
 	first := rt
 	for i, f := range t.filters {
 		if !t.inChain(first, i) {
@@ -435,6 +436,7 @@ func (t *table) routeCluster(rt *route, rv uint64) (string, *cluster) {
 // response path.
 func (p *Proxy) route(ctx context.Context, w http.ResponseWriter, t *table, rt *route, rq *request, hdrs extprocfilter.Headers, body extprocfilter.Body) {
 	rq.rt = rt
+	routeIdle(w, rt)
 	if rt == nil {
 		closeBody(body)
 		// Envoy's router answers a request no route matches with an empty 404.

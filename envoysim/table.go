@@ -98,6 +98,9 @@ type route struct {
 	prefixRewrite string
 	// timeout is RouteAction.timeout (0: none).
 	timeout time.Duration
+	// idleTimeout is RouteAction.idle_timeout (nil: the connection
+	// manager's stream_idle_timeout; 0: none).
+	idleTimeout *time.Duration
 	// maxGrpcTimeout is RouteAction.max_grpc_timeout (nil: unset): a gRPC
 	// request's timeout is then its grpc-timeout header (none: no
 	// timeout), capped at this unless it is 0.

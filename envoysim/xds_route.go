@@ -304,6 +304,10 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 	if d := a.GetTimeout(); d != nil {
 		out.timeout = d.AsDuration()
 	}
+	if d := a.GetIdleTimeout(); d != nil {
+		v := d.AsDuration()
+		out.idleTimeout = &v
+	}
 	if d := a.GetMaxGrpcTimeout(); d != nil {
 		v := d.AsDuration()
 		out.maxGrpcTimeout = &v

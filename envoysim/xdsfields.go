@@ -272,7 +272,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	},
 	"envoy.config.route.v3.RouteAction": {
 		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite", "include_vh_rate_limits",
-			"retry_policy", "cluster_not_found_response_code", "max_grpc_timeout"},
+			"retry_policy", "cluster_not_found_response_code", "max_grpc_timeout", "idle_timeout"},
 		ignores: map[string]string{
 			"upgrade_configs": "WebSocket and other upgrades, which inference requests do not use",
 			"hash_policy":     "read only by ring_hash and maglev load balancers, which are NACKed",

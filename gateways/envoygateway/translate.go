@@ -118,6 +118,15 @@ func SplitRoute(route *routev3.Route, pools []*Pool, weights []uint32) (*routev3
 // BackendTrafficPolicy's timeout.http.requestTimeout
 // (internal/xds/translator/route.go getEffectiveRequestTimeout), and a
 // retry policy only from a BackendTrafficPolicy: either, when set, decides.
+//
+// The route's idle_timeout, unless set, equals its timeout: Envoy
+// Gateway's connection manager has stream_idle_timeout 300 s, which would
+// end a generation that sends nothing for 5 minutes (a non-streamed answer
+// sends nothing until it is done) before the route's own timeout; a
+// route's idle_timeout overrides it (RouteAction.idle_timeout;
+// source/common/router/router.cc Filter::decodeHeaders, which sets the
+// stream's idle timeout from the route entry). A route without a timeout
+// (0) keeps the connection manager's.
 func poolRouteDefaults(r *routev3.Route) {
 	ra := r.GetRoute()
 	if ra == nil {
@@ -128,6 +137,9 @@ func poolRouteDefaults(r *routev3.Route) {
 	}
 	if ra.Timeout == nil {
 		ra.Timeout = durationpb.New(xdsbuild.RouteTimeout)
+	}
+	if ra.IdleTimeout == nil && ra.Timeout.AsDuration() > 0 {
+		ra.IdleTimeout = durationpb.New(ra.Timeout.AsDuration())
 	}
 }
 

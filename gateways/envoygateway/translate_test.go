@@ -412,6 +412,14 @@ func TestPoolRouteDefaults(t *testing.T) {
 				if got := r.GetRoute().GetTimeout(); got == nil || got.AsDuration() != tc.wantTimeout {
 					t.Errorf("route %s: timeout %v, want %s", r.GetName(), got, tc.wantTimeout)
 				}
+				// The stream idle timeout (300 s on Envoy Gateway) must not
+				// cut what the route timeout allows.
+				switch idle := r.GetRoute().GetIdleTimeout(); {
+				case tc.wantTimeout == 0 && idle != nil:
+					t.Errorf("route %s without a timeout: idle_timeout %v, want the connection manager's", r.GetName(), idle)
+				case tc.wantTimeout > 0 && (idle == nil || idle.AsDuration() != tc.wantTimeout):
+					t.Errorf("route %s: idle_timeout %v, want %s", r.GetName(), idle, tc.wantTimeout)
+				}
 			}
 		})
 	}
