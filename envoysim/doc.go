@@ -275,7 +275,10 @@
 //	  TestClusterEndpoints, TestStrictDNSHostPerAddress, TestDNSRefreshUpdatesHosts,
 //	  test/faults TestPickerRollingRestart
 //
-//	Active health checks (health_checks, gRPC only) and
+//	Active health checks (health_checks: gRPC, or TCP connect-only with
+//	reuse_connection false: a connection made, through the host's TLS
+//	handshake when it has one, passes and is closed; one refused or not
+//	made within the timeout is a network failure) and
 //	common_lb_config.healthy_panic_threshold: a host starts unhealthy and
 //	the cluster warms until each host had its first check; the first
 //	success makes a host healthy, later ones after healthy_threshold; an
@@ -297,17 +300,20 @@
 //	or not, which changes TCP pools only).
 //	  HealthCheck.{timeout,interval,unhealthy_threshold,healthy_threshold,
 //	  unhealthy_interval,no_traffic_interval,no_traffic_healthy_interval,
-//	  grpc_health_check,reuse_connection}, Cluster.CommonLbConfig.healthy_panic_threshold
+//	  grpc_health_check,tcp_health_check,reuse_connection}, Cluster.CommonLbConfig.healthy_panic_threshold
 //	  Envoy: source/extensions/health_checkers/common/health_checker_base_impl.cc
 //	  HealthCheckerImplBase::interval, ActiveHealthCheckSession::handleSuccess,
 //	  setUnhealthy; source/extensions/health_checkers/grpc/health_checker_impl.cc
 //	  GrpcActiveHealthCheckSession::onInterval, onTimeout, onRpcComplete,
-//	  isHealthCheckSucceeded; source/common/upstream/cluster_manager_impl.cc
+//	  isHealthCheckSucceeded; source/extensions/health_checkers/tcp/
+//	  health_checker_impl.cc TcpActiveHealthCheckSession::onInterval, onEvent;
+//	  source/common/upstream/cluster_manager_impl.cc
 //	  ThreadLocalClusterManagerImpl::onHostHealthFailure;
 //	  upstream_impl.cc BaseDynamicClusterImpl::updateDynamicHostList
 //	  (FAILED_ACTIVE_HC), ClusterImplBase::onInitDone; load_balancing_policies/
 //	  common/load_balancer_impl.cc LoadBalancerBase::isHostSetInPanic
 //	  TestFailOpenNeedsNoBodyYet, TestHealthCheckedProcessorCluster, TestHealthCheckReuseConnection,
+//	  TestProcessorWithoutGRPCHealth,
 //	  test/faults (every scenario), e2e TestPlainEnvoyBootstrap,
 //	  TestFailureModeWhenThePickerStops, TestEnvoyGatewayExtensionConfigRoutes
 //
@@ -443,7 +449,8 @@
 // response attributes, forward_rules, non-default mutation_rules,
 // google_grpc and http_service for ext_proc (google_grpc only as an EDS
 // source), google_grpc channel credentials but ssl_credentials; TCP, HTTP
-// and custom health checks, more than one health check per cluster;
+// and custom health checks, TCP ones with payloads or reusing their
+// connection, more than one health check per cluster;
 // upstream network filters but Istio's metadata exchange; any HTTP filter
 // type not listed above (wasm, lua, rbac, ...), and fault or cors filters
 // configured to act.
@@ -467,7 +474,8 @@
 //     header sanitising but x-forwarded-client-cert's, the x-envoy-*
 //     request headers that adjust the router (x-envoy-retry-on,
 //     x-envoy-max-retries, x-envoy-upstream-rq-timeout-ms, ...), HTTP/2,
-//     TCP and HTTP health checks, outlier detection. The proxy adds a
+//     HTTP health checks and TCP ones beyond connect-only, outlier
+//     detection. The proxy adds a
 //     response header x-infergate-upstream naming the endpoint that served,
 //     which Envoy does not.
 package envoysim

@@ -2,9 +2,11 @@ package envoysim
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -67,6 +69,7 @@ type healthCheck struct {
 	unhealthyThreshold, healthyThreshold                              uint32
 	service, authority                                                string
 	reuse                                                             bool   // reuse_connection
+	tcp                                                               bool   // tcp_health_check: connect only
 	id                                                                string // the entry's wire form: sessions of equal configs are shared
 }
 
@@ -87,9 +90,23 @@ func parseHealthChecks(c *clusterv3.Cluster) (*healthCheck, error) {
 	if err := checkFields("health_checks[0]", h); err != nil {
 		return nil, err
 	}
-	g := h.GetGrpcHealthCheck()
-	if g == nil {
-		return nil, errors.New("health_checks[0]: only grpc_health_check is implemented by the stand-in")
+	g, tcp := h.GetGrpcHealthCheck(), h.GetTcpHealthCheck()
+	switch {
+	case tcp != nil:
+		if err := checkFields("health_checks[0].tcp_health_check", tcp); err != nil {
+			return nil, err
+		}
+		if tcp.GetSend() != nil || len(tcp.GetReceive()) > 0 {
+			return nil, errors.New("health_checks[0].tcp_health_check: send and receive payloads are not implemented by the stand-in (a connect-only check is)")
+		}
+		if r := h.GetReuseConnection(); r == nil || r.GetValue() {
+			// With reuse, Envoy's connect-only check passes on an open
+			// connection without sending anything: a peer that vanished
+			// would pass until the kernel gives up on it.
+			return nil, errors.New("health_checks[0]: a connect-only tcp_health_check with reuse_connection is not implemented by the stand-in (set reuse_connection false)")
+		}
+	case g == nil:
+		return nil, errors.New("health_checks[0]: only grpc_health_check and a connect-only tcp_health_check are implemented by the stand-in")
 	}
 	if err := checkFields("health_checks[0].grpc_health_check", g); err != nil {
 		return nil, err
@@ -110,6 +127,7 @@ func parseHealthChecks(c *clusterv3.Cluster) (*healthCheck, error) {
 		service:            g.GetServiceName(),
 		authority:          g.GetAuthority(),
 		reuse:              h.GetReuseConnection() == nil || h.GetReuseConnection().GetValue(),
+		tcp:                tcp != nil,
 		noTraffic:          defaultNoTrafficInterval,
 		id:                 string(raw),
 	}
@@ -215,6 +233,8 @@ type hcSession struct {
 	cfg     *healthCheck
 	traffic *atomic.Bool
 	dial    func() (*grpc.ClientConn, error)
+	addr    string      // host:port, for a connect-only check
+	tls     *tls.Config // the host's TLS, whose handshake a connect-only check completes
 	// drain is called as the host turns unhealthy: its connections are
 	// drained (onHostHealthFailure).
 	drain func()
@@ -281,6 +301,25 @@ func (s *hcSession) record(k failureKind) {
 	}
 }
 
+// connect is a connect-only check of the session's host.
+func (s *hcSession) connect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+	defer cancel()
+	var (
+		c   net.Conn
+		err error
+	)
+	if s.tls != nil {
+		c, err = (&tls.Dialer{NetDialer: &net.Dialer{KeepAlive: -1}, Config: s.tls}).DialContext(ctx, "tcp", s.addr)
+	} else {
+		c, err = (&net.Dialer{KeepAlive: -1}).DialContext(ctx, "tcp", s.addr)
+	}
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
 // wait is the pause before the next check.
 func (s *hcSession) wait() time.Duration {
 	healthy := s.isHealthy()
@@ -303,6 +342,30 @@ func (s *hcSession) run(ctx context.Context, settled func()) {
 		}
 	}()
 	for {
+		if s.cfg.tcp {
+			// Connect only: a connection made passes, one refused or not
+			// made within the timeout fails (a network failure), and it is
+			// closed at once (tcp/health_checker_impl.cc
+			// TcpActiveHealthCheckSession::onEvent, reuse_connection false).
+			wasFirst := !s.checked()
+			if err := s.connect(ctx); err == nil {
+				s.record(passed)
+			} else if ctx.Err() == nil {
+				s.record(networkFailure)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if wasFirst {
+				settled()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(s.wait()):
+			}
+			continue
+		}
 		conn := shared
 		var err error
 		if conn == nil {
@@ -393,7 +456,7 @@ func (r *healthChecks) forCluster(name string, cfg *healthCheck, panicAt float64
 			}
 			_ = conn.Close()
 			ctx, cancel := context.WithCancel(r.ctx())
-			s = &hcSession{cfg: cfg, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel,
+			s = &hcSession{cfg: cfg, traffic: traffic, firstDone: make(chan struct{}), cancel: cancel, addr: t.addr, tls: t.tlsConfig(),
 				dial: func() (*grpc.ClientConn, error) { return dialHealth(t, cfg.authority) }}
 			if r.drain != nil {
 				s.drain = func() { r.drain(t) }

@@ -948,3 +948,66 @@ func TestHealthCheckedProcessorCluster(t *testing.T) {
 		})
 	}
 }
+
+// TestProcessorWithoutGRPCHealth: a picker that serves ext_proc alone (as
+// GAIE's and llm-d's do unless run with --health-checking) answers a gRPC
+// health check UNIMPLEMENTED, an active failure, so its host never becomes
+// healthy and a FailClose filter answers 500; a connect-only TCP check
+// (reuse_connection false) finds it up and requests go through it. A TCP
+// check that would reuse its connection is NACKed.
+func TestProcessorWithoutGRPCHealth(t *testing.T) {
+	up := fakeproc.StartUpstream(t, nil)
+	picker := fakeproc.StartWithoutHealth(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: up.Addr}))
+	grpcCheck := &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{ServiceName: wire.ExtProcHealthService}}
+	tcpCheck := &corev3.HealthCheck_TcpHealthCheck_{TcpHealthCheck: &corev3.HealthCheck_TcpHealthCheck{}}
+	for _, tc := range []struct {
+		name    string
+		checker any
+		reuse   *wrapperspb.BoolValue
+		want    int // 0: the update is NACKed
+	}{
+		{"gRPC check", grpcCheck, wrapperspb.Bool(false), 500},
+		{"connect-only TCP check", tcpCheck, wrapperspb.Bool(false), 200},
+		{"TCP check reusing its connection", tcpCheck, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			epp := xdstest.StaticCluster("epp", picker.Addr)
+			hc := &corev3.HealthCheck{
+				Timeout: durationpb.New(time.Second), Interval: durationpb.New(200 * time.Millisecond),
+				NoTrafficInterval:  durationpb.New(200 * time.Millisecond),
+				UnhealthyThreshold: wrapperspb.UInt32(2), HealthyThreshold: wrapperspb.UInt32(1), ReuseConnection: tc.reuse,
+			}
+			switch c := tc.checker.(type) {
+			case *corev3.HealthCheck_GrpcHealthCheck_:
+				hc.HealthChecker = c
+			case *corev3.HealthCheck_TcpHealthCheck_:
+				hc.HealthChecker = c
+			}
+			epp.HealthChecks = []*corev3.HealthCheck{hc}
+			epp.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}}
+			srv := xdstest.Start(t)
+			srv.Set(t, "1",
+				xdstest.Listener("l", 80, "r", xdstest.HTTPFilter("epp", xdstest.ExtProc("epp", xdstest.DuplexMode(), false), false)),
+				xdstest.CatchAllRoutes("r", "pool"), xdstest.StaticCluster("pool", up.Addr), epp)
+			n := testNode(t, srv)
+			if tc.want == 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				var nack *xdsclient.NACKError
+				if err := n.XDS().WaitVersion(ctx, xdsclient.ClusterType, "1"); !errors.As(err, &nack) || !strings.Contains(nack.Message, "reuse_connection") {
+					t.Fatalf("want a NACK naming reuse_connection, got %v", err)
+				}
+				return
+			}
+			resp, err := http.Post(listenerURL(t, n, "l")+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d %q, want %d", resp.StatusCode, body, tc.want)
+			}
+		})
+	}
+}

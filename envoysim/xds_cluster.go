@@ -280,6 +280,14 @@ func bindSocketOptions(b *corev3.BindConfig) (time.Duration, error) {
 	return userTimeout, nil
 }
 
+// tlsConfig is the TLS a client dials t with (nil: plaintext).
+func (t grpcTarget) tlsConfig() *tls.Config {
+	if !t.tls {
+		return nil
+	}
+	return extprocfilter.TLSConfig(t.cert)
+}
+
 // targetOf is how a gRPC client reaches host through its transport socket.
 func targetOf(host string, t hostTransport) grpcTarget {
 	switch t.kind {

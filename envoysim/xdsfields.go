@@ -371,7 +371,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	},
 	"envoy.config.core.v3.HealthCheck": {
 		reads: []string{"timeout", "interval", "unhealthy_threshold", "healthy_threshold", "grpc_health_check",
-			"unhealthy_interval", "no_traffic_interval", "no_traffic_healthy_interval", "reuse_connection"},
+			"unhealthy_interval", "no_traffic_interval", "no_traffic_healthy_interval", "reuse_connection", "tcp_health_check"},
 		ignores: map[string]string{
 			"initial_jitter":                   "spreads the first checks in time",
 			"interval_jitter":                  "spreads checks in time",
@@ -381,6 +381,10 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"always_log_health_check_failures": "logging",
 			"always_log_health_check_success":  "logging",
 		},
+	},
+	// A connect-only check: send and receive payloads are NACKed where read.
+	"envoy.config.core.v3.HealthCheck.TcpHealthCheck": {
+		reads: []string{"send", "receive"},
 	},
 	"envoy.config.core.v3.HealthCheck.GrpcHealthCheck": {
 		reads: []string{"service_name", "authority"},

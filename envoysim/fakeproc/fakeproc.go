@@ -96,6 +96,20 @@ func (s *Server) Messages() []*extprocv3.ProcessingRequest {
 
 func Start(t testing.TB, handle func(*Conn) error, opts ...grpc.ServerOption) *Server {
 	t.Helper()
+	return start(t, handle, true, opts...)
+}
+
+// StartWithoutHealth is Start for a processor that serves ext_proc alone,
+// no grpc.health.v1: GAIE's and llm-d's endpoint pickers as they run by
+// default (their health service on the ext_proc port needs
+// --health-checking).
+func StartWithoutHealth(t testing.TB, handle func(*Conn) error) *Server {
+	t.Helper()
+	return start(t, handle, false)
+}
+
+func start(t testing.TB, handle func(*Conn) error, withHealth bool, opts ...grpc.ServerOption) *Server {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -105,9 +119,11 @@ func Start(t testing.TB, handle func(*Conn) error, opts ...grpc.ServerOption) *S
 	extprocv3.RegisterExternalProcessorServer(gs, fs)
 	// Every processor serves grpc.health.v1 on its ext_proc port, and
 	// gateways (the stand-in too) check it there.
-	hs := health.NewServer()
-	hs.SetServingStatus(wire.ExtProcHealthService, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(gs, hs)
+	if withHealth {
+		hs := health.NewServer()
+		hs.SetServingStatus(wire.ExtProcHealthService, healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(gs, hs)
+	}
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	return fs
