@@ -88,7 +88,18 @@ type Processor struct {
 	// FailOpen lets requests through when the processor cannot be reached
 	// (failure_mode_allow): for a picker, the pool's failureMode FailOpen.
 	FailOpen bool
+	// HealthCheck is how Envoy checks it: xdsbuild.HealthGRPC (""; what
+	// infergate's processors serve) or xdsbuild.HealthTCP, for a picker
+	// without grpc.health.v1 on its ext_proc port (GAIE's and llm-d's
+	// unless run with --health-checking).
+	HealthCheck string
 }
+
+// Processor.HealthCheck values.
+const (
+	HealthGRPC = xdsbuild.HealthGRPC
+	HealthTCP  = xdsbuild.HealthTCP
+)
 
 // Pool is one inference pool.
 type Pool struct {
@@ -251,7 +262,13 @@ func processorCluster(name string, p Processor, cert *xdsbuild.ClientCert) (*clu
 	if !p.Plaintext {
 		tls = &xdsbuild.TLS{SNI: host, ClientCert: cert}
 	}
-	return xdsbuild.GRPCCluster(name, host, port, tls), nil
+	hc, err := xdsbuild.ProcessorHealthOf(p.HealthCheck)
+	if err != nil {
+		return nil, fmt.Errorf("healthCheck: %w", err)
+	}
+	c := xdsbuild.GRPCCluster(name, host, port, tls)
+	c.HealthChecks = []*corev3.HealthCheck{hc}
+	return c, nil
 }
 
 // pickedCluster sends a request to the address the picker put in

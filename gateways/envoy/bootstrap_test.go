@@ -66,7 +66,9 @@ func twoPools() Config {
 		Pools: []Pool{
 			{Name: "llama", Picker: Processor{Address: "llama-epp.models.svc.cluster.local:9002", FailOpen: true},
 				Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Models: []string{"meta-llama/Llama-3.1-8B-Instruct"}},
-			{Name: "qwen", Picker: Processor{Address: "qwen-epp.models.svc.cluster.local:9002"}},
+			// A picker without grpc.health.v1 (GAIE's by default): a
+			// connect-only check.
+			{Name: "qwen", Picker: Processor{Address: "qwen-epp.models.svc.cluster.local:9002", HealthCheck: xdsbuild.HealthTCP}},
 		},
 		ClientCert: &xdsbuild.ClientCert{ChainPEM: []byte("-----BEGIN CERTIFICATE-----\n"), KeyPEM: []byte("-----BEGIN PRIVATE KEY-----\n")},
 	}
@@ -139,6 +141,7 @@ func TestBootstrapRefusesBadConfigs(t *testing.T) {
 			{Name: "a", Picker: Processor{Address: "a:9002"}, Models: []string{"m"}}, {Name: "a", Picker: Processor{Address: "b:9002"}},
 		}}, `pools[1].name: "a" is used twice`},
 		{"bad listen", Config{Listen: "8080", Pools: pool(func(*Pool) {})}, "listen:"},
+		{"unknown health check", Config{Pools: pool(func(p *Pool) { p.Picker.HealthCheck = "http" })}, `picker: healthCheck: "http": want grpc or tcp`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Bootstrap(tc.cfg)

@@ -28,6 +28,8 @@ type FileServer struct {
 	Address   string `json:"address"`
 	Plaintext bool   `json:"plaintext,omitempty"`
 	FailOpen  bool   `json:"failOpen,omitempty"`
+	// HealthCheck is grpc (default) or tcp (a picker without grpc.health.v1).
+	HealthCheck string `json:"healthCheck,omitempty"`
 }
 
 // FilePool is a Pool; the picker's FailOpen is the pool's failureMode.
@@ -69,12 +71,12 @@ func LoadConfig(path string) (Config, error) {
 		}
 	}
 	if f.Payload != nil {
-		c.Payload = &Processor{Address: f.Payload.Address, Plaintext: f.Payload.Plaintext, FailOpen: f.Payload.FailOpen}
+		c.Payload = &Processor{Address: f.Payload.Address, Plaintext: f.Payload.Plaintext, FailOpen: f.Payload.FailOpen, HealthCheck: f.Payload.HealthCheck}
 	}
 	for _, p := range f.Pools {
 		c.Pools = append(c.Pools, Pool{
 			Name: p.Name, Endpoints: p.Endpoints, Models: p.Models, ResponseBody: p.ResponseBody,
-			Picker: Processor{Address: p.Picker.Address, Plaintext: p.Picker.Plaintext, FailOpen: p.Picker.FailOpen},
+			Picker: Processor{Address: p.Picker.Address, Plaintext: p.Picker.Plaintext, FailOpen: p.Picker.FailOpen, HealthCheck: p.Picker.HealthCheck},
 		})
 	}
 	if kp := f.ClientCert; kp != nil {

@@ -162,7 +162,39 @@ const (
 	ProcessorUnhealthyThreshold = 2
 )
 
-// ProcessorHealth is the health check of a processor's cluster.
+// Health checks a processor's cluster may run (ProcessorHealthOf).
+const (
+	// HealthGRPC is grpc.health.v1 on the ext_proc port, which every
+	// infergate processor serves (NOT_SERVING while it drains, so a
+	// rollout moves streams off a pod before it stops).
+	HealthGRPC = "grpc"
+	// HealthTCP is a connect-only check, for a processor that serves no
+	// grpc.health.v1 on its ext_proc port (GAIE's and llm-d's pickers
+	// unless run with --health-checking), which a gRPC check would never
+	// find healthy (an UNIMPLEMENTED answer is an active failure). It sees
+	// a crash or a lost node, not a drain.
+	HealthTCP = "tcp"
+)
+
+// ProcessorHealthOf is the check kind names ("" is HealthGRPC).
+func ProcessorHealthOf(kind string) (*corev3.HealthCheck, error) {
+	switch kind {
+	case "", HealthGRPC:
+		return ProcessorHealth(), nil
+	case HealthTCP:
+		hc := ProcessorHealth()
+		// Connect only: no payload sent or expected; a connection per
+		// check (reuse_connection false), since with a reused connection
+		// an empty check passes without a packet exchanged
+		// (source/extensions/health_checkers/tcp/health_checker_impl.cc
+		// TcpActiveHealthCheckSession::onInterval).
+		hc.HealthChecker = &corev3.HealthCheck_TcpHealthCheck_{TcpHealthCheck: &corev3.HealthCheck_TcpHealthCheck{}}
+		return hc, nil
+	}
+	return nil, fmt.Errorf("%q: want %s or %s", kind, HealthGRPC, HealthTCP)
+}
+
+// ProcessorHealth is the gRPC health check of a processor's cluster.
 func ProcessorHealth() *corev3.HealthCheck {
 	interval := durationpb.New(ProcessorHealthInterval)
 	return &corev3.HealthCheck{
