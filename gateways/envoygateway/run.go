@@ -63,7 +63,7 @@ type Options struct {
 	// EDS, and only the one holding the Lease LeaderElectionID in this
 	// namespace writes pool status. Empty: this is the only replica.
 	LeaderElectionNamespace string
-	Logger         logr.Logger
+	Logger                  logr.Logger
 }
 
 // Run serves the extension until ctx ends: a Pod cache (the pools'

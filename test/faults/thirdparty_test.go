@@ -93,4 +93,3 @@ func burst(base string, n int) []outcome {
 	}
 	return out
 }
-
