@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/infergate/infergate/gateways/internal/xdsbuild"
 )
 
 // Annotations a pool may carry to change what the extension renders.
@@ -17,6 +19,11 @@ const (
 	// PlaintextAnnotation "true" reaches the picker without TLS; by default
 	// the extension uses TLS that accepts the picker's self-signed certificate.
 	PlaintextAnnotation = "infergate.io/epp-plaintext"
+	// HealthCheckAnnotation "tcp" has Envoy check the picker with a
+	// connect-only TCP check instead of grpc.health.v1 on its ext_proc
+	// port, for a picker that serves no such service there (GAIE's and
+	// llm-d's unless run with --health-checking); "grpc" is the default.
+	HealthCheckAnnotation = "infergate.io/epp-health-check"
 )
 
 // DefaultEPPPort is the endpoint picker's ext_proc port when the pool's
@@ -38,6 +45,9 @@ type Pool struct {
 	FailOpen     bool
 	ResponseBody bool
 	Plaintext    bool
+	// HealthCheck is how Envoy checks the picker (xdsbuild.HealthGRPC or
+	// xdsbuild.HealthTCP).
+	HealthCheck string
 }
 
 // Key is namespace/name.
@@ -118,6 +128,14 @@ func poolOf(ip *inferencev1.InferencePool) (*Pool, error) {
 	case "", "false":
 	default:
 		return bad("annotation %s %q: want true or false", PlaintextAnnotation, v)
+	}
+	switch v := ip.Annotations[HealthCheckAnnotation]; v {
+	case "", xdsbuild.HealthGRPC:
+		p.HealthCheck = xdsbuild.HealthGRPC
+	case xdsbuild.HealthTCP:
+		p.HealthCheck = xdsbuild.HealthTCP
+	default:
+		return bad("annotation %s %q: want %s or %s", HealthCheckAnnotation, v, xdsbuild.HealthGRPC, xdsbuild.HealthTCP)
 	}
 	return p, nil
 }

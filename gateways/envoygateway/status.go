@@ -2,11 +2,18 @@ package envoygateway
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +29,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/infergate/infergate/gateways/internal/xdsbuild"
+	"github.com/infergate/infergate/inference/wire"
 )
 
 // DefaultControllerName is Envoy Gateway's GatewayClass controller: the
@@ -40,6 +50,8 @@ type statusReconciler struct {
 	events     events.EventRecorder
 	controller string
 	log        logr.Logger
+	// probe asks a picker replica for grpc.health.v1 (probeHealth).
+	probe func(ctx context.Context, addr string, plaintext bool) error
 }
 
 // eventSource names the extension in the Events it records.
@@ -50,7 +62,7 @@ const eventSource = "infergate-egext"
 const conflictRetry = 100 * time.Millisecond
 
 func setUpStatus(mgr ctrl.Manager, controllerName string, log logr.Logger) error {
-	r := &statusReconciler{client: mgr.GetClient(), events: mgr.GetEventRecorder(eventSource), controller: controllerName, log: log}
+	r := &statusReconciler{client: mgr.GetClient(), events: mgr.GetEventRecorder(eventSource), controller: controllerName, log: log, probe: probeHealth}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("inferencepool-status").
 		// controller-runtime keeps controller names process-wide; tests run
@@ -122,6 +134,14 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, fmt.Errorf("list HTTPRoutes: %w", err)
 	}
 	resolved := r.resolvedRefs(ctx, &pool)
+	var requeue time.Duration
+	if resolved.Status == metav1.ConditionTrue {
+		if msg, retry := r.pickerHealth(ctx, &pool); msg != "" {
+			resolved.Status, resolved.Reason, resolved.Message = metav1.ConditionFalse, string(inferencev1.InferencePoolReasonInvalidExtensionRef), msg
+		} else if retry {
+			requeue = healthProbeRetry
+		}
+	}
 	var ours []inferencev1.ParentStatus
 	for i := range routes.Items {
 		route := &routes.Items[i]
@@ -179,7 +199,7 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		next = append(next, st)
 	}
 	if equality.Semantic.DeepEqual(next, pool.Status.Parents) {
-		return reconcile.Result{}, nil
+		return reconcile.Result{RequeueAfter: requeue}, nil
 	}
 	pool.Status.Parents = next
 	if err := r.client.Status().Update(ctx, &pool); err != nil {
@@ -196,7 +216,58 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		r.events.Eventf(&pool, nil, corev1.EventTypeWarning, w.Reason, "Route", "%s: %s", w.Type, w.Message)
 	}
 	r.log.V(1).Info("pool status", "pool", req.NamespacedName, "parents", len(ours))
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// healthProbeRetry is how soon a picker that could not be asked (no ready
+// replica yet, or none answering) is asked again.
+const healthProbeRetry = 30 * time.Second
+
+// pickerHealth asks a ready replica of the pool's picker the check Envoy
+// will run on it: grpc.health.v1 on its ext_proc port, unless the pool
+// asks for a TCP check. A picker that answers it serves no such service
+// would never be healthy in Envoy, and every request of the pool would
+// fail (FailClose) or go unpicked (FailOpen), so that is said in the
+// status (msg). retry: the picker could not be asked now.
+func (r *statusReconciler) pickerHealth(ctx context.Context, pool *inferencev1.InferencePool) (msg string, retry bool) {
+	p, err := poolOf(pool)
+	if err != nil || p.HealthCheck != xdsbuild.HealthGRPC || r.probe == nil {
+		return "", false
+	}
+	addrs, err := KubeEndpoints{Reader: r.client}.PickerEndpoints(ctx, p)
+	if err != nil || len(addrs) == 0 {
+		return "", true
+	}
+	err = r.probe(ctx, addrs[0], p.Plaintext)
+	switch status.Code(err) {
+	case codes.OK:
+		return "", false
+	case codes.Unimplemented, codes.NotFound:
+		return fmt.Sprintf("the endpoint picker at %s does not serve grpc.health.v1 for %q on its ext_proc port (%v): Envoy checks it there "+
+			"and would never find it healthy, so every request of the pool would get 500 (FailClose) or no pick (FailOpen). "+
+			"Run the picker with its health service (GAIE's and llm-d's: --health-checking), or set the pool's annotation %s: %s",
+			addrs[0], wire.ExtProcHealthService, status.Convert(err).Message(), HealthCheckAnnotation, xdsbuild.HealthTCP), false
+	}
+	return "", true
+}
+
+// probeHealth is one grpc.health.v1 Check of the ext_proc service at addr,
+// over TLS that accepts the picker's self-signed certificate unless
+// plaintext, as Envoy's check reaches it.
+func probeHealth(ctx context.Context, addr string, plaintext bool) error {
+	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // as Envoy's cluster: the picker's certificate is self-signed
+	if plaintext {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: wire.ExtProcHealthService})
+	return err
 }
 
 // resolvedRefs checks the pool's endpointPickerRef: a valid reference to a

@@ -475,6 +475,9 @@ func eppCluster(p *Pool, cert *ClientCert, eds *EDSServer) *clusterv3.Cluster {
 		tls = &xdsbuild.TLS{SNI: eppHost(p), ClientCert: cert}
 	}
 	c := xdsbuild.GRPCCluster(EPPClusterName(p), eppHost(p), p.EPPPort, tls)
+	if hc, err := xdsbuild.ProcessorHealthOf(p.HealthCheck); err == nil {
+		c.HealthChecks = []*corev3.HealthCheck{hc} // poolOf admits no other value
+	}
 	if eds != nil {
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
 		c.LoadAssignment = nil

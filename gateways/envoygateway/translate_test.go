@@ -70,6 +70,13 @@ func TestParsePool(t *testing.T) {
 		{name: "response body annotation", mutate: func(m map[string]any) {
 			m["metadata"].(map[string]any)["annotations"] = map[string]any{ResponseBodyAnnotation: "streamed"}
 		}, want: func(p *Pool) bool { return p.ResponseBody }},
+		{name: "health check by default gRPC", want: func(p *Pool) bool { return p.HealthCheck == "grpc" }},
+		{name: "TCP health check annotation", mutate: func(m map[string]any) {
+			m["metadata"].(map[string]any)["annotations"] = map[string]any{HealthCheckAnnotation: "tcp"}
+		}, want: func(p *Pool) bool { return p.HealthCheck == "tcp" }},
+		{name: "unknown health check", mutate: func(m map[string]any) {
+			m["metadata"].(map[string]any)["annotations"] = map[string]any{HealthCheckAnnotation: "http"}
+		}, wantErr: HealthCheckAnnotation + ` "http": want grpc or tcp`},
 		{name: "no endpointPickerRef", mutate: func(m map[string]any) { delete(spec(m), "endpointPickerRef") }, wantErr: "spec.endpointPickerRef is required"},
 		{name: "unknown failureMode", mutate: func(m map[string]any) { epp(m)["failureMode"] = "Sometimes" }, wantErr: `failureMode "Sometimes"`},
 		{name: "not a Service", mutate: func(m map[string]any) { epp(m)["kind"] = "Backend" }, wantErr: `kind "Backend"`},
@@ -429,5 +436,19 @@ func TestPoolRouteDefaults(t *testing.T) {
 	if rp.GetRetryOn() != "connect-failure,refused-stream" || rp.GetNumRetries().GetValue() < 1 ||
 		len(rp.GetRetryHostPredicate()) != 1 || rp.GetRetryHostPredicate()[0].GetName() != "envoy.retry_host_predicates.previous_hosts" {
 		t.Fatalf("fallback retry policy %v", rp)
+	}
+}
+
+// TestPickerClusterHealthCheck: the picker's cluster runs the check the
+// pool asks for: gRPC health by default, connect-only TCP (a connection
+// per check) with the annotation.
+func TestPickerClusterHealthCheck(t *testing.T) {
+	for _, kind := range []string{"grpc", "tcp"} {
+		c := eppCluster(&Pool{Namespace: "default", Name: "llama", EPPService: "llama-epp", EPPPort: 9002, HealthCheck: kind}, nil, nil)
+		hc := c.GetHealthChecks()[0]
+		if (kind == "tcp") != (hc.GetTcpHealthCheck() != nil) || (kind == "grpc") != (hc.GetGrpcHealthCheck() != nil) ||
+			hc.GetReuseConnection() == nil || hc.GetReuseConnection().GetValue() {
+			t.Errorf("%s: health check %v", kind, hc)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -218,4 +219,43 @@ func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
 func pathMatch(prefix string) []gatewayv1.HTTPRouteMatch {
 	t := gatewayv1.PathMatchPathPrefix
 	return []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: &t, Value: &prefix}}}
+}
+
+// TestPoolStatusNamesAPickerWithoutHealth: a picker that serves no
+// grpc.health.v1 on its ext_proc port (GAIE's and llm-d's unless run with
+// --health-checking) would never be healthy in Envoy; the pool's status
+// says so, with the way out, and the pool's annotation for a TCP check
+// clears it.
+func TestPoolStatusNamesAPickerWithoutHealth(t *testing.T) {
+	ln, err := net.Listen("tcp", pickerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := grpc.NewServer() // ext_proc would be here; no health service
+	go func() { _ = bare.Serve(ln) }()
+	t.Cleanup(bare.Stop)
+	c := startCluster(t)
+	c.startEG(t, c.startExtension(t))
+	ns := "nohealth"
+	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	c.create(t, gatewayObjects(ns)...)
+	c.create(t, pickerObjects(ns, "llama")...)
+	pool := inferencePool(ns, "llama", inferencev1.EndpointPickerFailClose)
+	pool.Annotations = map[string]string{envoygateway.PlaintextAnnotation: "true"}
+	c.create(t, pool, poolRoute(ns, "llm-route", "llama"))
+	ps := c.poolParent(t, ns, "llama", "inference-gateway", "ResolvedRefs False: no health service", func(a, r *metav1.Condition) bool {
+		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == "InvalidExtensionRef"
+	})
+	msg := meta.FindStatusCondition(ps.Conditions, "ResolvedRefs").Message
+	for _, want := range []string{pickerAddr, "grpc.health.v1", "--health-checking", envoygateway.HealthCheckAnnotation} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	c.change(t, client.ObjectKey{Namespace: ns, Name: "llama"}, pool, func() {
+		pool.Annotations[envoygateway.HealthCheckAnnotation] = "tcp"
+	})
+	c.poolParent(t, ns, "llama", "inference-gateway", "ResolvedRefs True with a TCP check", func(a, r *metav1.Condition) bool {
+		return r != nil && r.Status == metav1.ConditionTrue
+	})
 }
