@@ -655,6 +655,12 @@ func (n *Node) syncSide(want map[string]*sideSource) {
 			// The ADS server's credentials are its own: an EDS cluster has
 			// its TLS (below) and no token, as its gRPC service would.
 			cfg.Service, cfg.Server, cfg.TLS, cfg.Token = xdsclient.EndpointService, w.target.addr, nil, nil
+			// Envoy retries a failed subscription stream after a jittered
+			// back-off from 500 ms up to 30 s (source/extensions/
+			// config_subscription/grpc/grpc_stream.h, RetryInitialDelayMs,
+			// RetryMaxDelayMs), so an EDS server that comes back is used
+			// up to 30 s later.
+			cfg.BackoffInitial, cfg.BackoffMax = 500*time.Millisecond, 30*time.Second
 			switch {
 			case w.target.verify:
 				// A google_grpc channel: its target resolved here, the

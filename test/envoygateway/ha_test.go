@@ -2,6 +2,7 @@ package envoygateway
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -131,5 +132,106 @@ func TestExtensionReplicas(t *testing.T) {
 	})
 	if got := hosts(assignment(t, second, envoygateway.PickerEDSName(pool))); !slices.Equal(got, want) {
 		t.Fatalf("the second replica serves the picker's hosts %v, want %v", got, want)
+	}
+}
+
+// TestProxyStartsWhileTheExtensionIsDown: a proxy that starts while no
+// replica of the extension answers gets its listeners and clusters from
+// Envoy Gateway, but no endpoints: its pool and picker clusters warm for
+// the EDS source's initial fetch timeout (15 s), then serve with none, so
+// the FailOpen pool answers 503 ("no healthy upstream"). Once the
+// extension is back, within Envoy's EDS retry back-off (30 s at most), the
+// pool is routed by its picker again. It prints what the requests got.
+func TestProxyStartsWhileTheExtensionIsDown(t *testing.T) {
+	c := startCluster(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	// The extension at addr, until stop.
+	serve := func(ln net.Listener) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = envoygateway.Run(ctx, envoygateway.Options{Listener: ln, EDSAddress: addr, Kube: c.Env.Config, Logger: logr.Discard()})
+		}()
+		stop = func() { cancel(); <-done }
+		t.Cleanup(stop)
+		return stop
+	}
+	stopExtension := serve(ln)
+	c.startEG(t, addr)
+	ns := "extdown"
+	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	servers := c.modelServers(t, ns, "llama", 2)
+	gatewaytest.StartPicker(t, pickerAddr, servers)
+	c.create(t, gatewayObjects(ns)...)
+	c.create(t, pickerObjects(ns, "llama")...)
+	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
+	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
+	// Envoy Gateway has translated the pool (its hooks answered); now the
+	// extension goes away and a proxy starts.
+	x := c.captureXDS(t, ns, "inference-gateway")
+	gatewaytest.WaitFor(t, "Envoy Gateway's translation of the pool", 60*time.Second, func() bool {
+		x.Mu.Lock()
+		defer x.Mu.Unlock()
+		_, ok := x.Clusters[envoygateway.EPPClusterName(&envoygateway.Pool{Namespace: ns, Name: "llama"})]
+		return ok
+	})
+	stopExtension()
+	start := time.Now()
+	n := c.standIn(t, ns, "inference-gateway")
+	var base string
+	gatewaytest.WaitFor(t, "the proxy's listener", 60*time.Second, func() bool {
+		a, ok := n.ListenerAddr(ns + "/inference-gateway/http")
+		base = "http://" + a
+		return ok
+	})
+	listening := time.Since(start)
+	type result struct {
+		at     time.Duration
+		status int
+		picked bool
+	}
+	var results []result
+	send := func() result {
+		r := post(t, base)
+		res := result{at: time.Since(start), status: r.status, picked: r.picked != "" && servers[r.upstream] != ""}
+		results = append(results, res)
+		return res
+	}
+	for time.Since(start) < 20*time.Second {
+		if r := send(); r.status == 200 && r.picked {
+			t.Fatalf("picked at %v with the extension down", r.at)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	back := time.Since(start)
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the extension's address again: %v", err)
+	}
+	serve(ln2)
+	var recovered time.Duration
+	for time.Since(start) < back+45*time.Second {
+		if r := send(); r.status == 200 && r.picked {
+			recovered = r.at
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	byStatus := map[int]int{}
+	for _, r := range results {
+		byStatus[r.status]++
+	}
+	fmt.Printf("faults: %-32s FailOpen  listener after %.1fs; extension back at %.1fs; picked again at %.1fs (%.1fs after); sent %d, by status %v\n",
+		t.Name(), listening.Seconds(), back.Seconds(), recovered.Seconds(), (recovered - back).Seconds(), len(results), byStatus)
+	if recovered == 0 {
+		t.Fatalf("not routed by the picker 45 s after the extension came back (%d requests, by status %v)", len(results), byStatus)
+	}
+	if d := recovered - back; d > 30*time.Second+5*time.Second {
+		t.Errorf("routed again %v after the extension came back, want within Envoy's 30 s EDS back-off", d)
 	}
 }
