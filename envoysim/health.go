@@ -342,63 +342,17 @@ func (s *hcSession) run(ctx context.Context, settled func()) {
 		}
 	}()
 	for {
+		var k failureKind
 		if s.cfg.tcp {
-			// Connect only: a connection made passes, one refused or not
-			// made within the timeout fails (a network failure), and it is
-			// closed at once (tcp/health_checker_impl.cc
-			// TcpActiveHealthCheckSession::onEvent, reuse_connection false).
-			wasFirst := !s.checked()
-			if err := s.connect(ctx); err == nil {
-				s.record(passed)
-			} else if ctx.Err() == nil {
-				s.record(networkFailure)
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			if wasFirst {
-				settled()
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(s.wait()):
-			}
-			continue
-		}
-		conn := shared
-		var err error
-		if conn == nil {
-			conn, err = s.dial()
-		}
-		var resp *healthpb.HealthCheckResponse
-		if err == nil {
-			cctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
-			resp, err = healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: s.cfg.service})
-			cancel()
-			if s.cfg.reuse {
-				shared = conn
-			} else {
-				_ = conn.Close()
-			}
+			k = s.connectCheck(ctx)
+		} else {
+			k, shared = s.grpcCheck(ctx, shared)
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		wasFirst := !s.checked()
-		switch {
-		case err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING:
-			s.record(passed)
-		case err == nil:
-			s.record(activeFailure)
-		default:
-			switch status.Code(err) {
-			case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-				s.record(networkFailure)
-			default:
-				s.record(activeFailure)
-			}
-		}
+		s.record(k)
 		if wasFirst {
 			settled()
 		}
@@ -408,6 +362,48 @@ func (s *hcSession) run(ctx context.Context, settled func()) {
 		case <-time.After(s.wait()):
 		}
 	}
+}
+
+// grpcCheck is one grpc.health.v1 Check, on shared when the check reuses
+// its connection (returned for the next), else on one of its own.
+func (s *hcSession) grpcCheck(ctx context.Context, shared *grpc.ClientConn) (failureKind, *grpc.ClientConn) {
+	conn := shared
+	var err error
+	if conn == nil {
+		if conn, err = s.dial(); err != nil {
+			return networkFailure, nil
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+	resp, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: s.cfg.service})
+	cancel()
+	if s.cfg.reuse {
+		shared = conn
+	} else {
+		_ = conn.Close()
+	}
+	switch {
+	case err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING:
+		return passed, shared
+	case err == nil:
+		return activeFailure, shared
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return networkFailure, shared
+	}
+	return activeFailure, shared
+}
+
+// connectCheck is a connect-only check: a connection made passes, one
+// refused or not made within the timeout is a network failure, and it is
+// closed at once (tcp/health_checker_impl.cc
+// TcpActiveHealthCheckSession::onEvent, reuse_connection false).
+func (s *hcSession) connectCheck(ctx context.Context) failureKind {
+	if err := s.connect(ctx); err != nil {
+		return networkFailure
+	}
+	return passed
 }
 
 // healthChecks holds the node's sessions across builds: a build asks for
