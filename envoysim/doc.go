@@ -378,14 +378,19 @@
 //	cluster"), with the cluster's TLS and client certificate; or to a
 //	google_grpc target_uri, which names no cluster, in plaintext without
 //	channel_credentials or with ssl_credentials over TLS verified against
-//	root_certs for the target's host. Routes only over ADS.
+//	root_certs for the target's host. Routes only over ADS. Such a stream
+//	that fails is retried after a jittered back-off from 500 ms doubling
+//	to 30 s (the stand-in's ADS stream uses 100 ms to 5 s); the last
+//	assignments it delivered stay.
 //	  ConfigSource, ApiConfigSource, GrpcService.GoogleGrpc
 //	  Envoy: source/common/config/utility.cc
 //	  Utility::checkApiConfigSourceSubscriptionBackingCluster, validateClusterName;
 //	  cluster_manager_impl.cc (primary_clusters_ from bootstrap static_resources);
 //	  subscription_factory_impl.cc subscriptionFromConfigSource;
-//	  source/common/grpc/google_grpc_creds_impl.cc CredsUtility::defaultChannelCredentials
-//	  TestEndpointsFromAnotherEDSServer, TestEDSStreamPresentsTheClientCertificate,
+//	  source/common/grpc/google_grpc_creds_impl.cc CredsUtility::defaultChannelCredentials;
+//	  source/extensions/config_subscription/grpc/grpc_stream.h (RetryInitialDelayMs,
+//	  RetryMaxDelayMs)
+//	  TestEndpointsFromAnotherEDSServer, test/envoygateway TestProxyStartsWhileTheExtensionIsDown, TestEDSStreamPresentsTheClientCertificate,
 //	  test/envoygateway TestTrafficThroughEnvoyGatewayXDS (scale-out),
 //	  TestEnvoyGatewayServesTheExtensionsXDS (every config source checked
 //	  against Envoy Gateway's bootstrap)

@@ -138,11 +138,18 @@ func TestExtensionReplicas(t *testing.T) {
 // TestProxyStartsWhileTheExtensionIsDown: a proxy that starts while no
 // replica of the extension answers gets its listeners and clusters from
 // Envoy Gateway, but no endpoints: its pool and picker clusters warm for
-// the EDS source's initial fetch timeout (15 s), then serve with none, so
-// the FailOpen pool answers 503 ("no healthy upstream"). Once the
-// extension is back, within Envoy's EDS retry back-off (30 s at most), the
-// pool is routed by its picker again. It prints what the requests got.
+// the EDS source's initial fetch timeout (15 s), then serve with none: a
+// FailOpen pool answers 503 ("no healthy upstream", nothing to fall back
+// on), a FailClose pool 500 (no picker host). Once the extension is back,
+// within Envoy's EDS retry back-off (30 s at most), the pool is routed by
+// its picker again. It prints what the requests got.
 func TestProxyStartsWhileTheExtensionIsDown(t *testing.T) {
+	for _, mode := range []inferencev1.EndpointPickerFailureMode{inferencev1.EndpointPickerFailOpen, inferencev1.EndpointPickerFailClose} {
+		t.Run(string(mode), func(t *testing.T) { proxyStartsWithoutExtension(t, mode) })
+	}
+}
+
+func proxyStartsWithoutExtension(t *testing.T, mode inferencev1.EndpointPickerFailureMode) {
 	c := startCluster(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -169,7 +176,7 @@ func TestProxyStartsWhileTheExtensionIsDown(t *testing.T) {
 	gatewaytest.StartPicker(t, pickerAddr, servers)
 	c.create(t, gatewayObjects(ns)...)
 	c.create(t, pickerObjects(ns, "llama")...)
-	c.create(t, inferencePool(ns, "llama", inferencev1.EndpointPickerFailOpen), poolRoute(ns, "llm-route", "llama"))
+	c.create(t, inferencePool(ns, "llama", mode), poolRoute(ns, "llm-route", "llama"))
 	c.routeCondition(t, ns, "llm-route", "ResolvedRefs")
 	// Envoy Gateway has translated the pool (its hooks answered); now the
 	// extension goes away and a proxy starts.
@@ -202,9 +209,10 @@ func TestProxyStartsWhileTheExtensionIsDown(t *testing.T) {
 		results = append(results, res)
 		return res
 	}
+	down := map[inferencev1.EndpointPickerFailureMode]int{inferencev1.EndpointPickerFailOpen: 503, inferencev1.EndpointPickerFailClose: 500}[mode]
 	for time.Since(start) < 20*time.Second {
-		if r := send(); r.status == 200 && r.picked {
-			t.Fatalf("picked at %v with the extension down", r.at)
+		if r := send(); r.status != down {
+			t.Fatalf("%d at %v with the extension down, want %d", r.status, r.at, down)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -226,8 +234,8 @@ func TestProxyStartsWhileTheExtensionIsDown(t *testing.T) {
 	for _, r := range results {
 		byStatus[r.status]++
 	}
-	fmt.Printf("faults: %-32s FailOpen  listener after %.1fs; extension back at %.1fs; picked again at %.1fs (%.1fs after); sent %d, by status %v\n",
-		t.Name(), listening.Seconds(), back.Seconds(), recovered.Seconds(), (recovered - back).Seconds(), len(results), byStatus)
+	fmt.Printf("faults: %-32s %-9s listener after %.1fs; extension back at %.1fs; picked again at %.1fs (%.1fs after); sent %d, by status %v\n",
+		"TestProxyStartsWhileTheExtensionIsDown", mode, listening.Seconds(), back.Seconds(), recovered.Seconds(), (recovered - back).Seconds(), len(results), byStatus)
 	if recovered == 0 {
 		t.Fatalf("not routed by the picker 45 s after the extension came back (%d requests, by status %v)", len(results), byStatus)
 	}
