@@ -98,13 +98,18 @@
 //	stream_idle_timeout (300 s unless set, 0 none): a request with no
 //	activity (body read, response written) for that long ends: before the
 //	response started with "stream timeout", 504 if the whole request had
-//	been received and 408 if its body was still due; after it, a reset.
-//	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details,stream_idle_timeout};
+//	been received and 408 if its body was still due; after it, a reset. A
+//	route's idle_timeout replaces it once the route is resolved (0: none);
+//	Envoy also starts a timer for a route's idle_timeout where the
+//	connection manager has none (stream_idle_timeout 0), the stand-in not.
+//	  HttpConnectionManager.{proxy_100_continue,forward_client_cert_details,stream_idle_timeout},
+//	  RouteAction.idle_timeout;
 //	  Envoy: source/common/http/conn_manager_impl.cc ActiveStream::decodeHeaders
 //	  (encode1xxHeaders before the filters; the stand-in sends the 100 when
 //	  the body is first read); conn_manager_utility.cc mutateXfccRequestHeader
 //	  conn_manager_impl.cc ActiveStream::onIdleTimeout (sendLocalReply with
-//	  utility.cc Utility::maybeRequestTimeoutCode(remoteDecodeComplete()))
+//	  utility.cc Utility::maybeRequestTimeoutCode(remoteDecodeComplete())),
+//	  ActiveStream::refreshIdleTimeout
 //	  TestProxy100Continue, TestForwardClientCertDetails, TestStreamIdleTimeout
 //
 //	HTTP filters in order, the router last; ext_proc filters run, and so
