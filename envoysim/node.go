@@ -208,10 +208,13 @@ func (n *Node) Run(ctx context.Context) error {
 	n.mu.Lock()
 	n.runCtx = ctx
 	n.mu.Unlock()
+	// DNS is resolved again until Run returns, which a bootstrap refused at
+	// start makes it do before ctx ends.
+	dnsCtx, stopDNS := context.WithCancel(ctx)
 	n.sideRuns.Add(1)
 	go func() {
 		defer n.sideRuns.Done()
-		n.refreshDNS(ctx)
+		n.refreshDNS(dnsCtx)
 	}()
 	var err error
 	if n.client != nil {
@@ -219,6 +222,7 @@ func (n *Node) Run(ctx context.Context) error {
 	} else if err = n.startStatic(); err == nil {
 		<-ctx.Done()
 	}
+	stopDNS()
 	n.sideRuns.Wait() // they end with ctx
 	n.mu.Lock()
 	lls := n.listeners
