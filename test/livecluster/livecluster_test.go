@@ -100,10 +100,11 @@ func TestDeploymentServesThroughItsService(t *testing.T) {
 			}
 		}
 	}
-	nothing, err := l.Lookup(ctx, "nothing."+ns+".svc")
+	nothingIPs, err := l.Lookup(ctx, "nothing."+ns+".svc")
 	if err != nil {
 		t.Fatal(err)
 	}
+	nothing := nothingIPs[0]
 	gatewaytest.WaitFor(t, "the proxy listens for the empty Service", 30*time.Second, func() bool {
 		_, err := hc.Get(fmt.Sprintf("http://%s:80/", nothing))
 		return err != nil && strings.Contains(err.Error(), "reset")
