@@ -83,29 +83,6 @@ type gateway struct {
 	base string
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// infergateBinary builds cmd/infergate once for the package.
-func infergateBinary(t *testing.T) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "infergate-faults-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildErr = childproc.Build(context.Background(), dir, "infergate")
-		binPath = filepath.Join(dir, "infergate")
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
 // iptablesBinary is where hack/iptables.sh put iptables (make test exports
 // INFERGATE_IPTABLES), else the one on PATH.
 func iptablesBinary(t *testing.T) string {
@@ -120,7 +97,7 @@ func iptablesBinary(t *testing.T) string {
 }
 
 func newCluster(t *testing.T) *cluster {
-	c := &cluster{t: t, bin: infergateBinary(t), iptables: iptablesBinary(t), logDir: t.TempDir()}
+	c := &cluster{t: t, bin: childproc.Command(t, "infergate"), iptables: iptablesBinary(t), logDir: t.TempDir()}
 	var sims []string
 	var pool strings.Builder
 	pool.WriteString("name: faults\nendpoints:\n")
