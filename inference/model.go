@@ -26,6 +26,10 @@ type scanner struct {
 	// servers differ on which copy wins, so a guardrail must not trust
 	// the one it read.
 	repeated uint16
+	// python: also accept the tokens Python's json module reads beyond
+	// RFC 8259 (NaN, Infinity, -Infinity), for a document a server decodes
+	// with it (tool-call arguments).
+	python bool
 }
 
 // span is a value's byte range in the body; end == 0 means absent.
@@ -140,6 +144,12 @@ func (s *scanner) value(depth int) {
 		s.literal("false")
 	case c == 'n':
 		s.literal("null")
+	case s.python && c == 'N':
+		s.literal("NaN")
+	case s.python && c == 'I':
+		s.literal("Infinity")
+	case s.python && c == '-' && s.i+1 < len(s.b) && s.b[s.i+1] == 'I':
+		s.literal("-Infinity")
 	case c == '-' || (c >= '0' && c <= '9'):
 		s.number()
 	default:

@@ -282,8 +282,14 @@ type Text struct {
 	Span
 	quoted  []byte
 	escaped bool
-	// bare: quoted is a number token of an encoded document, unquoted.
-	bare bool
+	// bare: quoted is a number token, unquoted; printed is the number as
+	// a server prints it when that differs from the token (see
+	// printedNumber).
+	bare    bool
+	printed []byte
+	// tree: the text is a string, key or number of a tree read whole
+	// (see Tree).
+	tree bool
 	// doc is the decoded document that holds quoted at at, for a text of
 	// an encoded document; nil otherwise.
 	doc []byte
@@ -298,10 +304,24 @@ type Text struct {
 // broken by the second one's role.
 func (t Text) Role() bool { return t.role }
 
+// Tree reports a text of a tree read whole (tool definitions, tool-call
+// arguments and inputs, template kwargs, documents): a template prints
+// such a tree with tojson, so two of its texts stand apart by JSON's
+// quotes and commas, not as two parts of one prose.
+func (t Text) Tree() bool { return t.tree }
+
+// number is the token of a bare text as the model reads it.
+func (t Text) number() []byte {
+	if t.printed != nil {
+		return t.printed
+	}
+	return t.quoted
+}
+
 // Value decodes the string.
 func (t Text) Value() string {
 	if t.bare {
-		return string(t.quoted)
+		return string(t.number())
 	}
 	return stringValue(t.quoted, t.escaped)
 }
@@ -310,7 +330,7 @@ func (t Text) Value() string {
 // unless the string has escapes.
 func (t Text) Is(s string) bool {
 	if t.bare {
-		return string(t.quoted) == s
+		return string(t.number()) == s
 	}
 	return keyIs(t.quoted, t.escaped, s)
 }
@@ -326,7 +346,8 @@ func (t Text) Len() int {
 // to place one without decoding it.
 func (t Text) Head() (n int, first byte) {
 	if t.bare {
-		return len(t.quoted), t.quoted[0]
+		n := t.number()
+		return len(n), n[0]
 	}
 	inner := t.quoted[1 : len(t.quoted)-1]
 	if len(inner) == 0 {
@@ -351,7 +372,7 @@ func (t Text) Head() (n int, first byte) {
 func (t Text) WriteValue(sb *strings.Builder) {
 	switch {
 	case t.bare:
-		sb.Write(t.quoted)
+		sb.Write(t.number())
 	case t.escaped:
 		writeUnescaped(sb, t.quoted[1:len(t.quoted)-1])
 	default:
@@ -561,6 +582,7 @@ func (w *textWalker) emit(t Text) {
 	case w.outer != nil:
 		t.doc, t.at, t.Span = w.b, t.Start, *w.outer
 	}
+	t.tree = w.all
 	if !w.fn(t) {
 		w.stop = true
 	}
@@ -584,15 +606,52 @@ func (w *textWalker) value(collect bool) {
 		for w.i < len(w.b) && !strings.ContainsRune(",]} \t\n\r", rune(w.b[w.i])) {
 			w.i++
 		}
-		// In an encoded document the model reads the numbers as the
-		// string printed them: "[4111111111111111]" holds a card.
-		if collect && w.outer != nil && isNumberStart(w.b[start]) {
-			w.emit(Text{Span: Span{start, w.i}, quoted: w.b[start:w.i], bare: true})
+		// In a tree the model reads the numbers as the template printed
+		// them: "[4111111111111111]" holds a card, and so does
+		// 4.111111111111111e15, printed 4111111111111111.0.
+		if collect && w.all && isNumber(w.b[start:w.i]) {
+			tok := w.b[start:w.i]
+			w.emit(Text{Span: Span{start, w.i}, quoted: tok, bare: true, printed: printedNumber(tok)})
 		}
 	}
 }
 
-func isNumberStart(c byte) bool { return c == '-' || c >= '0' && c <= '9' }
+// isNumber: a number token (not NaN or -Infinity, which hide no digits).
+func isNumber(tok []byte) bool {
+	return len(tok) > 0 && (tok[0] >= '0' && tok[0] <= '9' || tok[0] == '-' && len(tok) > 1 && tok[1] >= '0' && tok[1] <= '9')
+}
+
+// printedNumber returns a number token as Python prints the value its
+// json module reads (servers decode tool-call arguments with it before a
+// template prints them), or nil when that is the token itself: an
+// integer prints as its digits, a float as repr does, fixed-point with
+// ".0" between 1e-4 and 1e16 and in exponent form beyond.
+func printedNumber(tok []byte) []byte {
+	if bytes.IndexAny(tok, ".eE") < 0 {
+		return nil
+	}
+	x, err := strconv.ParseFloat(string(tok), 64)
+	var out []byte
+	switch ax := math.Abs(x); {
+	case err != nil && !math.IsInf(x, 0):
+		return nil
+	case math.IsInf(x, 1):
+		out = []byte("Infinity")
+	case math.IsInf(x, -1):
+		out = []byte("-Infinity")
+	case ax == 0 || ax >= 1e-4 && ax < 1e16:
+		out = strconv.AppendFloat(nil, x, 'f', -1, 64)
+		if bytes.IndexByte(out, '.') < 0 {
+			out = append(out, '.', '0')
+		}
+	default:
+		out = strconv.AppendFloat(nil, x, 'e', -1, 64)
+	}
+	if bytes.Equal(out, tok) {
+		return nil
+	}
+	return out
+}
 
 // text walks the string at w.i, collecting or visiting it if collect.
 func (w *textWalker) text(collect bool) {
@@ -803,8 +862,9 @@ func (w *textWalker) encoded() bool {
 }
 
 // mayBeDocument: the quoted string's first byte that is not white space
-// (or an escape, which could be escaped white space) opens an object or
-// an array; the common plain string is passed over without decoding.
+// (or an escape, which could be escaped white space or the quote of a
+// JSON string) opens an object or an array; the common plain string is
+// passed over without decoding.
 func mayBeDocument(q []byte) bool {
 	for _, c := range q[1 : len(q)-1] {
 		switch c {
@@ -818,11 +878,14 @@ func mayBeDocument(q []byte) bool {
 	return false
 }
 
-// isDocument reports whether doc is one JSON object or array.
+// isDocument reports whether doc is one JSON object, array or string, as
+// Python's json module reads them (NaN and Infinity allowed): arguments
+// holding a JSON string ("\"…\"") are decoded to its text before a
+// template prints them, escapes and all.
 func isDocument(doc []byte) bool {
-	s := scanner{b: doc}
+	s := scanner{b: doc, python: true}
 	s.space()
-	if c := s.peek(); c != '{' && c != '[' {
+	if c := s.peek(); c != '{' && c != '[' && c != '"' {
 		return false
 	}
 	s.value(0)

@@ -133,24 +133,38 @@ func TestTextReadWithoutCopy(t *testing.T) {
 }
 
 // TestDocumentNumberRead: a number of an encoded document is a text as
-// written, read alike by every accessor.
+// Python prints the value its json module reads (integers as written,
+// floats by repr), read alike by every accessor.
 func TestDocumentNumberRead(t *testing.T) {
-	b, err := Parse([]byte(`{"messages":[{"tool_calls":[{"function":{"arguments":"[-12.5e3]"}}]}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	b.Texts(func(tx Text) bool {
-		n++
-		var sb strings.Builder
-		tx.WriteValue(&sb)
-		l, first := tx.Head()
-		if tx.Value() != "-12.5e3" || sb.String() != "-12.5e3" || l != 7 || first != '-' || !tx.Is("-12.5e3") {
-			t.Errorf("number read as %q / %q / %d %q", tx.Value(), sb.String(), l, first)
+	for _, c := range []struct{ token, want string }{
+		{"-12.5e3", "-12500.0"},
+		{"4.111111111111111e15", "4111111111111111.0"},
+		{"4111111111111111E0", "4111111111111111.0"},
+		{"41111111111111110000", "41111111111111110000"},
+		{"1e16", "1e+16"},
+		{"0.00001", "1e-05"},
+		{"2.50", "2.5"},
+		{"-0.0", "-0.0"},
+		{"1e999", "Infinity"},
+		{"7", "7"},
+	} {
+		b, err := Parse([]byte(`{"messages":[{"tool_calls":[{"function":{"arguments":"[` + c.token + `]"}}]}]}`))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return true
-	})
-	if n != 1 {
-		t.Fatalf("walked %d texts", n)
+		n := 0
+		b.Texts(func(tx Text) bool {
+			n++
+			var sb strings.Builder
+			tx.WriteValue(&sb)
+			l, first := tx.Head()
+			if tx.Value() != c.want || sb.String() != c.want || l != len(c.want) || first != c.want[0] || !tx.Is(c.want) {
+				t.Errorf("%s read as %q / %q / %d %q, want %q", c.token, tx.Value(), sb.String(), l, first, c.want)
+			}
+			return true
+		})
+		if n != 1 {
+			t.Fatalf("%s: walked %d texts", c.token, n)
+		}
 	}
 }

@@ -254,17 +254,21 @@ func ipv4(text string, i int) int {
 
 // ssn matches AAA-GG-SSSS under the SSA's rules (area not 000, 666 or
 // 9xx; group not 00; serial not 0000), the groups apart by a run of up to
-// three separators (see groupSep): "078-05-1120", "078 - 05 - 1120",
-// "078.05.1120".
+// three separators (see sepRun): "078-05-1120", "078 - 05 - 1120",
+// "078.05.1120". Three numbers apart by spaces alone are an SSN only when
+// they stand alone: in a list of numbers ("[[123 45 6789 12]", a matrix
+// row, a shape) they are three of its values (see inList).
 func ssn(text string, i int) int {
 	var groups [3]string
 	j := i
+	spaces := true
 	for g, n := range [...]int{3, 2, 4} {
 		if g > 0 {
 			k := sepRun(text, j)
 			if k == j {
 				return 0
 			}
+			spaces = spaces && onlySpaces(text[j:k])
 			j = k
 		}
 		if j+n > len(text) || digitRun(text, j) != j+n {
@@ -276,7 +280,51 @@ func ssn(text string, i int) int {
 	if area == "000" || area == "666" || area[0] == '9' || group == "00" || serial == "0000" {
 		return 0
 	}
+	if spaces && inList(text, i, j) || j+1 < len(text) && text[j] == '.' && isDigit(text[j+1]) {
+		return 0 // a list, or a serial that is a float's whole part ("6789.5")
+	}
 	return j
+}
+
+func onlySpaces(s string) bool { return strings.Trim(s, " ") == "" }
+
+// space: ASCII white space (the text as sent keeps its line breaks).
+func space(c byte) bool { return c == ' ' || c >= '\t' && c <= '\r' }
+
+// inList reports that the number text[i:j], written with spaces between
+// its groups, is one of a list of numbers rather than one number: another
+// number stands just before or after it (apart by spaces, a comma or a
+// semicolon: "2048. 123 45 6789", "123 45 6789 12"), or a bracket opens or
+// closes the list right at it ("[123 45 6789]", as numpy prints an
+// array). A reader takes such a run for a row of values, as a model does.
+func inList(text string, i, j int) bool {
+	k := i
+	for k > 0 && space(text[k-1]) {
+		k--
+	}
+	if k > 0 && (text[k-1] == ',' || text[k-1] == ';') {
+		k--
+		for k > 0 && space(text[k-1]) {
+			k--
+		}
+	}
+	if k > 0 {
+		switch c := text[k-1]; {
+		case c == '[', isDigit(c), c == '.' && k > 1 && isDigit(text[k-2]):
+			return true
+		}
+	}
+	k = j
+	for k < len(text) && space(text[k]) {
+		k++
+	}
+	if k < len(text) && (text[k] == ',' || text[k] == ';') {
+		k++
+		for k < len(text) && space(text[k]) {
+			k++
+		}
+	}
+	return k < len(text) && (isDigit(text[k]) || text[k] == ']')
 }
 
 // groupSep is a byte that may stand between the digit groups of a
@@ -284,9 +332,14 @@ func ssn(text string, i int) int {
 func groupSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '/' || c == '_' }
 
 // sepRun returns the end of the run of up to three groupSep bytes at i
-// ("4111 - 1111"), or i when there is none.
+// ("4111 - 1111"), or i when there is none. A dot followed by a space
+// right after the digits is no separator but the point of a float
+// ("512. 64. 2048.", as numpy prints floats).
 func sepRun(text string, i int) int {
 	const maxSep = 3
+	if i+1 < len(text) && text[i] == '.' && text[i+1] == ' ' {
+		return i
+	}
 	j := i
 	for j < len(text) && j-i < maxSep && groupSep(text[j]) {
 		j++
@@ -309,11 +362,21 @@ func card(text string, i int) int {
 		if e == j || n+e-j > len(digits) {
 			break // no group here, or one that takes the number past 19 digits
 		}
+		if n == 0 && e-j < 4 {
+			// Cards are written whole or in groups of 3 or more, the
+			// first of 4 (Amex 4-6-5, Diners 4-6-4, the 19-digit
+			// 4-4-4-4-3), only the last shorter: other groupings are
+			// lists of numbers ("45 6789 987 65 4321").
+			break
+		}
 		for k := j; k < e; k++ {
 			digits[n] = text[k] - '0'
 			n++
 		}
 		ends[n-1] = e
+		if e-j < 3 {
+			break // a short group ends the card, or an expiry starts after it
+		}
 		k := sepRun(text, e)
 		if k == e || k >= len(text) || !isDigit(text[k]) {
 			break
@@ -380,6 +443,7 @@ func phone(text string, i int) int {
 		return intlPhone(text, i)
 	}
 	j := i
+	spaces := false
 	if text[j] == '(' {
 		if j+5 > len(text) || !isDigit(text[j+1]) || !isDigit(text[j+2]) || !isDigit(text[j+3]) || text[j+4] != ')' {
 			return 0
@@ -392,12 +456,22 @@ func phone(text string, i int) int {
 		if j+4 > len(text) || digitRun(text, j) != j+3 || !phoneSep(text[j+3]) {
 			return 0
 		}
+		spaces = text[j+3] == ' '
 		j += 4
 	}
 	if j+8 > len(text) || digitRun(text, j) != j+3 || !phoneSep(text[j+3]) {
 		return 0
 	}
+	spaces = spaces && text[j+3] == ' '
 	if digitRun(text, j+4) != j+8 || !endsNumber(text, j+8) {
+		return 0
+	}
+	// The area code begins with 2–9 under the North American plan: a
+	// 1 or 0 there ("123-456-7890") is an id, not a number one can call.
+	if area := text[i+1]; text[i] == '(' && area < '2' || text[i] != '(' && text[i] < '2' {
+		return 0
+	}
+	if spaces && inList(text, i, j+8) {
 		return 0
 	}
 	return j + 8

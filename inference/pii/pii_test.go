@@ -27,6 +27,18 @@ func TestFind(t *testing.T) {
 		{"ssn 123 45 6789", []string{"ssn:123 45 6789"}},
 		{"invalid ssn 000-12-3456 666-12-3456 900-12-3456 123-00-4567 123-45-0000", nil},
 		{"bare nine digits 123456789", nil},
+		// Numbers apart by spaces alone are an SSN or a phone number only
+		// when they stand alone, not in a list of numbers.
+		{"matrix row [[ 123   45 6789]", nil},
+		{"row 12 123 45 6789 and 123 45 6789 7 and 123 45 6789, 8", nil},
+		{"numpy floats array([[512.  64. 2048.]]) 512. 64. 2048.", nil},
+		{"float serial 123 45 6789.5", nil},
+		{"shape (123, 45, 6789)", nil},
+		{"ssn 123 45 6789, dob in 1990", []string{"ssn:123 45 6789"}},
+		{"spaced phone 555 123 4567 alone", []string{"phone:555 123 4567"}},
+		{"phone row 555 123 4567 89 and [555 123 4567]", nil},
+		{"area code from 2: 123-456-7890 and (123) 456-7890", nil},
+		{"dashes are not a list: 078-05-1120 12", []string{"ssn:078-05-1120"}},
 		{"call (555) 123-4567 now", []string{"phone:(555) 123-4567"}},
 		{"call 555-123-4567 or 555.123.4567", []string{"phone:555-123-4567", "phone:555.123.4567"}},
 		{"london +44 20 7946 0958", []string{"phone:+44 20 7946 0958"}},

@@ -414,7 +414,7 @@ func (p *Policy) denied(text string, folded textnorm.Folded, anchoredOnly bool) 
 			if spaced == "" {
 				// The same as the folded reading when every dropped
 				// character stood next to a space: tried already.
-				if sp := textnorm.FoldSpaced(text).S; sp != folded.S {
+				if sp := textnorm.FoldSpacedString(text); sp != folded.S {
 					spaced = textnorm.Latin(sp)
 				} else {
 					spaced = latin
@@ -485,7 +485,8 @@ func (p *Policy) firstPhrase(buf []byte, best int) int {
 }
 
 // compactByte is the Compact form of an ASCII byte: lower case, and 0
-// for a space, which Compact drops.
+// for a space and for NUL (the separator of a tree's texts), which
+// Compact drops.
 var compactByte = func() (t [128]byte) {
 	for c := range t {
 		t[c] = byte(c)
@@ -507,8 +508,7 @@ func appendCompactASCII(dst []byte, s string) (_ []byte, ascii bool) {
 		if c >= utf8.RuneSelf {
 			return dst[:n], false
 		}
-		dst[n] = compactByte[c]
-		if c != ' ' {
+		if dst[n] = compactByte[c]; dst[n] != 0 {
 			n++
 		}
 	}

@@ -29,8 +29,19 @@ import (
 // its value read there (by its length and first byte) rather than decoded
 // again.
 
-// sepByte is what stands between two non-empty texts in the join.
-const sepByte = ' '
+// sepByte is what stands between two non-empty texts in the join;
+// treeSep between two texts of a tree read whole (tool definitions and
+// calls, template kwargs, documents). A template prints a tree with
+// tojson, so the model sees ["128", "64", "1024"] or {"shape": [128,
+// 64, 1024]}: its values stand apart by quotes and commas, never run on
+// as the groups of one number ("128 64 1024" read as an SSN). The NUL
+// byte is no separator of digit groups, no letter and no space to the
+// detectors, a non-word to \b, and contains phrases drop it as they drop
+// spaces (so a phrase split over two strings of a tree is still found).
+const (
+	sepByte = ' '
+	treeSep = 0
+)
 
 // maxPresize bounds the room a join is given before its first text: the
 // bound it starts from (inference.Body.TextBound) counts the bytes of
@@ -43,8 +54,17 @@ type joiner struct {
 	sb  *strings.Builder // nil: positions only
 	pos int
 	any bool
-	// space: the join so far ends with white space.
-	space bool
+	// space: the join so far ends with white space; tree: its last
+	// text is of a tree.
+	space, tree bool
+}
+
+// sep is the separator that goes before a text (see treeSep).
+func (j *joiner) sep(tree bool) byte {
+	if tree && j.tree {
+		return treeSep
+	}
+	return sepByte
 }
 
 // sepBefore says whether a separator goes before a text of n bytes that
@@ -56,27 +76,30 @@ func (j *joiner) sepBefore(n int, first byte) bool {
 }
 
 // advance accounts for a non-empty text of n bytes from first to last
-// and returns where it starts in the join and whether a separator goes
-// before it.
-func (j *joiner) advance(n int, first, last byte) (off int, sep bool) {
-	if sep = j.sepBefore(n, first); sep {
+// (of a tree or not) and returns where it starts in the join and the
+// separator that goes before it (-1: none).
+func (j *joiner) advance(n int, first, last byte, tree bool) (off, sep int) {
+	sep = -1
+	if j.sepBefore(n, first) {
+		sep = int(j.sep(tree))
 		j.pos++
 	}
 	off = j.pos
 	j.pos += n
-	j.any, j.space = true, asciiSpace(last)
+	j.any, j.space, j.tree = true, asciiSpace(last), tree
 	return off, sep
 }
 
-// place appends v and returns where it starts in the join.
-func (j *joiner) place(v string) int {
+// place appends v, the value of a text of a tree or not, and returns
+// where it starts in the join.
+func (j *joiner) place(v string, tree bool) int {
 	if v == "" {
 		return j.pos
 	}
-	off, sep := j.advance(len(v), v[0], v[len(v)-1])
+	off, sep := j.advance(len(v), v[0], v[len(v)-1], tree)
 	if j.sb != nil {
-		if sep {
-			j.sb.WriteByte(sepByte)
+		if sep >= 0 {
+			j.sb.WriteByte(byte(sep))
 		}
 		j.sb.WriteString(v)
 	}
@@ -84,13 +107,13 @@ func (j *joiner) place(v string) int {
 }
 
 // placeBytes is place for a value in bytes; j.sb must be set.
-func (j *joiner) placeBytes(v []byte) int {
+func (j *joiner) placeBytes(v []byte, tree bool) int {
 	if len(v) == 0 {
 		return j.pos
 	}
-	off, sep := j.advance(len(v), v[0], v[len(v)-1])
-	if sep {
-		j.sb.WriteByte(sepByte)
+	off, sep := j.advance(len(v), v[0], v[len(v)-1], tree)
+	if sep >= 0 {
+		j.sb.WriteByte(byte(sep))
 	}
 	j.sb.Write(v)
 	return off
@@ -105,27 +128,23 @@ func (j *joiner) placeText(t inference.Text) {
 	}
 	if j.sepBefore(n, first) {
 		j.pos++
-		j.sb.WriteByte(sepByte)
+		j.sb.WriteByte(j.sep(t.Tree()))
 	}
 	t.WriteValue(j.sb)
 	j.pos += n
 	s := j.sb.String() // no copy
-	j.any, j.space = true, asciiSpace(s[len(s)-1])
+	j.any, j.space, j.tree = true, asciiSpace(s[len(s)-1]), t.Tree()
 }
 
 // locate walks a join s again: it places a text of n bytes that starts
 // with first, as place did when s was built, and returns where the text
 // is in s, so that its value is s[off:off+n] without decoding it again.
-func (j *joiner) locate(s string, n int, first byte) int {
+func (j *joiner) locate(s string, n int, first byte, tree bool) int {
 	if n == 0 {
 		return j.pos
 	}
-	if j.sepBefore(n, first) {
-		j.pos++
-	}
-	off := j.pos
-	j.pos += n
-	j.any, j.space = true, asciiSpace(s[j.pos-1])
+	off, _ := j.advance(n, first, 0, tree)
+	j.space = asciiSpace(s[j.pos-1])
 	return off
 }
 
@@ -216,7 +235,7 @@ func (w *walker) joinText(t inference.Text, v string, changed bool) {
 			w.checkRole(t, v, changed)
 		}
 	case changed:
-		w.j.place(v)
+		w.j.place(v, t.Tree())
 	default:
 		w.j.placeText(t)
 	}
@@ -369,12 +388,13 @@ func (w *walker) remaskText(t inference.Text, v string, changed bool) {
 		return
 	}
 	n, first := head(t, v, changed)
-	off := w.levels[0].j.locate(w.join0, n, first)
+	tree := t.Tree()
+	off := w.levels[0].j.locate(w.join0, n, first, tree)
 	v = w.join0[off : off+n]
 	last := len(w.levels) - 1
 	for i, l := range w.levels[:last] {
 		if i > 0 {
-			off = l.j.place(v)
+			off = l.j.place(v, tree)
 		}
 		var hit bool
 		if w.scratch, hit = l.apply(w.scratch[:0], v, off, w.p.pii, &w.used); hit {
@@ -383,14 +403,14 @@ func (w *walker) remaskText(t inference.Text, v string, changed bool) {
 	}
 	l := w.levels[last]
 	if last > 0 {
-		off = l.j.place(v)
+		off = l.j.place(v, tree)
 	}
 	var hit bool
 	if w.scratch, hit = l.apply(w.scratch[:0], v, off, w.p.pii, &w.used); hit {
-		at := w.j.placeBytes(w.scratch)
+		at := w.j.placeBytes(w.scratch, tree)
 		v, changed, w.touched = w.sb.String()[at:at+len(w.scratch)], true, true
 	} else {
-		w.j.place(v)
+		w.j.place(v, tree)
 	}
 	if changed {
 		w.te.Set(t, v)

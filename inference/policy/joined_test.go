@@ -52,7 +52,7 @@ func FuzzJoinLocate(f *testing.F) {
 						return
 					}
 					n, first := head(tx, v, changed)
-					off := j.locate(w.join0, n, first)
+					off := j.locate(w.join0, n, first, tx.Tree())
 					if got, want := w.join0[off:off+n], values[w.k]; got != want {
 						t.Fatalf("%s: text %d located as %q, want %q in join %q", body, w.k, got, want, w.join0)
 					}

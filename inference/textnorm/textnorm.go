@@ -32,9 +32,15 @@ import (
 //     mostly skip them.
 //   - Every run of white space (tabs, newlines, any Unicode space) becomes
 //     one " ".
+//   - Combining marks (Mn, and the enclosing marks Me such as the keycap
+//     and the enclosing circle) on an ASCII character are dropped: an
+//     underline or overline drawn on a digit ("4\u0332"), a circle
+//     around a letter, leave the character what it is to a reader, and
+//     NFKC composes the marks Latin letters really take (é) first.
+//     Marks on the letters of other scripts stay: they are spelling there.
 //   - Every dash (Unicode Pd) and what is drawn as one (the minus sign,
 //     the modifier letter minus, the hyphen bullet, the heavy minus sign,
-//     the box-drawing horizontals) becomes "-".
+//     every horizontal and vertical line of the box-drawing block) becomes "-".
 //   - Decimal digits of any script become ASCII digits.
 //
 // Letters keep their case and script: look-alike letters are folded by
@@ -62,7 +68,7 @@ const maxGrowth = 4
 
 // Fold folds s. Text that is already plain (ASCII without tabs, line
 // breaks or doubled spaces) is returned as is, without allocating.
-func Fold(s string) Folded { return fold(s, false) }
+func Fold(s string) Folded { return fold(s, false, true) }
 
 // FoldSpaced is Fold with every default-ignorable character (zero-width
 // space, joiner, word joiner, soft hyphen...) read as a space instead of
@@ -70,13 +76,18 @@ func Fold(s string) Folded { return fold(s, false) }
 // one that is the only separator between words ("ignore\u200bprevious")
 // is a word break to a tokenizer that splits on it, so a guardrail checks
 // both readings: Fold for the first, FoldSpaced for the second.
-func FoldSpaced(s string) Folded { return fold(s, true) }
+func FoldSpaced(s string) Folded { return fold(s, true, true) }
 
-func fold(s string, spaced bool) Folded {
+// FoldSpacedString is FoldSpaced(s).S without the way back, for a
+// reading only matched, never masked: it keeps no record per change, which
+// a text dense in invisible characters would make as large as the text.
+func FoldSpacedString(s string) string { return fold(s, true, false).S }
+
+func fold(s string, spaced, mapped bool) Folded {
 	if plain(s) {
 		return Folded{S: s}
 	}
-	f := folder{src: s, spaced: spaced}
+	f := folder{src: s, spaced: spaced, mapped: mapped}
 	f.out = make([]byte, 0, len(s))
 	var it norm.Iter // holds its buffers across segments; Form.Append would allocate them per call
 	var seg []byte
@@ -169,8 +180,8 @@ type folder struct {
 	out     []byte
 	changed []piece
 	// spaced: ignorable characters read as a space (FoldSpaced);
-	// dropped: one was met.
-	spaced, dropped bool
+	// dropped: one was met; mapped: changed is kept.
+	spaced, dropped, mapped bool
 }
 
 // fold appends src[from:to] (in NFKC already) rune by rune.
@@ -191,6 +202,19 @@ func (f *folder) fold(from, to int) {
 		}
 		r, n := utf8.DecodeRuneInString(f.src[i:])
 		at := len(f.out)
+		if mark(r) && f.onASCII() {
+			// Dropped with its base: the base and its marks are one
+			// piece, so a finding that ends at the base masks them too,
+			// and a run of marked characters is one piece, not one per
+			// mark.
+			if k := len(f.changed) - 1; k >= 0 && f.changed[k].to == at {
+				f.record(at, i, i+n) // the base ends a piece already
+			} else {
+				f.record(at-1, i-1, i+n) // the base was copied as it is
+			}
+			i += n
+			continue
+		}
 		f.appendRune(r)
 		if string(f.out[at:]) != f.src[i:i+n] {
 			f.record(at, i, i+n)
@@ -198,6 +222,14 @@ func (f *folder) fold(from, to int) {
 		i += n
 	}
 }
+
+// onASCII reports that the last character out is ASCII: a mark that
+// comes next sits on it (invisible characters between render as nothing).
+func (f *folder) onASCII() bool { return len(f.out) > 0 && f.out[len(f.out)-1] < utf8.RuneSelf }
+
+// mark reports a combining mark: nonspacing (Mn), enclosing (Me) or
+// spacing (Mc).
+func mark(r rune) bool { return r >= 0x300 && unicode.In(r, unicode.Mn, unicode.Me, unicode.Mc) }
 
 // keep appends src[from:to] unchanged, as one piece the matchers may not
 // look inside.
@@ -213,18 +245,30 @@ func (f *folder) replace(from, to int, nfkc []byte) {
 	at := len(f.out)
 	for len(nfkc) > 0 {
 		r, n := utf8.DecodeRune(nfkc)
-		f.appendRune(r)
+		if !mark(r) || !f.onASCII() {
+			f.appendRune(r)
+		}
 		nfkc = nfkc[n:]
 	}
 	f.record(at, from, to)
 }
 
 // record notes that out[at:] came from src[from:to], merging with the
-// previous piece when they touch (a run of white space is one piece).
+// previous piece when they touch (a run of white space is one piece) or
+// only one byte copied as it is stands between them: a text dense in
+// invisible characters or marks ("x\u200bx\u200b…") would otherwise make
+// a piece every few bytes, a map larger than the text. A finding that
+// reaches into such a run maps to all of it, which masking only widens.
 func (f *folder) record(at, from, to int) {
-	if k := len(f.changed) - 1; k >= 0 && f.changed[k].to == at && f.changed[k].oto == from {
-		f.changed[k].to, f.changed[k].oto = len(f.out), to
+	if !f.mapped {
 		return
+	}
+	if k := len(f.changed) - 1; k >= 0 {
+		p := &f.changed[k]
+		if gap := at - p.to; (gap == 0 || gap == 1) && from-p.oto == gap {
+			p.to, p.oto = len(f.out), to
+			return
+		}
 	}
 	f.changed = append(f.changed, piece{at, len(f.out), from, to})
 }
@@ -367,7 +411,8 @@ func Skeleton(s string) string {
 	return strings.ToLower(s) // ASCII: no marks, no look-alikes
 }
 
-// Compact is Skeleton without spaces: the key contains phrases are
+// Compact is Skeleton without spaces (nor NUL, which a guardrail puts
+// between the texts of a JSON tree): the key contains phrases are
 // compared by. With every space gone on both sides, a phrase matches
 // whatever separates its words in the text (one space, none, a
 // zero-width character read as nothing, the join between two content
@@ -377,7 +422,12 @@ func Skeleton(s string) string {
 func Compact(s string) string {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
-			return strings.ReplaceAll(Skeleton(s), " ", "")
+			return strings.Map(func(r rune) rune {
+				if r == ' ' || r == 0 {
+					return -1
+				}
+				return r
+			}, Skeleton(s))
 		}
 	}
 	// ASCII: lower case and spaces dropped in one pass.
@@ -385,7 +435,7 @@ func Compact(s string) string {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
-		case c == ' ':
+		case c == ' ' || c == 0:
 			continue
 		case c >= 'A' && c <= 'Z':
 			c += 'a' - 'A'
@@ -395,10 +445,11 @@ func Compact(s string) string {
 	return string(out)
 }
 
-// withoutMarks decomposes s (NFD) and drops its combining marks (Mn).
+// withoutMarks decomposes s (NFD) and drops its combining marks
+// (nonspacing and enclosing).
 func withoutMarks(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.Is(unicode.Mn, r) {
+		if unicode.In(r, unicode.Mn, unicode.Me) {
 			return -1
 		}
 		return r
@@ -450,9 +501,12 @@ func dashLike(r rune) bool {
 		'\u02D7',           // modifier letter minus sign
 		'\u2043',           // hyphen bullet
 		'\u2796',           // heavy minus sign
-		'\u2500', '\u2501', // box drawings light and heavy horizontal
-		'\u23AF': // horizontal line extension
+		'\u23AF',           // horizontal line extension
+		'\u2E3A', '\u2E3B': // two- and three-em dash (Pd already, listed for the reader)
 		return true
 	}
-	return false
+	// The box-drawing block's lines, horizontal, vertical and light or
+	// heavy alike (U+2500–U+257F, and the corner and junction pieces):
+	// drawn between digit groups they separate them as a dash does.
+	return r >= 0x2500 && r <= 0x257F
 }
