@@ -385,9 +385,28 @@ func stringValue(quoted []byte, escaped bool) string {
 	return sb.String()
 }
 
+// bytesValue is stringValue as bytes, for a value only read (a decoded
+// document), without the copy a conversion of the string would make.
+func bytesValue(quoted []byte, escaped bool) []byte {
+	inner := quoted[1 : len(quoted)-1]
+	if !escaped {
+		return inner
+	}
+	b := bytes.NewBuffer(make([]byte, 0, len(inner)))
+	writeUnescaped(b, inner)
+	return b.Bytes()
+}
+
+// unescapeWriter is what writeUnescaped writes to.
+type unescapeWriter interface {
+	Write([]byte) (int, error)
+	WriteByte(byte) error
+	WriteRune(rune) (int, error)
+}
+
 // writeUnescaped writes the decoded form of the inside of a validated
 // string to sb: runs without escapes are copied as they are.
-func writeUnescaped(sb *strings.Builder, inner []byte) {
+func writeUnescaped[W unescapeWriter](sb W, inner []byte) {
 	for len(inner) > 0 {
 		i := bytes.IndexByte(inner, '\\')
 		if i < 0 {

@@ -845,7 +845,7 @@ func (w *textWalker) encoded() bool {
 	if !mayBeDocument(q) {
 		return false
 	}
-	doc := []byte(stringValue(q, escaped))
+	doc := bytesValue(q, escaped) // read only: an unescaped one is the body's own bytes
 	if !isDocument(doc) {
 		return false
 	}

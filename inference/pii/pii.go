@@ -100,9 +100,14 @@ var class = func() (t [256]uint8) {
 
 // Find appends to dst the findings of the kinds in set, left to right and
 // without overlaps, and returns the extended slice.
-func Find(dst []Match, text string, set Set) []Match {
+func Find(dst []Match, text string, set Set) []Match { return FindN(dst, text, set, -1) }
+
+// FindN is Find that stops once dst holds n findings (n < 0: no limit),
+// so that a caller bounding the findings of a request holds no more
+// than its bound, whatever the text.
+func FindN(dst []Match, text string, set Set, n int) []Match {
 	from := 0 // findings never reach back before the end of the previous one
-	for i := 0; i < len(text); i++ {
+	for i := 0; i < len(text) && len(dst) != n; i++ {
 		cls := class[text[i]]
 		if cls == clsNone {
 			continue

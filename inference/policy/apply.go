@@ -33,6 +33,7 @@ const (
 	ReasonInvalidMaxTokens = "invalid-max-tokens"
 	ReasonDenied           = "denied"
 	ReasonPII              = "pii"
+	ReasonTooManyFindings  = "too-many-findings"
 )
 
 // OwnHeaders are the request headers only the processor may set: a client
@@ -49,6 +50,7 @@ const maxMaskPasses = 4
 // Policy is a compiled Config; safe for concurrent use.
 type Policy struct {
 	limits        Limits
+	maxFindings   int
 	clamp         bool
 	base          map[string]string
 	rejectUnknown bool
@@ -559,11 +561,8 @@ func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64, anchore
 		if len(fs) == 0 {
 			return text, changed, nil
 		}
-		for _, f := range fs {
-			if r := p.pii[f.rule]; r.reject {
-				res := reject(403, ReasonPII, r.name, "the request contains personal data (%s) and was refused", r.name)
-				return "", false, &res
-			}
+		if rej := p.checkFindings(fs); rej != nil {
+			return "", false, rej
 		}
 		if pass == maxMaskPasses {
 			res := reject(403, ReasonPII, p.pii[fs[0].rule].name, "personal data could not be masked: %v", errUnmaskable)
@@ -572,6 +571,22 @@ func (p *Policy) mask(text string, folded textnorm.Folded, used *uint64, anchore
 		text = replace(text, fs, p.pii, used)
 		changed = true
 	}
+}
+
+// checkFindings refuses a request whose findings include one of a
+// reject rule, or more than the bound.
+func (p *Policy) checkFindings(fs []finding) *Result {
+	for _, f := range fs {
+		if r := p.pii[f.rule]; r.reject {
+			res := reject(403, ReasonPII, r.name, "the request contains personal data (%s) and was refused", r.name)
+			return &res
+		}
+	}
+	if len(fs) > p.maxFindings {
+		res := reject(413, ReasonTooManyFindings, "limits.maxFindings", "the request holds more than %d findings of personal data to mask; send less at once", p.maxFindings)
+		return &res
+	}
+	return nil
 }
 
 // Which rules find runs.
@@ -591,17 +606,19 @@ func (p *Policy) find(fs []finding, ms []pii.Match, s string, span func(int, int
 		}
 		fs = append(fs, finding{start: start, end: end, rule: rule})
 	}
-	if p.kinds != 0 && sel&findBuiltin != 0 {
-		ms = pii.Find(ms[:0], s, p.kinds)
+	// One more than the bound is enough to know it is passed.
+	room := func() int { return p.maxFindings + 1 - len(fs) }
+	if p.kinds != 0 && sel&findBuiltin != 0 && room() > 0 {
+		ms = pii.FindN(ms[:0], s, p.kinds, room())
 		for _, m := range ms {
 			add(m.Start, m.End, p.ruleOfKind[m.Kind])
 		}
 	}
 	for i, r := range p.pii {
-		if r.re == nil || sel&findRegex == 0 && !(sel&findAnchored != 0 && r.anchored) {
+		if r.re == nil || sel&findRegex == 0 && !(sel&findAnchored != 0 && r.anchored) || room() <= 0 {
 			continue
 		}
-		for _, loc := range r.re.FindAllStringIndex(s, -1) {
+		for _, loc := range r.re.FindAllStringIndex(s, room()) {
 			if loc[1] > loc[0] {
 				add(loc[0], loc[1], i)
 			}

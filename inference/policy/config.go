@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -72,7 +73,18 @@ type Limits struct {
 	// MaxTokensAction is "reject" (default) or "clamp" (rewrite the field
 	// down to the ceiling). A request that names no cap is left alone.
 	MaxTokensAction string `json:"maxTokensAction,omitempty"`
+	// MaxFindings bounds the personal-data findings one request may hold
+	// (default DefaultMaxFindings): each costs memory and a rewrite, so a
+	// body of a million e-mail addresses is refused (413
+	// too-many-findings) rather than masked at the cost of every other
+	// request's memory.
+	MaxFindings int64 `json:"maxFindings,omitempty"`
 }
+
+// DefaultMaxFindings is Limits.MaxFindings unless set: far more than a
+// prompt holds (a CSV of ten thousand customers' addresses passes), far
+// less than a 16 MiB body can (about a million addresses).
+const DefaultMaxFindings = 10000
 
 // PIIRule finds personal data in the prompt text with a built-in detector
 // or a regular expression, and masks it or rejects the request.
@@ -245,10 +257,14 @@ func (cc *compiler) models(m Models) {
 
 func (cc *compiler) limits(l Limits) {
 	for name, v := range map[string]int64{"maxBodyBytes": l.MaxBodyBytes, "maxPromptBytes": l.MaxPromptBytes,
-		"maxPromptTokens": l.MaxPromptTokens, "maxTokens": l.MaxTokens} {
+		"maxPromptTokens": l.MaxPromptTokens, "maxTokens": l.MaxTokens, "maxFindings": l.MaxFindings} {
 		if v < 0 {
 			cc.fail("limits.%s: %d is negative", name, v)
 		}
+	}
+	cc.p.maxFindings = DefaultMaxFindings
+	if l.MaxFindings > 0 {
+		cc.p.maxFindings = int(min(l.MaxFindings, math.MaxInt32))
 	}
 	switch l.MaxTokensAction {
 	case "", ActionReject:

@@ -643,11 +643,8 @@ func (p *Policy) maskJoined(w *walker, folded textnorm.Folded) ([]inference.Edit
 		if len(fs) == 0 {
 			break
 		}
-		for _, f := range fs {
-			if r := p.pii[f.rule]; r.reject {
-				res := reject(403, ReasonPII, r.name, "the request contains personal data (%s) and was refused", r.name)
-				return nil, &res
-			}
+		if rej := p.checkFindings(fs); rej != nil {
+			return nil, rej
 		}
 		if pass == maxMaskPasses {
 			res := reject(403, ReasonPII, p.pii[fs[0].rule].name, "personal data could not be masked: %v", errUnmaskable)
