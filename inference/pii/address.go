@@ -36,10 +36,29 @@ func ipv6(text string, from, colon int) (Match, int) {
 		return Match{}, end
 	}
 	a, err := netip.ParseAddr(run)
-	if err != nil || !a.Is6() {
+	if err != nil || !a.Is6() || pythonSlice(run) {
 		return Match{}, end
 	}
 	return Match{IPv6, start, end}, end
+}
+
+// pythonSlice reports a run of decimal digits and colons with fewer
+// than two numbers ("::2", "1::2", as in x[..., 1::2]): a slice to a
+// reader, though "::2" parses as an address.
+func pythonSlice(run string) bool {
+	numbers := 0
+	for _, f := range strings.Split(run, ":") {
+		if f == "" {
+			continue
+		}
+		for k := 0; k < len(f); k++ {
+			if !isDigit(f[k]) {
+				return false
+			}
+		}
+		numbers++
+	}
+	return numbers < 3
 }
 
 func isHex(c byte) bool {

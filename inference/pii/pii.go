@@ -167,12 +167,14 @@ func MatchAt(text string, i int, set Set) (Match, bool) {
 		return Match{}, false
 	}
 	var m Match
-	switch c := text[i]; {
+	rest := text[i:] // nothing before i is read: no label, no list
+	switch c := rest[0]; {
 	case isAlpha(c) && set.Has(IBAN):
-		m = iban(text, i)
+		m = iban(rest, 0)
 	case class[c] == clsDigit || class[c] == clsPlus || class[c] == clsParen:
-		m = numeric(text, i, set, false)
+		m = numeric(rest, 0, set, false)
 	}
+	m.Start, m.End = m.Start+i, m.End+i
 	return m, m.Kind != 0
 }
 
@@ -192,7 +194,7 @@ func endsNumber(text string, i int) bool { return i >= len(text) || !isDigit(tex
 // says a letter comes just before i.
 func numeric(text string, i int, set Set, afterLetter bool) Match {
 	if isDigit(text[i]) {
-		if set.Has(IPv4) && !afterLetter {
+		if set.Has(IPv4) && !afterLetter && !versionLabel(text, i) {
 			if end := ipv4(text, i); end > 0 {
 				return Match{IPv4, i, end}
 			}
@@ -222,6 +224,32 @@ func digitRun(text string, i int) int {
 		i++
 	}
 	return i
+}
+
+// versionLabel reports that the word just before i (apart by spaces, a
+// quote, "=", "(" or ":") names a version or an object identifier:
+// "AssemblyVersion(\"4.0.0.0\")", "version 1.2.3.4", "OID 2.5.4.3",
+// "build 10.0.0.1". Four dotted numbers after such a word are not an
+// address.
+func versionLabel(text string, i int) bool {
+	k := i
+	for n := 0; k > 0 && n < 4 && strings.IndexByte(" \"'=(:", text[k-1]) >= 0; n++ {
+		k--
+	}
+	j := k
+	for j > 0 && isAlpha(text[j-1]) {
+		j--
+	}
+	if j == k {
+		return false
+	}
+	w := strings.ToLower(text[j:k])
+	for _, label := range [...]string{"version", "ver", "v", "oid", "release", "build", "firmware", "fw", "rev", "revision"} {
+		if w == label || label == "version" && strings.HasSuffix(w, label) {
+			return true
+		}
+	}
+	return false
 }
 
 // ipv4 matches four dotted decimal octets (0–255, no leading zeros).
@@ -260,9 +288,14 @@ func ipv4(text string, i int) int {
 // ssn matches AAA-GG-SSSS under the SSA's rules (area not 000, 666 or
 // 9xx; group not 00; serial not 0000), the groups apart by a run of up to
 // three separators (see sepRun): "078-05-1120", "078 - 05 - 1120",
-// "078.05.1120". Three numbers apart by spaces alone are an SSN only when
-// they stand alone: in a list of numbers ("[[123 45 6789 12]", a matrix
-// row, a shape) they are three of its values (see inList).
+// "078.05.1120". A serial glued to more digit groups ("391.45
+// 2024-02-27", a price then a date) is part of a longer number.
+//
+// Three numbers apart by white space alone (or a sign: "807 20 -1587")
+// are an SSN only after a word that names one ("SSN 078 05 1120", see
+// ssnLabel): so written they are far more often values of a row, a
+// table or a shape ("[[123   45 6789]", "512 64 2048"), and data-loss
+// tools treat such a weak format alike, asking for a keyword nearby.
 func ssn(text string, i int) int {
 	var groups [3]string
 	j := i
@@ -273,7 +306,7 @@ func ssn(text string, i int) int {
 			if k == j {
 				return 0
 			}
-			spaces = spaces && onlySpaces(text[j:k])
+			spaces = spaces && spacesOrSign(text[j:k])
 			j = k
 		}
 		if j+n > len(text) || digitRun(text, j) != j+n {
@@ -285,13 +318,41 @@ func ssn(text string, i int) int {
 	if area == "000" || area == "666" || area[0] == '9' || group == "00" || serial == "0000" {
 		return 0
 	}
-	if spaces && inList(text, i, j) || j+1 < len(text) && text[j] == '.' && isDigit(text[j+1]) {
-		return 0 // a list, or a serial that is a float's whole part ("6789.5")
+	if k := sepRun(text, j); k > j && k < len(text) && isDigit(text[k]) && !strings.Contains(text[j:k], " ") {
+		return 0 // glued to more groups: "…1120-99", or a float's whole part ("6789.5")
+	}
+	if spaces && !ssnLabel(text, i) {
+		return 0
 	}
 	return j
 }
 
+// ssnLabelWindow is how far before a spaced SSN its label may stand.
+const ssnLabelWindow = 40
+
+// ssnLabel reports that a word naming a social security number stands in
+// the ssnLabelWindow bytes before i: "ssn", "social security", "ss#",
+// "soc sec", "taxpayer" (any case; "SSNs", "ssn:" and "ssn_" count).
+func ssnLabel(text string, i int) bool {
+	w := strings.ToLower(text[max(0, i-ssnLabelWindow):i])
+	for _, label := range [...]string{"ssn", "social security", "ss#", "soc sec", "soc. sec", "taxpayer"} {
+		if k := strings.LastIndex(w, label); k >= 0 && (k == 0 || !isAlpha(w[k-1])) {
+			return true
+		}
+	}
+	return false
+}
+
 func onlySpaces(s string) bool { return strings.Trim(s, " ") == "" }
+
+// spacesOrSign: a separator run of spaces, or spaces then the sign of the
+// next number (" -1587").
+func spacesOrSign(s string) bool {
+	if n := len(s); n > 1 && s[n-1] == '-' && s[n-2] == ' ' {
+		s = s[:n-1]
+	}
+	return onlySpaces(s)
+}
 
 // space: ASCII white space (the text as sent keeps its line breaks).
 func space(c byte) bool { return c == ' ' || c >= '\t' && c <= '\r' }
@@ -302,7 +363,12 @@ func space(c byte) bool { return c == ' ' || c >= '\t' && c <= '\r' }
 // semicolon: "2048. 123 45 6789", "123 45 6789 12"), or a bracket opens or
 // closes the list right at it ("[123 45 6789]", as numpy prints an
 // array). A reader takes such a run for a row of values, as a model does.
-func inList(text string, i, j int) bool {
+func inList(text string, i, j int) bool { return numberBefore(text, i) || numberAfter(text, j) }
+
+// numberBefore reports a number (or a bracket opening a list, or the sign
+// of a signed value) just before i, apart by spaces and at most one comma
+// or semicolon.
+func numberBefore(text string, i int) bool {
 	k := i
 	for k > 0 && space(text[k-1]) {
 		k--
@@ -313,13 +379,29 @@ func inList(text string, i, j int) bool {
 			k--
 		}
 	}
-	if k > 0 {
-		switch c := text[k-1]; {
-		case c == '[', isDigit(c), c == '.' && k > 1 && isDigit(text[k-2]):
-			return true
-		}
+	if k == 0 {
+		return false
 	}
-	k = j
+	switch c := text[k-1]; {
+	case c == '[', isDigit(c), c == '.' && k > 1 && isDigit(text[k-2]):
+		return true
+	case (c == '-' || c == '+') && k == i && (k == 1 || space(text[k-2]) || text[k-2] == '['):
+		return true // a signed value: "[1,]  -362    31  1890"
+	}
+	return false
+}
+
+// numberAfter reports a number (or a bracket closing a list) just after
+// j, apart as numberBefore says.
+func numberAfter(text string, j int) bool {
+	_, n := afterNumber(text, j)
+	return n != 0
+}
+
+// afterNumber returns where the number numberAfter finds starts and its
+// digits, -1 for a closing bracket, 0 for none.
+func afterNumber(text string, j int) (int, int) {
+	k := j
 	for k < len(text) && space(text[k]) {
 		k++
 	}
@@ -329,7 +411,13 @@ func inList(text string, i, j int) bool {
 			k++
 		}
 	}
-	return k < len(text) && (isDigit(text[k]) || text[k] == ']')
+	switch {
+	case k >= len(text):
+		return k, 0
+	case text[k] == ']':
+		return k, -1
+	}
+	return k, digitRun(text, k) - k
 }
 
 // groupSep is a byte that may stand between the digit groups of a
@@ -357,11 +445,22 @@ func sepRun(text string, i int) int {
 // prefix. Where more groups follow (a card pasted with its expiry and
 // security code, "4111 1111 1111 1111 12 27 123"), the longest run of
 // whole groups that is a card is: the scan goes back group by group.
-func card(text string, i int) int {
+func card(text string, i int) int { return cardRun(text, i, true) }
+
+// cardRun is card; inContext: whether the numbers around the card are
+// looked at (see cardInList), which a card after a card need not be.
+func cardRun(text string, i int, inContext bool) int {
 	var digits [19]byte
 	var ends [19]int // ends[n-1]: where a group ends after n digits; 0 if none does
-	n := 0
+	// same[n-1], spaced[n-1]: the separator runs up to that group were
+	// all the same, or all spaces; widths holds the groups' widths. For
+	// the checks below.
+	var same, spaced [19]bool
+	var widths [19]uint8
+	n, groups := 0, 0
 	j := i
+	sep := ""
+	allSame, allSpaced := true, true
 	for j < len(text) {
 		e := digitRun(text, j)
 		if e == j || n+e-j > len(digits) {
@@ -378,7 +477,9 @@ func card(text string, i int) int {
 			digits[n] = text[k] - '0'
 			n++
 		}
-		ends[n-1] = e
+		widths[groups] = uint8(e - j)
+		groups++
+		ends[n-1], same[n-1], spaced[n-1] = e, allSame, allSpaced
 		if e-j < 3 {
 			break // a short group ends the card, or an expiry starts after it
 		}
@@ -386,15 +487,121 @@ func card(text string, i int) int {
 		if k == e || k >= len(text) || !isDigit(text[k]) {
 			break
 		}
+		if prev := text[j-min(j-i, 1) : j]; prev == "." && onlySpaces(text[e:k]) && decimalAt(text, k) {
+			break // two decimals apart by a space ("6234.118840 200.921473"), not one number
+		}
+		if sep == "" {
+			sep = text[e:k]
+		}
+		allSame = allSame && text[e:k] == sep
+		allSpaced = allSpaced && spacesOrSign(text[e:k])
 		j = k
 	}
 	for m := n; m >= 13; m-- {
 		end := ends[m-1]
-		if end != 0 && luhn(digits[:m]) && issuer(digits[:m]) { // a group's end is no digit's
-			return end
+		if end == 0 || !luhn(digits[:m]) || !issuer(digits[:m]) { // a group's end is no digit's
+			continue
+		}
+		if next := nextEnd(ends[:n], m); next > 0 && same[next-1] && digitRun(text, i) < end && !strings.Contains(sep, " ") {
+			// The card's groups go on with its own separator
+			// ("4821-0093-7716-2045-66"): one longer code.
+			continue
+		}
+		if inContext && spaced[m-1] && cardInList(text, i, end, widthsUpTo(widths[:groups], m)) {
+			return 0
+		}
+		return end
+	}
+	return 0
+}
+
+// decimalAt reports a decimal number at k: digits, a dot, digits.
+func decimalAt(text string, k int) bool {
+	e := digitRun(text, k)
+	return e+1 < len(text) && text[e] == '.' && isDigit(text[e+1])
+}
+
+// nextEnd returns the digit count at the end of the group after the one
+// that ends at m digits, or 0 when there is none.
+func nextEnd(ends []int, m int) int {
+	for k := m + 1; k <= len(ends); k++ {
+		if ends[k-1] != 0 {
+			return k
 		}
 	}
 	return 0
+}
+
+// cardInList reports that a card at text[i:end], its groups apart by
+// spaces alone (of the widths given), is a run of a list of numbers:
+// another number stands before it, or one stands after it unless the
+// card is grouped as cards are printed and what follows is no longer
+// than an expiry or a security code ("4111 1111 1111 1111 12 27 123").
+func cardInList(text string, i, end int, widths []uint8) bool {
+	printed := cardGrouping(widths)
+	before := numberBefore(text, i)
+	if before && !(printed && groupOfFourBefore(text, i)) {
+		return true
+	}
+	k, next := afterNumber(text, end)
+	switch {
+	case next == 0:
+		return false
+	case printed && !before && (next <= 3 || next == 4 && (month(text[k:k+2]) || len(widths) == 3 && widths[1] == 6)):
+		return false // an expiry (MMYY) or a code after the card
+	case next > 0 && cardRun(text, k, false) > 0:
+		return false // cards one after another are no list
+	}
+	return true
+}
+
+// groupOfFourBefore reports that the number before i (apart by spaces)
+// is a group of four digits: it may end a card written just before,
+// and cards one after another are no list.
+func groupOfFourBefore(text string, i int) bool {
+	k := i
+	for k > 0 && space(text[k-1]) {
+		k--
+	}
+	j := k
+	for j > 0 && isDigit(text[j-1]) {
+		j--
+	}
+	return k-j == 4 && (j == 0 || !isDigit(text[j-1]))
+}
+
+// month reports MM of 01–12.
+func month(mm string) bool { return mm >= "01" && mm <= "12" }
+
+// widthsUpTo returns the widths of the groups that make up the first m
+// digits.
+func widthsUpTo(widths []uint8, m int) []uint8 {
+	for k, n := 0, 0; k < len(widths); k++ {
+		if n += int(widths[k]); n >= m {
+			return widths[:k+1]
+		}
+	}
+	return widths
+}
+
+// cardGrouping reports the ways cards are printed: whole, in fours (the
+// last group of 3 or 4: 4-4-4-4-3 for 19 digits), 4-3-3-3 (13-digit
+// Visa), or Amex's and Diners' 4-6-5 and 4-6-4.
+func cardGrouping(w []uint8) bool {
+	switch {
+	case len(w) == 1:
+		return true
+	case len(w) == 3 && w[0] == 4 && w[1] == 6 && (w[2] == 5 || w[2] == 4):
+		return true
+	case len(w) == 4 && w[0] == 4 && w[1] == 3 && w[2] == 3 && w[3] == 3:
+		return true
+	}
+	for k, x := range w {
+		if x != 4 && (k < len(w)-1 || x < 3) {
+			return false
+		}
+	}
+	return true
 }
 
 func luhn(d []byte) bool {
@@ -485,6 +692,11 @@ func phone(text string, i int) int {
 func phoneSep(c byte) bool { return c == '-' || c == '.' || c == ' ' }
 
 func intlPhone(text string, i int) int {
+	// A country code starts with 1–9, and a '+' after a digit and an
+	// "e" is a float's exponent ("4.118e+00").
+	if i+1 >= len(text) || text[i+1] < '1' || text[i+1] > '9' || i >= 2 && (text[i-1]|0x20) == 'e' && isDigit(text[i-2]) {
+		return 0
+	}
 	j := i + 1
 	n := 0
 	end := 0

@@ -35,10 +35,21 @@ func TestFind(t *testing.T) {
 		{"float serial 123 45 6789.5", nil},
 		{"shape (123, 45, 6789)", nil},
 		{"ssn 123 45 6789, dob in 1990", []string{"ssn:123 45 6789"}},
+		{"social security number: 123 45 6789", []string{"ssn:123 45 6789"}},
 		{"spaced phone 555 123 4567 alone", []string{"phone:555 123 4567"}},
 		{"phone row 555 123 4567 89 and [555 123 4567]", nil},
 		{"area code from 2: 123-456-7890 and (123) 456-7890", nil},
 		{"dashes are not a list: 078-05-1120 12", []string{"ssn:078-05-1120"}},
+		{"versions and OIDs: AssemblyVersion(\"4.0.0.0\"), Version=1.2.3.4, file version 4.2.1.17, OID 2.5.4.3, v 1.1.1.1", nil},
+		{"after another word 4.2.1.17 is an address", []string{"ipv4:4.2.1.17"}},
+		{"python slices x[..., ::2], x[..., 1::2] but ::1 fe80::1", []string{"ipv6:fe80::1"}},
+		{"cards one after another 4111 1111 1111 1111 5555 5555 5555 4444", []string{"credit-card:4111 1111 1111 1111", "credit-card:5555 5555 5555 4444"}},
+		{"a card then its expiry 4111 1111 1111 1111 0427 737", []string{"credit-card:4111 1111 1111 1111"}},
+		{"a row of four-digit values 5814 2907 8722 4361 13084 and 5386 2693 8080 4040 2020 1010", nil},
+		{"two decimals 6234.118840 200.921473", nil},
+		{"a code in the card's own groups 4821-0093-7716-2045-66", nil},
+		{"a row 123 45 6789 and, with its label, SSN 123 45 6789", []string{"ssn:123 45 6789"}},
+		{"float exponent 4.118e+00   4.886 1.23e-06 and +0 20 7946 0958", nil},
 		{"call (555) 123-4567 now", []string{"phone:(555) 123-4567"}},
 		{"call 555-123-4567 or 555.123.4567", []string{"phone:555-123-4567", "phone:555.123.4567"}},
 		{"london +44 20 7946 0958", []string{"phone:+44 20 7946 0958"}},
@@ -206,8 +217,9 @@ func TestIPv6NeedsColonsOrEllipsis(t *testing.T) {
 		{"a 2001:db8:0:0:0:0:2:1 b", []string{"ipv6:2001:db8:0:0:0:0:2:1"}},
 		{"a 0:0:0:0:0:ffff:1.2.3.4 b", []string{"ipv6:0:0:0:0:0:ffff:1.2.3.4"}},
 		{"a ::ffff:1.2.3.4 b", []string{"ipv6:::ffff:1.2.3.4"}},
-		{"a ::1 b", []string{"ipv6:::1"}},
-		{"a 1:: b", []string{"ipv6:1::"}},
+		{"a ::1 b", nil}, // loopback, or a Python slice x[::1]: decimal numbers, fewer than three
+		{"a 1:: b", nil},
+		{"a ::a b", []string{"ipv6:::a"}},
 		{"a 2001:db8:0:0:0:2:1 b", nil},            // seven groups
 		{"a 0:0:0:0:ffff:1.2.3.4 b", nil},          // five colons before the IPv4 tail
 		{"a 1:2:3:4:5:6:7 b", nil},                 // six colons, no tail
