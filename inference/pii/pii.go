@@ -331,11 +331,11 @@ func ssn(text string, i int) int {
 const ssnLabelWindow = 40
 
 // ssnLabel reports that a word naming a social security number stands in
-// the ssnLabelWindow bytes before i: "ssn", "social security", "ss#",
+// the ssnLabelWindow bytes before i: "ssn", "social" ("my social is…", "social security"), "ss#",
 // "soc sec", "taxpayer" (any case; "SSNs", "ssn:" and "ssn_" count).
 func ssnLabel(text string, i int) bool {
 	w := strings.ToLower(text[max(0, i-ssnLabelWindow):i])
-	for _, label := range [...]string{"ssn", "social security", "ss#", "soc sec", "soc. sec", "taxpayer"} {
+	for _, label := range [...]string{"ssn", "social", "ss#", "soc sec", "soc. sec", "taxpayer"} {
 		if k := strings.LastIndex(w, label); k >= 0 && (k == 0 || !isAlpha(w[k-1])) {
 			return true
 		}

@@ -36,6 +36,7 @@ func TestFind(t *testing.T) {
 		{"shape (123, 45, 6789)", nil},
 		{"ssn 123 45 6789, dob in 1990", []string{"ssn:123 45 6789"}},
 		{"social security number: 123 45 6789", []string{"ssn:123 45 6789"}},
+		{"my social is 078 05 1120", []string{"ssn:078 05 1120"}},
 		{"spaced phone 555 123 4567 alone", []string{"phone:555 123 4567"}},
 		{"phone row 555 123 4567 89 and [555 123 4567]", nil},
 		{"area code from 2: 123-456-7890 and (123) 456-7890", nil},
