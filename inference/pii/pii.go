@@ -194,8 +194,8 @@ func endsNumber(text string, i int) bool { return i >= len(text) || !isDigit(tex
 // says a letter comes just before i.
 func numeric(text string, i int, set Set, afterLetter bool) Match {
 	if isDigit(text[i]) {
-		if set.Has(IPv4) && !afterLetter && !versionLabel(text, i) {
-			if end := ipv4(text, i); end > 0 {
+		if set.Has(IPv4) && !afterLetter {
+			if end := ipv4(text, i); end > 0 && !versionLabel(text, i) {
 				return Match{IPv4, i, end}
 			}
 		}
@@ -450,6 +450,9 @@ func card(text string, i int) int { return cardRun(text, i, true) }
 // cardRun is card; inContext: whether the numbers around the card are
 // looked at (see cardInList), which a card after a card need not be.
 func cardRun(text string, i int, inContext bool) int {
+	if digitRun(text, i)-i < 4 {
+		return 0 // the first group has four digits or more: most numbers stop here
+	}
 	var digits [19]byte
 	var ends [19]int // ends[n-1]: where a group ends after n digits; 0 if none does
 	// same[n-1], spaced[n-1]: the separator runs up to that group were
