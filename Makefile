@@ -113,7 +113,7 @@ bench-envoysim:
 bench-egext:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./gateways/envoygateway/
 
-## bench-stalled: the payload processor under the shapes of pressure a client can make (stalled uploads, bodies of empty strings, 10,000 held streams, messages announced and not sent, trickled uploads, answers never read), on grpc-go and h2, with the charts' 512 MiB memory limit: peak RSS and the share of well-behaved requests forwarded; exits 1 if a run peaks over 80% or forwards under 99% (about 2½ minutes).
+## bench-stalled: the payload processor under the shapes of pressure a client can make (stalled uploads, bodies of empty strings, 10,000 held streams, messages announced and not sent, trickled uploads, answers never read, prompts dense in zero-width characters and combining marks, a million e-mail addresses or 700,000 cards to mask), on grpc-go and h2, with the charts' 512 MiB memory limit: peak RSS, the share of well-behaved requests forwarded and how the costly requests were answered; exits 1 if a run peaks over 80% or forwards under 99% (about 4 minutes).
 bench-stalled: build
 	$(GO) run ./bench/stalled --binary $(BIN)
 

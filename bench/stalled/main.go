@@ -2,12 +2,16 @@
 // pressure a hostile or broken client can put on it: uploads that stall,
 // bodies that cost a parser most per byte, streams held open past the
 // stream limit, messages announced and never sent, uploads that trickle
-// under the idle timeout, answers never read. For each shape, on each
-// transport (grpc-go and h2), it prints the processor's peak resident
-// memory against the charts' 512 MiB limit and the share of well-behaved
-// requests (on a connection of their own) the processor forwarded while
-// the pressure held, and exits 1 if a run peaked over 80% of the limit or
-// forwarded under 99% of them.
+// under the idle timeout, answers never read, and bodies whose decision
+// costs many times their size (text dense in zero-width characters and
+// combining marks, a million findings to mask). For each shape, on each
+// transport (grpc-go and h2), it prints what the pressure came to (for
+// the costly bodies, how the processor answered them: forwarded, or the
+// status and drop reason), the processor's peak resident memory against
+// the charts' 512 MiB limit and the share of well-behaved requests (on a
+// connection of their own) the processor forwarded while the pressure
+// held, and exits 1 if a run peaked over 80% of the limit or forwarded
+// under 99% of them.
 //
 // It starts `infergate payload` as a separate process per run (plain text,
 // loopback, free ports) with --memory-limit at the charts' 512 MiB, from
@@ -142,7 +146,11 @@ func runOne(ctx context.Context, o options, s shape, transport string) (result, 
 		return result{}, err
 	}
 	defer os.RemoveAll(dir)
-	p, err := startProcessor(ctx, o.binary, transport, dir, o.processorArgs)
+	policy := s.config
+	if policy == "" {
+		policy = emailConfig
+	}
+	p, err := startProcessor(ctx, o.binary, transport, dir, policy, o.processorArgs)
 	if err != nil {
 		return result{}, err
 	}
@@ -179,7 +187,7 @@ func runOne(ctx context.Context, o options, s shape, transport string) (result, 
 		return result{}, err
 	}
 	time.Sleep(200 * time.Millisecond) // let the processor settle before timing
-	r.during = timeGood(ctx, good, o.measure)
+	r.during = timeGood(ctx, good, max(o.measure, time.Duration(float64(s.measure)*o.scale)))
 	stopSampling()
 	r.pressure, r.reached = report()
 	r.peakRSS = peak.Load()

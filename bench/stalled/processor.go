@@ -14,19 +14,28 @@ import (
 	"github.com/infergate/infergate/test/childproc"
 )
 
+// emailConfig is the policy the shapes run under unless they name one:
+// e-mail addresses masked.
+const emailConfig = "pii:\n- {name: email, detector: email, action: mask}\n"
+
+// noTextConfig is a policy that reads no text: model headers only.
+const noTextConfig = "{}\n"
+
 // startProcessor runs the payload processor (childproc.StartProcessor:
 // plain text, loopback, free ports) on transport (grpc or h2) with the
 // charts' memory limit, from which the processor derives its buffer
-// budget and Go soft limit as from a container's, and the extra flags.
-// Its log and configuration go in dir.
-func startProcessor(ctx context.Context, binary, transport, dir string, extra []string) (*childproc.Processor, error) {
+// budget and Go soft limit as from a container's, policy as its
+// configuration (YAML) and the extra flags. Its log and configuration go
+// in dir.
+func startProcessor(ctx context.Context, binary, transport, dir, policy string, extra []string) (*childproc.Processor, error) {
 	cfg := filepath.Join(dir, "payload.yaml")
-	if err := os.WriteFile(cfg, []byte("pii:\n- {name: email, detector: email, action: mask}\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(policy), 0o600); err != nil {
 		return nil, err
 	}
 	return childproc.StartProcessor(ctx, childproc.ProcessorConfig{
 		Binary: binary, Command: "payload", Log: filepath.Join(dir, "payload-"+transport+".log"),
-		Args: append([]string{"--config-file", cfg, "--memory-limit", fmt.Sprint(chartMemoryLimit), "--extproc-transport", transport}, extra...),
+		// As the charts' resources.limits.memory writes it.
+		Args: append([]string{"--config-file", cfg, "--memory-limit", fmt.Sprintf("%dMi", chartMemoryLimit>>20), "--extproc-transport", transport}, extra...),
 		// The processor sets its soft memory limit from --memory-limit
 		// unless GOMEMLIMIT is set.
 		Env: slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMEMLIMIT=") }),

@@ -18,6 +18,12 @@ import (
 type shape struct {
 	name, what string
 	start      func(ctx context.Context, t target) (report reporter, err error)
+	// config is the processor's policy (YAML); "" is emailConfig.
+	config string
+	// measure, when set, is the least time the pressure is measured at
+	// scale 1 (scaled down with the run): what a costly shape does takes
+	// seconds per request to show.
+	measure time.Duration
 }
 
 // reporter says what a shape's pressure came to, and how many streams or
@@ -41,14 +47,24 @@ func (t target) client(i int) extprocv3.ExternalProcessorClient {
 
 func shapes() []shape {
 	return []shape{
-		{"stalled-64KiB", "1,000 uploads send 64 KiB of a body and stop", stalled(1000, 64<<10)},
-		{"stalled-1MiB", "1,000 uploads send 1 MiB of a body and stop", stalled(1000, 1<<20)},
-		{"stalled-15MiB", "1,000 uploads send 15 MiB of a body and stop", stalled(1000, 15<<20)},
-		{"empty-strings", "4 clients send 16 MiB bodies of empty strings in a loop, beside 8 uploads stalled at 8 MiB (all within the budget, so every body is parsed)", emptyStrings(4, 8)},
-		{"held-streams", "one connection opens 10,000 header-only streams, past any stream limit the server announces", heldStreams(10000)},
-		{"announced-unsent", "560 streams announce a 4 MiB message and send 1 KiB of it", announcedUnsent(560, 4<<20)},
-		{"trickle", "1,000 uploads announce content-length 1 MiB and send a byte every 10 s", trickle(1000, 1<<20, 10*time.Second)},
-		{"unread-answers", "300 streams send 1 MiB response bodies to be passed back and never read the answers", unreadAnswers(300, 1<<20)},
+		{name: "stalled-64KiB", what: "1,000 uploads send 64 KiB of a body and stop", start: stalled(1000, 64<<10)},
+		{name: "stalled-1MiB", what: "1,000 uploads send 1 MiB of a body and stop", start: stalled(1000, 1<<20)},
+		{name: "stalled-15MiB", what: "1,000 uploads send 15 MiB of a body and stop", start: stalled(1000, 15<<20)},
+		// Under a policy that reads no text: its decisions are charged the
+		// body's size, so the 16 MiB bodies are parsed, which is what the
+		// shape is for (under guardrails, deciding one is charged more
+		// than the decisions' share of the budget: 413 at once).
+		{name: "empty-strings", what: "4 clients send 16 MiB bodies of empty strings in a loop, beside 8 uploads stalled at 8 MiB, under a policy that reads no text (a decision is charged its body's size, so the bodies are parsed but for those that find no room beside the uploads: 503)", start: emptyStrings(4, 8), config: noTextConfig},
+		{name: "held-streams", what: "one connection opens 10,000 header-only streams, past any stream limit the server announces", start: heldStreams(10000)},
+		{name: "announced-unsent", what: "560 streams announce a 4 MiB message and send 1 KiB of it", start: announcedUnsent(560, 4<<20)},
+		{name: "trickle", what: "1,000 uploads announce content-length 1 MiB and send a byte every 10 s", start: trickle(1000, 1<<20, 10*time.Second)},
+		{name: "unread-answers", what: "300 streams send 1 MiB response bodies to be passed back and never read the answers", start: unreadAnswers(300, 1<<20)},
+		{name: "zero-width", what: "2 clients send, in a loop, 7.6 MiB prompts of letters and digits each followed by zero-width spaces (U+200B) and combining marks (U+0332, U+20DD, U+0305), under every built-in detector and a deny rule",
+			start: costly(2, func(scale float64) []byte { return denseBody(int(7.6 * (1 << 20) * scale)) }), config: guardrailsConfig, measure: 10 * time.Second},
+		{name: "email-arguments", what: "2 clients send, in a loop, a chat request whose one tool call's arguments is a JSON-encoded string holding 1,000,000 e-mail addresses (14.3 MiB), under the same policy",
+			start: costly(2, func(scale float64) []byte { return emailArgsBody(int(1_000_000 * scale)) }), config: guardrailsConfig, measure: 10 * time.Second},
+		{name: "card-numbers", what: "2 clients send, in a loop, a prompt of 700,000 test card numbers (4111 1111 1111 1111; 13.4 MiB), under the same policy",
+			start: costly(2, func(scale float64) []byte { return cardsBody(int(700_000 * scale)) }), config: guardrailsConfig, measure: 10 * time.Second},
 	}
 }
 

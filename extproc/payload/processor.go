@@ -195,6 +195,19 @@ func (x *exchange) HandleResponseBody(_ context.Context, chunk []byte, endOfStre
 	})
 }
 
+// DecisionCost is what deciding req holds beyond its body under the
+// exchange's policy (server.DecisionCoster): the policy's own bound of what
+// Apply allocates, which the server charges to its buffer budget while
+// HandleRequest runs. (A streamed request's usage edit, askStreamUsage,
+// parses the forwarded body again once Apply is done and copies it once:
+// not in the bound, and a body's size or two at most.)
+func (x *exchange) DecisionCost(req *server.Request) int64 {
+	if len(req.Body) == 0 {
+		return 0
+	}
+	return x.policy.WorkBytes(len(req.Body))
+}
+
 // CheckBodySize holds the body to the policy's limits.maxBodyBytes as it
 // arrives (server.BodyLimiter): a stalled or huge upload is refused at the
 // chunk that passes the limit, not buffered whole first.

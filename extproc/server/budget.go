@@ -13,11 +13,12 @@ import (
 const ReasonOverloaded = "processor-overloaded"
 
 // budget bounds what all streams of one process hold at once: the streams
-// open, and the bytes buffered: request bodies as they arrive, and answers
-// made but not yet taken by the client. Without it each stream is bounded
-// but their number is not, and a few stalled large uploads, or a client
-// that never grants the window to send its answers, take the process past
-// its memory limit, where an OOM kill drops every request in flight.
+// open, and the bytes buffered: request bodies as they arrive, the work of
+// deciding them (decision.go), and answers made but not yet taken by the
+// client. Without it each stream is bounded but their number is not, and
+// a few stalled large uploads, or a client that never grants the window
+// to send its answers, take the process past its memory limit, where an
+// OOM kill drops every request in flight.
 type budget struct {
 	maxStreams  int64
 	maxBuffered int64
@@ -27,6 +28,18 @@ type budget struct {
 	// whatever the budget says (the answer is made; refusing it would not
 	// free it), they leave that much less for request bodies.
 	inflight atomic.Int64
+	// Decisions (see decision.go): deciding is the work all decisions
+	// running are charged (what deciding a body holds beyond it), which
+	// leaves that much less for request bodies; large is the part of it
+	// that large decisions hold, at most maxBuffered/decisionShare (or
+	// one decision's work alone, when that is more). turn
+	// is the right to be charged next among large decisions (one slot:
+	// whoever holds it may be charged, the others wait their turn in
+	// order), and freed wakes its holder when a large decision ends.
+	// cores holds a slot for each decision over a heavy body running (nil:
+	// no bound); waiting counts the decisions that wait.
+	deciding, large, waiting atomic.Int64
+	turn, freed, cores       chan struct{}
 
 	refused  *prometheus.CounterVec
 	timeouts prometheus.Counter
@@ -42,9 +55,11 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 	b := &budget{
 		maxStreams:  int64(l.MaxStreams),
 		maxBuffered: l.BufferBudgetBytes,
+		turn:        make(chan struct{}, 1),
+		freed:       make(chan struct{}, 1),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infergate_extproc_overload_refused_total",
-			Help: "Requests answered 503 processor-overloaded, by the limit they met (streams, buffer).",
+			Help: "Requests refused for want of the process's capacity, by the limit they met: streams and buffer (503 processor-overloaded), decision (503 processor-overloaded: no room to decide the body within the wait; 413 request-too-large: deciding it would take more than the buffer budget can hold beside its body).",
 		}, []string{"limit"}),
 		timeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infergate_extproc_request_idle_timeouts_total",
@@ -58,6 +73,9 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 			Name: "infergate_extproc_connection_streams_refused_total",
 			Help: "Streams refused with RST_STREAM REFUSED_STREAM because their connection had its limit of streams open (h2 transport; grpc-go refuses them without telling).",
 		}),
+	}
+	if n := maxLargeDecisions(l.MaxLargeDecisions); n > 0 {
+		b.cores = make(chan struct{}, n)
 	}
 	if reg == nil {
 		return b, nil
@@ -75,6 +93,14 @@ func newBudget(l Limits, reg prometheus.Registerer) (*budget, error) {
 			Name: "infergate_extproc_buffered_request_bytes",
 			Help: "Request-body bytes all streams hold while they wait for the end of their body.",
 		}, func() float64 { return float64(b.buffered.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_extproc_decision_bytes",
+			Help: "Bytes charged to the request buffer budget for the decisions running: what deciding their bodies may take beyond the bodies (parse, guardrails' copies, rewritten body), as the processor bounds it.",
+		}, func() float64 { return float64(b.deciding.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "infergate_extproc_decisions_waiting",
+			Help: "Decisions waiting for room in the decisions' share of the request buffer budget, or, over bodies of 1 MiB or more, for a core (all but one by default).",
+		}, func() float64 { return float64(b.waiting.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "infergate_extproc_answer_bytes_in_flight",
 			Help: "Answer bytes made and not yet taken by the client (waiting for its HTTP/2 window), charged to the request buffer budget.",
@@ -104,7 +130,7 @@ func (b *budget) closeStream() { b.open.Add(-1) }
 // exceeded (nothing is taken then; the caller may try for less, or refuse
 // the request and call refuseBuffer).
 func (b *budget) reserve(n int64) bool {
-	if v := b.buffered.Add(n); b.maxBuffered > 0 && v+b.inflight.Load() > b.maxBuffered {
+	if v := b.buffered.Add(n); b.maxBuffered > 0 && v+b.inflight.Load()+b.deciding.Load() > b.maxBuffered {
 		b.buffered.Add(-n)
 		return false
 	}
@@ -119,7 +145,7 @@ func (b *budget) reserveUpTo(least, most int64) int64 {
 		return most
 	}
 	for {
-		n := min(most, b.maxBuffered-b.buffered.Load()-b.inflight.Load())
+		n := min(most, b.maxBuffered-b.buffered.Load()-b.inflight.Load()-b.deciding.Load())
 		if n < least {
 			return 0
 		}

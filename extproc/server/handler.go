@@ -55,6 +55,24 @@ type BodyLimiter interface {
 	CheckBodySize(n int64) *Rejection
 }
 
+// DecisionCoster is an optional Exchange extension: what deciding a
+// request holds beyond its body (a parse, copies of its text, findings, a
+// rewritten body), in bytes, as an upper bound. The server charges it to
+// the request buffer budget while HandleRequest runs, so that the budget
+// bounds what requests cost, not only what their bodies weigh. A large
+// decision waits for room within the decisions' share of the budget (half
+// of it; one over the share runs alone), and one over a body of 1 MiB or
+// more for a core (Limits.MaxLargeDecisions), or is refused: 503
+// processor-overloaded when no room comes within the request idle
+// timeout, 413 request-too-large when its cost and body could not fit the
+// budget even alone; HandleRequest is not called then (decision.go has
+// the rules). DecisionCost is called
+// once, with the whole request, just before HandleRequest; it must be
+// cheap (it may measure the body, not read it).
+type DecisionCoster interface {
+	DecisionCost(req *Request) int64
+}
+
 // Headers holds HTTP headers with lower-case names, one value each, as
 // Envoy's HeaderMap presents them to ext_proc.
 type Headers map[string]string

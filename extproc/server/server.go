@@ -60,9 +60,15 @@ type Limits struct {
 	// (internal/transport/http2_client.go NewStream). 0 = unlimited.
 	MaxStreamsPerConnection int
 	// BufferBudgetBytes bounds the request-body bytes all streams buffer
-	// at once; a chunk that would pass it is answered 503
-	// processor-overloaded and its stream's bytes are freed. 0 = unlimited.
+	// at once, with the work of the decisions running (DecisionCoster)
+	// and the answers not yet taken; a chunk that would pass it is
+	// answered 503 processor-overloaded and its stream's bytes are freed.
+	// 0 = unlimited.
 	BufferBudgetBytes int64
+	// MaxLargeDecisions bounds the decisions over bodies of 1 MiB or
+	// more (see DecisionCoster) that run at once; one more waits its
+	// turn. 0 = all cores but one (at least one), negative = no bound.
+	MaxLargeDecisions int
 	// RequestIdleTimeout bounds the wait for a request's next message
 	// until the request is decided; a request that stalls longer is
 	// answered 408 request-timeout and its body freed. 0 = no timeout.

@@ -480,7 +480,24 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 	if s.hasBody {
 		s.req.Body = s.body
 	}
+	var charge decisionCharge
+	if c, ok := s.ex.(DecisionCoster); ok {
+		var rej *Rejection
+		var err error
+		charge, rej, err = s.budget.chargeDecision(ctx, decisionRequest{n: c.DecisionCost(&s.req), body: len(s.req.Body)}, s.decisionWait())
+		if err != nil {
+			s.releaseBody()
+			return fmt.Errorf("wait for room to decide the request: %w", err)
+		}
+		if rej != nil {
+			s.releaseBody()
+			return s.reject(rej)
+		}
+	}
 	d := s.ex.HandleRequest(ctx, &s.req)
+	// The decision's work is garbage once it returns; what it keeps (a
+	// rewritten body) is charged below as answers in flight.
+	s.budget.uncharge(charge)
 	if d == nil {
 		d = &Decision{}
 	}
@@ -535,6 +552,17 @@ func (s *stream) answerRequest(ctx context.Context, phase requestPhase) error {
 		}})
 	}
 	return nil
+}
+
+// decisionWait bounds how long a large decision waits for room in the
+// budget: the request idle timeout, as it bounds the wait for a decision
+// from the client's side (the idle watchdog does not answer 408 while a
+// message is being handled), or the stream idle timeout when that is off.
+func (s *stream) decisionWait() time.Duration {
+	if d := s.limits.RequestIdleTimeout; d > 0 {
+		return d
+	}
+	return s.limits.StreamIdleTimeout
 }
 
 func (s *stream) onResponseHeaders(ctx context.Context, headers Headers, endOfStream bool) error {
