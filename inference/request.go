@@ -627,7 +627,7 @@ func isNumber(tok []byte) bool {
 // integer prints as its digits, a float as repr does, fixed-point with
 // ".0" between 1e-4 and 1e16 and in exponent form beyond.
 func printedNumber(tok []byte) []byte {
-	if bytes.IndexAny(tok, ".eE") < 0 {
+	if !bytes.ContainsAny(tok, ".eE") {
 		return nil
 	}
 	x, err := strconv.ParseFloat(string(tok), 64)

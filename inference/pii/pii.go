@@ -99,13 +99,10 @@ var class = func() (t [256]uint8) {
 }()
 
 // Find appends to dst the findings of the kinds in set, left to right and
-// without overlaps, and returns the extended slice.
-func Find(dst []Match, text string, set Set) []Match { return FindN(dst, text, set, -1) }
-
-// FindN is Find that stops once dst holds n findings (n < 0: no limit),
-// so that a caller bounding the findings of a request holds no more
-// than its bound, whatever the text.
-func FindN(dst []Match, text string, set Set, n int) []Match {
+// without overlaps, and returns the extended slice. It stops once dst
+// holds n findings (n < 0: no limit), so that a caller bounding the
+// findings of a request holds no more than its bound, whatever the text.
+func Find(dst []Match, text string, set Set, n int) []Match {
 	from := 0 // findings never reach back before the end of the previous one
 	for i := 0; i < len(text) && len(dst) != n; i++ {
 		cls := class[text[i]]
@@ -490,7 +487,7 @@ func cardRun(text string, i int, inContext bool) int {
 		if k == e || k >= len(text) || !isDigit(text[k]) {
 			break
 		}
-		if prev := text[j-min(j-i, 1) : j]; prev == "." && onlySpaces(text[e:k]) && decimalAt(text, k) {
+		if j > i && text[j-1] == '.' && onlySpaces(text[e:k]) && decimalAt(text, k) {
 			break // two decimals apart by a space ("6234.118840 200.921473"), not one number
 		}
 		if sep == "" {

@@ -99,7 +99,7 @@ func TestFind(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.text, func(t *testing.T) {
 			var got []string
-			for _, m := range Find(nil, tc.text, All) {
+			for _, m := range Find(nil, tc.text, All, -1) {
 				got = append(got, m.Kind.String()+":"+tc.text[m.Start:m.End])
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
@@ -115,7 +115,7 @@ func TestFindHonoursSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := Find(nil, text, set)
+	ms := Find(nil, text, set, -1)
 	if len(ms) != 1 || ms[0].Kind != SSN {
 		t.Fatalf("got %v", ms)
 	}
@@ -134,7 +134,7 @@ func FuzzFind(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, text string) {
 		prev := 0
-		for _, m := range Find(nil, text, All) {
+		for _, m := range Find(nil, text, All, -1) {
 			if m.Start < prev || m.End <= m.Start || m.End > len(text) {
 				t.Fatalf("bad match %+v after %d in %q", m, prev, text)
 			}
@@ -150,7 +150,7 @@ func BenchmarkFind(b *testing.B) {
 			b.SetBytes(int64(len(text)))
 			var ms []Match
 			for b.Loop() {
-				ms = Find(ms[:0], text, All)
+				ms = Find(ms[:0], text, All, -1)
 			}
 		})
 	}
@@ -228,7 +228,7 @@ func TestIPv6NeedsColonsOrEllipsis(t *testing.T) {
 	} {
 		t.Run(tc.text, func(t *testing.T) {
 			var got []string
-			for _, m := range Find(nil, tc.text, Set(0).With(IPv6)) {
+			for _, m := range Find(nil, tc.text, Set(0).With(IPv6), -1) {
 				got = append(got, m.Kind.String()+":"+tc.text[m.Start:m.End])
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {

@@ -609,7 +609,7 @@ func (p *Policy) find(fs []finding, ms []pii.Match, s string, span func(int, int
 	// One more than the bound is enough to know it is passed.
 	room := func() int { return p.maxFindings + 1 - len(fs) }
 	if p.kinds != 0 && sel&findBuiltin != 0 && room() > 0 {
-		ms = pii.FindN(ms[:0], s, p.kinds, room())
+		ms = pii.Find(ms[:0], s, p.kinds, room())
 		for _, m := range ms {
 			add(m.Start, m.End, p.ruleOfKind[m.Kind])
 		}

@@ -362,7 +362,7 @@ func piiExcerpts(text string, set pii.Set) []string {
 	var out []string
 	seen := map[[2]int]bool{}
 	for _, f := range []textnorm.Folded{textnorm.Fold(text), textnorm.FoldSpaced(text)} {
-		for _, m := range pii.Find(nil, f.S, set) {
+		for _, m := range pii.Find(nil, f.S, set, -1) {
 			start, end := f.Span(m.Start, m.End)
 			if seen[[2]int{start, end}] {
 				continue

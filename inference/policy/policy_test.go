@@ -121,7 +121,7 @@ func FuzzMask(f *testing.F) {
 				t.Fatalf("masked body does not parse: %v", err)
 			}
 			parsed.Texts(func(tx inference.Text) bool {
-				if ms := pii.Find(nil, tx.Value(), pii.All); len(ms) > 0 {
+				if ms := pii.Find(nil, tx.Value(), pii.All, -1); len(ms) > 0 {
 					t.Fatalf("%s survived masking in %q", ms[0].Kind, tx.Value())
 				}
 				return true
