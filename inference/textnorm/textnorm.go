@@ -32,8 +32,9 @@ import (
 //     mostly skip them.
 //   - Every run of white space (tabs, newlines, any Unicode space) becomes
 //     one " ".
-//   - Combining marks (Mn, and the enclosing marks Me such as the keycap
-//     and the enclosing circle) on an ASCII character are dropped: an
+//   - Combining marks (nonspacing Mn, spacing Mc, and the enclosing marks
+//     Me such as the keycap and the enclosing circle) on an ASCII
+//     character are dropped: an
 //     underline or overline drawn on a digit ("4\u0332"), a circle
 //     around a letter, leave the character what it is to a reader, and
 //     NFKC composes the marks Latin letters really take (é) first.
