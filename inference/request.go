@@ -274,8 +274,9 @@ type Span struct{ Start, End int }
 
 // Text is one text string of the request: a prompt, a system prompt or
 // instructions, an input, the content of a message or a text part, an
-// object key of a tree the model reads whole, or a string (or number) of a
-// JSON document encoded in a string (tool-call arguments).
+// object key or a number of a tree the model reads whole (a number as
+// Python prints it), or a string, key or number of a JSON document encoded
+// in a string (tool-call arguments).
 type Text struct {
 	// Span covers the JSON string including its quotes; for a text of an
 	// encoded document, the string of the body that holds the document.
@@ -433,13 +434,15 @@ func (b *Body) TextBound() int {
 //     description, thinking, reasoning, reasoning_content, refusal,
 //     output, Anthropic document title and context, JSON schema title,
 //     enum, const, examples and default);
-//   - every string and object key of a tree the model reads whole: the
-//     tools, chat_template_kwargs and documents fields, and the values of
-//     "arguments" and "input" (tool calls and their inputs);
-//   - for an "arguments" string that holds a JSON document (servers
-//     decode tool-call arguments before the template prints them), the
-//     strings, keys and numbers of that document as decoded, in place of
-//     the string itself: "\u002d" inside must read as "-";
+//   - every string, object key and number of a tree the model reads
+//     whole: the tools, chat_template_kwargs and documents fields, and
+//     the values of "arguments" and "input" (tool calls and their
+//     inputs); a number as Python prints the value (see printedNumber);
+//   - for an "arguments" string that holds a JSON object, array or string
+//     (servers decode tool-call arguments with Python's json before the
+//     template prints them), the strings, keys and numbers of that
+//     document as decoded, in place of the string itself: "\u002d" inside
+//     must read as "-";
 //   - "data" when its object has "type":"text" (an Anthropic document
 //     source of plain text), whatever the key order; a data string that
 //     comes before its type is visited when its object ends.

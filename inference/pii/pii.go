@@ -355,12 +355,16 @@ func spacesOrSign(s string) bool {
 func space(c byte) bool { return c == ' ' || c >= '\t' && c <= '\r' }
 
 // inList reports that the number text[i:j], written with spaces between
-// its groups, is one of a list of numbers rather than one number: another
-// number stands just before or after it (apart by spaces, a comma or a
-// semicolon: "2048. 123 45 6789", "123 45 6789 12"), or a bracket opens or
-// closes the list right at it ("[123 45 6789]", as numpy prints an
-// array). A reader takes such a run for a row of values, as a model does.
-func inList(text string, i, j int) bool { return numberBefore(text, i) || numberAfter(text, j) }
+// its groups (a phone number), is one of a list of numbers rather than one
+// number: another number stands just before or after it (apart by spaces,
+// a comma or a semicolon: "row sums: 562 111 -659 264 2846",
+// "555 123 4567 89"), or a bracket opens or closes the list right at it
+// ("[555 123 4567]", as numpy prints an array). A reader takes such a run
+// for a row of values, as a model does.
+func inList(text string, i, j int) bool {
+	_, after := afterNumber(text, j)
+	return numberBefore(text, i) || after != 0
+}
 
 // numberBefore reports a number (or a bracket opening a list, or the sign
 // of a signed value) just before i, apart by spaces and at most one comma
@@ -388,15 +392,9 @@ func numberBefore(text string, i int) bool {
 	return false
 }
 
-// numberAfter reports a number (or a bracket closing a list) just after
-// j, apart as numberBefore says.
-func numberAfter(text string, j int) bool {
-	_, n := afterNumber(text, j)
-	return n != 0
-}
-
-// afterNumber returns where the number numberAfter finds starts and its
-// digits, -1 for a closing bracket, 0 for none.
+// afterNumber returns where a number just after j (apart as
+// numberBefore says) starts and its digits, -1 for a bracket closing a
+// list, 0 for none.
 func afterNumber(text string, j int) (int, int) {
 	k := j
 	for k < len(text) && space(text[k]) {
