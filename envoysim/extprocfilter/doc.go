@@ -79,9 +79,14 @@
 //     Filter::failureModeAllow, processor_state.cc canFailOpen; Envoy PR
 //     #41276); after that the failure is a 500. The body is read from once
 //     the headers are on the stream (or the stream failed to connect), and
-//     a connection failure counts only after that first read (bounded by
-//     100 ms), as in Envoy the body that came with the headers reaches the
-//     filter before a failed connection is known.
+//     a failure of the stream's connection, refused at the open or reset
+//     after it, counts only once that first read has begun and returned
+//     (the return bounded by 100 ms): in Envoy the body that came with the
+//     headers reaches the filter in the headers' dispatch (Filter::
+//     decodeHeaders, decodeData), a connection's failure on a later turn of
+//     the event loop (connection_impl.cc ConnectionImpl::onFileEvent; even
+//     a connect refused at once is deferred to a write event,
+//     ClientConnectionImpl::connect).
 //     A stream whose start fails at once (NewClientStarting: no cluster, no
 //     healthy host; async_client_impl.cc AsyncStreamImpl::initialize) fails
 //     open with or without a body. A BUFFERED body stays in the filter and

@@ -76,9 +76,11 @@ type direction struct {
 	out     *pipe   // processed body, when the body goes to the server
 	handoff chan Body
 	// headersSent is closed once the headers message was handed to the
-	// stream (or will not be): body messages follow it. firstRead is
-	// closed once the first read of a FULL_DUPLEX_STREAMED body returned.
+	// stream (or will not be): body messages follow it. reading is closed
+	// as the first read of a FULL_DUPLEX_STREAMED body begins, firstRead
+	// once it returned.
 	headersSent chan struct{}
+	reading     chan struct{}
 	firstRead   chan struct{}
 	// sentAll: the whole body went to the server; handedOff: the consumer
 	// got what follows the processed part (handOff).
@@ -220,7 +222,7 @@ func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]
 	d.headersSent = make(chan struct{})
 	if sendBody {
 		d.out, d.handoff = newPipe(), make(chan Body, 1)
-		d.firstRead = make(chan struct{})
+		d.reading, d.firstRead = make(chan struct{}), make(chan struct{})
 	}
 	var msg *extprocv3.ProcessingRequest
 	if d.headerMode == filterv3.ProcessingMode_SEND {
@@ -246,7 +248,7 @@ func (e *Exchange) process(d *direction, hdrs Headers, body Body, md map[string]
 	}
 	close(d.headersSent)
 	if err != nil {
-		e.failAfterSend(d, err)
+		e.failAfterSend(err)
 	}
 	select {
 	case o := <-d.outcome:
@@ -305,6 +307,7 @@ func (e *Exchange) trailersMessage(d *direction, t Headers) *extprocv3.Processin
 func (e *Exchange) sendBody(d *direction) {
 	buffered := d.bodyMode == filterv3.ProcessingMode_BUFFERED
 	if buffered {
+		close(d.reading)
 		close(d.firstRead)
 		select {
 		case <-d.answered:
@@ -315,9 +318,9 @@ func (e *Exchange) sendBody(d *direction) {
 	first := !buffered
 	if first {
 		// The body is read once the headers message is on the stream, or
-		// the stream failed to connect: then failAfterSend waits for this
-		// first read, as Envoy hands the data that came with the headers to
-		// the filter before a failed connection is known.
+		// the stream failed to connect: a connection failure waits for this
+		// first read (failLater), as Envoy hands the data that came with
+		// the headers to the filter before a failed connection is known.
 		select {
 		case <-d.headersSent:
 		case <-e.streamCtx.Done():
@@ -326,10 +329,14 @@ func (e *Exchange) sendBody(d *direction) {
 	for {
 		if term := e.terminated(); term != nil {
 			if first {
+				close(d.reading)
 				close(d.firstRead)
 			}
 			e.stopSending(d, term, held)
 			return
+		}
+		if first {
+			close(d.reading)
 		}
 		c, err := d.input.Next(e.ctx)
 		if first {
@@ -382,7 +389,7 @@ func (e *Exchange) sendBody(d *direction) {
 				return
 			}
 			e.mu.Unlock()
-			e.failAfterSend(d, err)
+			e.failAfterSend(err)
 			return
 		}
 		if c.EndOfStream {
@@ -512,30 +519,54 @@ func (e *Exchange) send(msgs ...*extprocv3.ProcessingRequest) error {
 	return nil
 }
 
-// failAfterSend reports a send error of direction d. A failed Send only
-// says the stream is gone; the receive loop learns why, so its verdict is
-// preferred. Before it counts, the body that came with the headers reaches
-// the filter (see sameDispatch).
-func (e *Exchange) failAfterSend(d *direction, err error) {
+// failAfterSend reports a send error. A failed Send only says the stream is
+// gone; the receive loop learns why, so its verdict is preferred. It counts
+// once the body that came with the headers has reached the filter.
+func (e *Exchange) failAfterSend(err error) {
 	select {
 	case <-e.recvDone:
 	case <-time.After(closeGrace):
 	}
-	if d.firstRead != nil {
+	e.failLater(err)
+}
+
+// failLater applies a failure of the stream's connection once the body
+// that came with the headers has reached the filter. In Envoy that data is
+// handed to the filter in the same dispatch as the headers (ext_proc.cc
+// Filter::decodeHeaders then Filter::decodeData, which sets bodyReceived),
+// while a connection failure, whether the connect is refused or an open
+// connection is reset, is reported by a later turn of the event loop
+// (source/common/network/connection_impl.cc ConnectionImpl::onFileEvent;
+// ClientConnectionImpl::connect defers even a connect refused at once to a
+// write event). Here the body is read by another
+// goroutine: failLater waits for its first read to begin, however busy the
+// machine, then for that read to return (bounded by sameDispatch). A client
+// that holds its body back longer sees the failure first, as in Envoy.
+func (e *Exchange) failLater(err error) {
+	e.mu.Lock()
+	var reads [][2]chan struct{}
+	for _, d := range []*direction{&e.req, &e.resp} {
+		if d.reading != nil {
+			reads = append(reads, [2]chan struct{}{d.reading, d.firstRead})
+		}
+	}
+	e.mu.Unlock()
+	for _, r := range reads {
 		select {
-		case <-d.firstRead:
+		case <-r[0]:
+		case <-e.ctx.Done():
+		}
+		select {
+		case <-r[1]:
 		case <-time.After(sameDispatch):
 		}
 	}
 	e.fail(err)
 }
 
-// sameDispatch bounds how long a connection failure waits for the first
-// read of a FULL_DUPLEX_STREAMED body. In Envoy the data that arrived with
-// the headers is handed to the filter in the same dispatch, and a failed
-// connection is reported on a later turn of the event loop; here the body
-// is read by another goroutine, which this wait lets go first. A client
-// that holds its body back longer sees the failure first, as in Envoy.
+// sameDispatch bounds how long a connection failure waits, once the first
+// read of a FULL_DUPLEX_STREAMED body has begun, for it to return: data
+// that came with the headers is already buffered and returns at once.
 const sameDispatch = 100 * time.Millisecond
 
 func (e *Exchange) receive() {
@@ -569,7 +600,7 @@ func (e *Exchange) streamEnded(err error) {
 		return
 	}
 	e.mu.Unlock()
-	e.fail(fmt.Errorf("%w: %w", ErrStream, err))
+	e.failLater(fmt.Errorf("%w: %w", ErrStream, err))
 }
 
 // handle applies one server message; false stops the receive loop.
