@@ -3,6 +3,8 @@ package epp
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -32,6 +34,10 @@ type Flags struct {
 	MetricsStaleness       time.Duration
 	ConformanceTest        bool
 	EmitScores             bool
+
+	// Active-active replicas (package peers).
+	PeersBind, PeersAdvertise, PeersSecretFile string
+	Peers                                      []string
 }
 
 // NewFlags are the defaults: ext_proc on 9002, health on 9003.
@@ -53,6 +59,10 @@ func (o *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RefreshInterval, "refresh-metrics-interval", 0, "how often endpoint metrics are scraped (default: the config's, 50ms)")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "endpoint metrics older than this count as unknown")
 	fs.BoolVar(&o.ConformanceTest, "conformance-test-mode", false, "run as the conformance suites' test picker: steered by the test-epp-endpoint-selection header (random among the named endpoints, all without it), the pick echoed through X-Echo-Set-Header, the served endpoint reported in x-conformance-test-served-endpoint, and a request carrying x-infergate-test-epp-shed shed with 429. Any client can steer: never in production")
+	fs.StringVar(&o.PeersBind, "peers-bind-address", "", "host:port where this replica meets the picker's other replicas (memberlist, TCP and UDP), e.g. :7946; empty runs alone. Replicas tell each other every decision, so all of them learn from all the traffic")
+	fs.StringSliceVar(&o.Peers, "peers", nil, "other replicas to join, host:port, comma-separated; a DNS name (a headless Service) joins every address it resolves to")
+	fs.StringVar(&o.PeersAdvertise, "peers-advertise-address", "", "host:port the other replicas reach this one at (default: --peers-bind-address, or a private address of this host when that is unspecified)")
+	fs.StringVar(&o.PeersSecretFile, "peers-secret-file", "", "file holding a 16, 24 or 32-byte key that encrypts the traffic between replicas (AES-GCM); every replica needs the same")
 	fs.BoolVar(&o.EmitScores, "emit-endpoint-scores", false, "add each target's score to the envoy.lb metadata (x-gateway-destination-endpoint-scores)")
 }
 
@@ -78,6 +88,18 @@ func (o *Flags) Validate() error {
 		return fmt.Errorf("--refresh-metrics-interval: %s is negative", o.RefreshInterval)
 	case o.MetricsStaleness < 0:
 		return fmt.Errorf("--metrics-staleness-threshold: %s is negative", o.MetricsStaleness)
+	case o.PeersBind == "" && (len(o.Peers) > 0 || o.PeersAdvertise != "" || o.PeersSecretFile != ""):
+		return errors.New("--peers, --peers-advertise-address and --peers-secret-file need --peers-bind-address")
+	}
+	for flag, v := range map[string]string{"--peers-bind-address": o.PeersBind, "--peers-advertise-address": o.PeersAdvertise} {
+		if v == "" {
+			continue
+		}
+		if _, port, err := net.SplitHostPort(v); err != nil {
+			return fmt.Errorf("%s: %w", flag, err)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return fmt.Errorf("%s: %q is not a port", flag, port)
+		}
 	}
 	if o.ConfigText != "" {
 		if _, err := config.Load([]byte(o.ConfigText)); err != nil {
@@ -99,6 +121,9 @@ func (o *Flags) Config() Config {
 		RefreshInterval:  o.RefreshInterval,
 		MetricsStaleness: o.MetricsStaleness,
 		EmitScores:       o.EmitScores,
+	}
+	if o.PeersBind != "" {
+		c.Peers = &PeersConfig{Bind: o.PeersBind, Advertise: o.PeersAdvertise, Join: o.Peers, SecretFile: o.PeersSecretFile}
 	}
 	if o.PoolName != "" || o.PoolNamespace != "" {
 		c.Kube = &KubeConfig{Kubeconfig: o.Kubeconfig, Namespace: o.PoolNamespace, PoolName: o.PoolName, LeaderElection: o.LeaderElection}

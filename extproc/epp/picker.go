@@ -46,6 +46,15 @@ type Options struct {
 	ConformanceTest bool
 	Registerer      prometheus.Registerer
 	Logger          logr.Logger
+	// Peers, when set, is told every decision, for the picker's other
+	// replicas to learn from (package peers).
+	Peers Sharer
+}
+
+// Sharer passes decisions on to the picker's other replicas. Share must
+// not block: a decision never waits on the network.
+type Sharer interface {
+	Share(d scheduling.Shared)
 }
 
 // Picker is the endpoint picker's ext_proc handler.
@@ -54,6 +63,8 @@ type Picker struct {
 	metrics *metrics
 	picks   []scheduling.PickObserver
 	served  []scheduling.ServedObserver
+	peers   []scheduling.PeerObserver
+	holders []stateHolder
 	seq     atomic.Uint64
 	// lbCache holds the envoy.lb metadata of recent destination values
 	// (value → *server.EncodedMetadata), lbCached how many were stored
@@ -116,6 +127,12 @@ func New(opts Options) (*Picker, error) {
 		}
 		if o, ok := pl.(scheduling.ServedObserver); ok {
 			p.served = append(p.served, o)
+		}
+		if o, ok := pl.(scheduling.PeerObserver); ok {
+			p.peers = append(p.peers, o)
+		}
+		if h, ok := pl.(scheduling.StateHolder); ok {
+			p.holders = append(p.holders, stateHolder{name: pl.Name(), StateHolder: h})
 		}
 		if l, ok := pl.(scheduling.Logging); ok {
 			l.SetLogger(opts.Logger.WithName(pl.Name()))
@@ -294,12 +311,10 @@ func (x *exchange) answer(ctx context.Context, h server.Headers, res *scheduling
 	for _, o := range p.picks {
 		o.Picked(ctx, req, res)
 	}
-	// Until the next scrape shows it, account for the KV this request
-	// will take, estimating its tokens from its prompt's bytes (the whole
-	// body would let padding in any other field make idle servers look
-	// saturated and shed sheddable traffic) with the server's own
-	// tokenizer ratio, learned by the prefix producer.
-	targets[0].AddPending(int(float64(req.PromptLen()) / targets[0].BytesPerToken()))
+	addPending(targets[0].Endpoint.Endpoint, req.PromptLen())
+	if p.opts.Peers != nil {
+		p.opts.Peers.Share(scheduling.SharedOf(req, targets[0].Address))
+	}
 	value := strings.Join(x.picked, ",")
 	d := &server.Decision{Body: rewritten, ClearRouteCache: true}
 	if p.opts.EmitScores {
@@ -484,6 +499,11 @@ func (x *exchange) noteServed(ctx context.Context, md server.Metadata) {
 	}
 	for _, o := range x.p.served {
 		o.Served(ctx, x.req, x.picked, x.served)
+	}
+	if x.p.opts.Peers != nil && x.served != x.picked[0] {
+		d := scheduling.SharedOf(x.req, x.served)
+		d.From = x.picked[0]
+		x.p.opts.Peers.Share(d)
 	}
 }
 

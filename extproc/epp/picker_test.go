@@ -25,6 +25,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/config"
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
+	"github.com/infergate/infergate/extproc/epp/peers"
 	"github.com/infergate/infergate/extproc/epp/scheduling"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/inference/wire"
@@ -36,6 +37,7 @@ type rig struct {
 	srv   *server.Server
 	conn  *grpc.ClientConn
 	reg   *prometheus.Registry
+	peers *peers.Node
 }
 
 type rigOpts struct {
@@ -47,6 +49,10 @@ type rigOpts struct {
 	emitScores  bool
 	conformance bool
 	queueTTL    time.Duration // > 0 turns flow control on
+	// withPeers runs the picker as a replica meeting others on loopback,
+	// joining join.
+	withPeers bool
+	join      []string
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -94,6 +100,15 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var node *peers.Node
+	if o.withPeers {
+		if node, err = peers.Start(context.Background(), peers.Config{Bind: "127.0.0.1:0", Join: o.join}, p, logr.Discard()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(node.Stop)
+		reg.MustRegister(node)
+		p.SetPeers(node)
+	}
 	srv, err := server.New(p, server.Options{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", Limits: server.Limits{MaxRequestBodyBytes: o.bodyLimit, RequestIdleTimeout: 30 * time.Second} /* the flag's default */, Logger: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +124,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(); cancel(); <-done })
-	return &rig{store: store, srv: srv, conn: conn, reg: reg}
+	return &rig{store: store, srv: srv, conn: conn, reg: reg, peers: node}
 }
 
 func specs(addrs ...string) []datastore.Spec {
@@ -726,6 +741,9 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == label && lp.GetValue() == value {
 					return m.GetCounter().GetValue()

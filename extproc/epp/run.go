@@ -1,9 +1,11 @@
 package epp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -16,6 +18,7 @@ import (
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/extproc/epp/flowcontrol"
 	"github.com/infergate/infergate/extproc/epp/kube"
+	"github.com/infergate/infergate/extproc/epp/peers"
 	"github.com/infergate/infergate/extproc/epp/poolfile"
 	"github.com/infergate/infergate/extproc/server"
 	"github.com/infergate/infergate/internal/kubeconfig"
@@ -48,7 +51,16 @@ type Config struct {
 	// PoolFilePoll is how often the pool file is checked for changes; 0
 	// means a second.
 	PoolFilePoll time.Duration
-	Logger       logr.Logger
+	// Peers, when set, runs this replica active-active with the others.
+	Peers  *PeersConfig
+	Logger logr.Logger
+}
+
+// PeersConfig is how a replica meets the others (peers.Config); the secret
+// is read from SecretFile at start.
+type PeersConfig struct {
+	Bind, Advertise, SecretFile string
+	Join                        []string
 }
 
 // KubeConfig says which InferencePool to serve.
@@ -72,6 +84,7 @@ type Service struct {
 	pool    *poolfile.Source   // standalone mode
 	kube    kube.Options       // Kubernetes mode
 	queue   *flowcontrol.Queue // nil unless flow control is on
+	peers   *peers.Node        // nil when running alone
 }
 
 // NewService loads and validates every file (failing fast with the file and
@@ -115,17 +128,50 @@ func NewService(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
+	node, err := startPeers(cfg, picker, reg)
 	if err != nil {
 		return nil, err
 	}
-	svc := &Service{store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue}
+	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
+	if err != nil {
+		if node != nil {
+			node.Stop()
+		}
+		return nil, err
+	}
+	svc := &Service{store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue, peers: node}
 	if k := cfg.Kube; k != nil {
 		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
 			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
 			SetReady: srv.SetReady, Logger: cfg.Logger.WithName("kubernetes")}
 	}
 	return svc, nil
+}
+
+// startPeers joins this replica to the others when cfg.Peers says so.
+func startPeers(cfg Config, picker *Picker, reg prometheus.Registerer) (*peers.Node, error) {
+	pc := cfg.Peers
+	if pc == nil {
+		return nil, nil
+	}
+	var secret []byte
+	if pc.SecretFile != "" {
+		b, err := os.ReadFile(pc.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("--peers-secret-file: %w", err)
+		}
+		if secret = bytes.TrimSpace(b); len(secret) != 16 && len(secret) != 24 && len(secret) != 32 {
+			return nil, fmt.Errorf("--peers-secret-file %s: the key is %d bytes, want 16, 24 or 32", pc.SecretFile, len(secret))
+		}
+	}
+	node, err := peers.Start(context.Background(), peers.Config{Bind: pc.Bind, Advertise: pc.Advertise, Join: pc.Join, SecretKey: secret},
+		picker, cfg.Logger.WithName("peers"))
+	if err != nil {
+		return nil, fmt.Errorf("--peers-bind-address %s: %w", pc.Bind, err)
+	}
+	reg.MustRegister(node)
+	picker.SetPeers(node)
+	return node, nil
 }
 
 // restConfig is the Kubernetes client config of k (nil in standalone mode).
@@ -241,6 +287,9 @@ func (s *Service) Store() *datastore.Store { return s.store }
 func (s *Service) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if s.peers != nil {
+		defer s.peers.Stop()
+	}
 	go s.scraper.Run(ctx, s.store)
 	if s.queue != nil {
 		go s.queue.Run(ctx)

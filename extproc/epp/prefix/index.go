@@ -111,3 +111,50 @@ func (x *Index) Stats() map[string]int {
 	}
 	return out
 }
+
+// Recent returns up to n of the endpoint's blocks, most recently used
+// first: what a replica that joins is given.
+func (x *Index) Recent(addr string, n int) []uint64 {
+	s := (*x.servers.Load())[addr]
+	if s == nil || n <= 0 {
+		return nil
+	}
+	return s.appendRecent(nil, n)
+}
+
+// Capacity is the endpoint's memory size, 0 when it has none yet.
+func (x *Index) Capacity(addr string) int {
+	if s := (*x.servers.Load())[addr]; s != nil {
+		return s.capacityOf()
+	}
+	return 0
+}
+
+// AddOlder records blocks another replica remembers for the endpoint,
+// given most recent first, behind those this index learned itself and
+// only while it has room: a peer's memory fills gaps, never evicts. It
+// returns how many blocks were new.
+func (x *Index) AddOlder(addr string, hashes []uint64) int {
+	if len(hashes) == 0 {
+		return 0
+	}
+	return x.server(addr, true).addOlder(hashes)
+}
+
+// Remove forgets blocks the endpoint no longer holds (its engine said it
+// evicted them) and returns how many it held.
+func (x *Index) Remove(addr string, hashes []uint64) int {
+	s := (*x.servers.Load())[addr]
+	if s == nil {
+		return 0
+	}
+	return s.remove(hashes)
+}
+
+// Clear forgets all the endpoint's blocks (its engine cleared its cache,
+// or restarted).
+func (x *Index) Clear(addr string) {
+	if s := (*x.servers.Load())[addr]; s != nil {
+		s.clear()
+	}
+}

@@ -66,17 +66,7 @@ func (l *lru) add(hashes []uint64) {
 		for len(l.pos) >= l.capacity {
 			l.evict()
 		}
-		var n int32
-		if k := len(l.free); k > 0 {
-			n = l.free[k-1]
-			l.free = l.free[:k-1]
-		} else {
-			l.nodes = append(l.nodes, node{})
-			n = int32(len(l.nodes) - 1)
-		}
-		l.nodes[n].hash = h
-		l.pos[h] = n
-		l.pushFront(n)
+		l.pushFront(l.node(h))
 	}
 }
 
@@ -120,5 +110,94 @@ func (l *lru) pushFront(n int32) {
 	l.head = n
 	if l.tail == nilNode {
 		l.tail = n
+	}
+}
+
+// appendRecent appends up to n hashes, most recently used first.
+func (l *lru) appendRecent(dst []uint64, n int) []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := l.head; i != nilNode && n > 0; i, n = l.nodes[i].next, n-1 {
+		dst = append(dst, l.nodes[i].hash)
+	}
+	return dst
+}
+
+// addOlder inserts the hashes it lacks behind every block it holds, in the
+// order given (most recent first), while there is room: what a peer
+// remembers never pushes out what this memory learned itself.
+func (l *lru) addOlder(hashes []uint64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	added := 0
+	for _, h := range hashes {
+		if len(l.pos) >= l.capacity {
+			break
+		}
+		if _, ok := l.pos[h]; ok {
+			continue
+		}
+		n := l.node(h)
+		l.pushBack(n)
+		added++
+	}
+	return added
+}
+
+// remove forgets the hashes it holds.
+func (l *lru) remove(hashes []uint64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	removed := 0
+	for _, h := range hashes {
+		if n, ok := l.pos[h]; ok {
+			l.unlink(n)
+			delete(l.pos, h)
+			l.free = append(l.free, n)
+			removed++
+		}
+	}
+	return removed
+}
+
+// clear forgets everything, keeping the capacity.
+func (l *lru) clear() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.pos)
+	l.nodes, l.free = l.nodes[:0], l.free[:0]
+	l.head, l.tail = nilNode, nilNode
+}
+
+func (l *lru) capacityOf() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.capacity
+}
+
+// node takes a free node for h and indexes it, unlinked.
+func (l *lru) node(h uint64) int32 {
+	var n int32
+	if k := len(l.free); k > 0 {
+		n = l.free[k-1]
+		l.free = l.free[:k-1]
+	} else {
+		l.nodes = append(l.nodes, node{})
+		n = int32(len(l.nodes) - 1)
+	}
+	l.nodes[n] = node{hash: h, prev: nilNode, next: nilNode}
+	l.pos[h] = n
+	return n
+}
+
+func (l *lru) pushBack(n int32) {
+	nd := &l.nodes[n]
+	nd.prev, nd.next = l.tail, nilNode
+	if l.tail != nilNode {
+		l.nodes[l.tail].next = n
+	}
+	l.tail = n
+	if l.head == nilNode {
+		l.head = n
 	}
 }

@@ -175,3 +175,59 @@ func BenchmarkMatch(b *testing.B) {
 		x.Match("a", h)
 	}
 }
+
+func TestIndexPeerStateFillsGapsWithoutEvicting(t *testing.T) {
+	own := Hashes("m", text(64, "own!"), 16, 100)   // 4 blocks learned here
+	peer := Hashes("m", text(128, "peer"), 16, 100) // 8 blocks a peer holds
+	x := NewIndex(10)
+	x.Add("a", own)
+	if n := x.AddOlder("a", append(peer, own...)); n != 6 {
+		t.Fatalf("AddOlder added %d, want 6 (room for 6 of the peer's 8; own blocks already held)", n)
+	}
+	if x.Match("a", own) != 4 {
+		t.Fatal("a peer's blocks evicted this index's own")
+	}
+	if got := x.Match("a", peer); got != 6 {
+		t.Fatalf("peer prefix matched %d blocks, want the 6 that fitted", got)
+	}
+	// The peer's blocks are the oldest: new learning evicts them first.
+	x.Add("a", Hashes("m", text(16, "new."), 16, 100))
+	if x.Match("a", own) != 4 || x.Match("a", peer) != 5 {
+		t.Fatalf("after one new block: own %d (want 4), peer %d (want 5)", x.Match("a", own), x.Match("a", peer))
+	}
+	recent := x.Recent("a", 100)
+	if len(recent) != 10 || recent[len(recent)-1] != peer[4] {
+		t.Fatalf("Recent: %d blocks, last %x; want 10 ending with the peer's 5th block", len(recent), recent[len(recent)-1])
+	}
+	if x.Capacity("a") != 10 || x.Capacity("nobody") != 0 || x.Recent("nobody", 5) != nil {
+		t.Fatal("capacity or Recent of an unknown endpoint")
+	}
+}
+
+func TestIndexRemoveAndClear(t *testing.T) {
+	h := Hashes("m", text(64, "abcd"), 16, 100)
+	x := NewIndex(100)
+	x.Add("a", h)
+	if n := x.Remove("a", []uint64{h[2], 12345}); n != 1 {
+		t.Fatalf("Remove returned %d, want 1", n)
+	}
+	if x.Match("a", h) != 2 {
+		t.Fatalf("after removing block 2 the prefix matches %d blocks, want 2", x.Match("a", h))
+	}
+	x.Add("a", h) // the freed node is reused
+	if x.Match("a", h) != 4 || x.Stats()["a"] != 4 {
+		t.Fatal("re-adding after Remove")
+	}
+	x.Clear("a")
+	if x.Match("a", h) != 0 || x.Stats()["a"] != 0 || x.Capacity("a") != 100 {
+		t.Fatal("Clear must forget every block and keep the capacity")
+	}
+	x.Add("a", h)
+	if x.Match("a", h) != 4 {
+		t.Fatal("learning after Clear")
+	}
+	x.Clear("nobody")
+	if x.Remove("nobody", h) != 0 {
+		t.Fatal("Remove on an unknown endpoint")
+	}
+}

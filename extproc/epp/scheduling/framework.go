@@ -162,6 +162,34 @@ type ServedObserver interface {
 	Served(ctx context.Context, req *Request, picked []string, served string)
 }
 
+// Shared is a routing decision as the picker's replicas tell each other,
+// so that each learns from every replica's traffic what it would have
+// learned had it routed it all.
+type Shared struct {
+	// Endpoint took the request's prompt; From, when set, is the endpoint
+	// it was picked for and did not take (the proxy served it elsewhere).
+	Endpoint, From string
+	// Hashes are the prompt's blocks as the prefix producer hashed them.
+	Hashes []uint64
+	// PromptBytes is the prompt's length; Held how many of its blocks the
+	// sender believed Endpoint held; Cold that no candidate held any.
+	PromptBytes int
+	Held        int
+	Cold        bool
+}
+
+// PeerObserver learns from the decisions of the picker's other replicas.
+type PeerObserver interface {
+	PeerPicked(d Shared)
+}
+
+// StateHolder gives its learned state to a replica that joins, and merges
+// a peer's into its own without losing what it learned itself.
+type StateHolder interface {
+	AppendState(dst []byte) []byte
+	MergeState(b []byte) error
+}
+
 // Logging is implemented by plugins that log; the picker gives them its
 // logger when it is built.
 type Logging interface {

@@ -94,6 +94,8 @@ type prefixProducer struct {
 	observed  map[string]*datastore.Metrics
 	told      map[string]told
 	lastPrune time.Time
+
+	peers peerCounts
 }
 
 // told is what the producer last logged about an endpoint's calibration.
@@ -314,9 +316,12 @@ func (p *prefixProducer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- bytesPerTokenDesc
 	ch <- calibratedDesc
 	ch <- hitRateDesc
+	ch <- peerDecisionsDesc
 }
 
 func (p *prefixProducer) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(peerDecisionsDesc, prometheus.CounterValue, float64(p.peers.agreed.Load()), "agreed")
+	ch <- prometheus.MustNewConstMetric(peerDecisionsDesc, prometheus.CounterValue, float64(p.peers.differed.Load()), "differed")
 	for addr, n := range p.index.Stats() {
 		ch <- prometheus.MustNewConstMetric(prefixBlocksDesc, prometheus.GaugeValue, float64(n), addr)
 	}
@@ -536,14 +541,17 @@ func (s *noHitLRUScorer) Picked(_ context.Context, req *Request, res *Result) {
 	if m := prefixMatchOf(req); m != nil && !m.Cold() {
 		return
 	}
-	t := res.Targets()
-	if len(t) == 0 {
-		return
+	if t := res.Targets(); len(t) > 0 {
+		s.coldPick(t[0].Address)
 	}
+}
+
+// coldPick records a cold request sent to addr.
+func (s *noHitLRUScorer) coldPick(addr string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	s.lastCold[t[0].Address] = s.seq
+	s.lastCold[addr] = s.seq
 	if len(s.lastCold) > s.size { // forget the endpoint cold-picked longest ago
 		oldest, at := "", ^uint64(0)
 		for a, v := range s.lastCold {
