@@ -17,9 +17,12 @@
 //     x-gateway-destination-endpoint* headers are removed before the first
 //     filter (Config.KeepClientDestination keeps them), so a picker failing
 //     open never lets the client choose its upstream. Each filter's
-//     processor is a cluster of one host, health checked as infergate's
-//     integrations render a processor's cluster (gRPC, every 2 s, no panic),
-//     so a processor that dies fails open once it is taken out;
+//     processor is a cluster of its hosts (one, or several replicas:
+//     Config.FilterHosts), health checked as infergate's integrations
+//     render a processor's cluster (gRPC, every 2 s, no panic), each
+//     stream started on the next healthy host, round robin, so a processor
+//     that dies fails open once it is taken out, or, with replicas left,
+//     its streams go to them;
 //   - over xDS (Node): an Envoy node on an ADS stream (package xdsclient)
 //     taking listeners, routes, clusters and endpoints from a real control
 //     plane. Every field of every message it reads is either interpreted

@@ -11,22 +11,35 @@ import (
 	"github.com/infergate/infergate/envoysim/extprocfilter"
 )
 
-// ParseFilterFlag parses "name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]",
+// ParseFilterFlag parses "name=host:port[+host:port...][,failure-mode=FailOpen|FailClose][,tls=true|false]",
 // the syntax of envoysim's --ext-proc flag. Failure mode defaults to FailClose
-// (Envoy's failure_mode_allow false), TLS to false.
-func ParseFilterFlag(s string) (extprocfilter.FilterConfig, error) {
+// (Envoy's failure_mode_allow false), TLS to false. Several hosts make the
+// processor's cluster (several picker replicas): each stream goes to the
+// next healthy one in turn; the config's Target is the first.
+func ParseFilterFlag(s string) (extprocfilter.FilterConfig, []string, error) {
 	parts := strings.Split(s, ",")
-	name, addr, ok := strings.Cut(parts[0], "=")
-	if !ok || name == "" || addr == "" {
-		return extprocfilter.FilterConfig{}, fmt.Errorf("%q: want name=host:port first", parts[0])
+	name, addrs, ok := strings.Cut(parts[0], "=")
+	if !ok || name == "" || addrs == "" {
+		return extprocfilter.FilterConfig{}, nil, fmt.Errorf("%q: want name=host:port first", parts[0])
 	}
-	if _, port, err := net.SplitHostPort(addr); err != nil {
-		return extprocfilter.FilterConfig{}, fmt.Errorf("address %q: %w", addr, err)
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return extprocfilter.FilterConfig{}, fmt.Errorf("address %q: invalid port", addr)
+	hosts := strings.Split(addrs, "+")
+	for _, addr := range hosts {
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			return extprocfilter.FilterConfig{}, nil, fmt.Errorf("address %q: %w", addr, err)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return extprocfilter.FilterConfig{}, nil, fmt.Errorf("address %q: invalid port", addr)
+		}
 	}
-	fc := extprocfilter.FilterConfig{Name: name, Target: addr}
-	for _, opt := range parts[1:] {
+	fc, err := filterOptions(extprocfilter.FilterConfig{Name: name, Target: hosts[0]}, parts[1:])
+	if err != nil {
+		return extprocfilter.FilterConfig{}, nil, err
+	}
+	return fc, hosts, nil
+}
+
+// filterOptions applies the options that follow the address.
+func filterOptions(fc extprocfilter.FilterConfig, opts []string) (extprocfilter.FilterConfig, error) {
+	for _, opt := range opts {
 		k, v, _ := strings.Cut(opt, "=")
 		switch k {
 		case "failure-mode":

@@ -570,30 +570,50 @@ func flagHealth(name string) *healthCheck {
 	}
 }
 
-// flagFilterClient is a flag-mode filter: its processor a cluster of one
-// health-checked host. It waits for the first check, as Envoy warms a
-// health-checked cluster before using it.
-func flagFilterClient(fc extprocfilter.FilterConfig, checks *healthChecks) (*extprocfilter.Client, *grpc.ClientConn, error) {
-	conn, err := extprocfilter.Dial(fc.Target, fc.TLS, fc.ClientCert)
-	if err != nil {
-		return nil, nil, fmt.Errorf("ext_proc filter %q: %w", fc.Name, err)
+// flagFilterClient is a flag-mode filter: its processor a cluster of the
+// given health-checked hosts, each stream started on the next usable one
+// (clusterHealth.start: round robin over the healthy hosts). It waits for
+// every host's first check, as Envoy warms a health-checked cluster before
+// using it.
+func flagFilterClient(fc extprocfilter.FilterConfig, hosts []string, checks *healthChecks) (*extprocfilter.Client, []*grpc.ClientConn, error) {
+	conns := make(map[string]*grpc.ClientConn, len(hosts))
+	owned := make([]*grpc.ClientConn, 0, len(hosts))
+	closeAll := func() {
+		for _, c := range owned {
+			_ = c.Close()
+		}
 	}
-	t := grpcTarget{addr: fc.Target, tls: fc.TLS, cert: fc.ClientCert, certID: certID(fc.ClientCert)}
-	cl := &cluster{name: fc.Name, endpoints: []string{fc.Target}}
+	for _, h := range hosts {
+		conn, err := extprocfilter.Dial(h, fc.TLS, fc.ClientCert)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("ext_proc filter %q: %w", fc.Name, err)
+		}
+		conns[h] = conn
+		owned = append(owned, conn)
+	}
+	target := func(h string) grpcTarget {
+		return grpcTarget{addr: h, tls: fc.TLS, cert: fc.ClientCert, certID: certID(fc.ClientCert)}
+	}
+	cl := &cluster{name: fc.Name, endpoints: hosts}
 	hc := flagHealth(fc.Name)
-	if cl.health, err = checks.forCluster(fc.Name, hc, 0, cl.endpoints, func(string) grpcTarget { return t }); err != nil {
-		_ = conn.Close()
+	var err error
+	if cl.health, err = checks.forCluster(fc.Name, hc, 0, cl.endpoints, target); err != nil {
+		closeAll()
 		return nil, nil, err
 	}
 	checks.keep()
-	select {
-	case <-cl.health.sessions[fc.Target].firstDone:
-	case <-time.After(hc.timeout + time.Second):
+	warm := time.After(hc.timeout + time.Second)
+	for _, h := range hosts {
+		select {
+		case <-cl.health.sessions[h].firstDone:
+		case <-warm:
+		}
 	}
-	c, err := extprocfilter.NewClientStarting(fc, cl.health.start(fc.Name, cl.endpoints, &cl.next, func(string) *grpc.ClientConn { return conn }))
+	c, err := extprocfilter.NewClientStarting(fc, cl.health.start(fc.Name, cl.endpoints, &cl.next, func(h string) *grpc.ClientConn { return conns[h] }))
 	if err != nil {
-		_ = conn.Close()
+		closeAll()
 		return nil, nil, err
 	}
-	return c, conn, nil
+	return c, owned, nil
 }

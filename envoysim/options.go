@@ -77,7 +77,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.IntVar(&o.Port, "port", 8080, "port to listen on (0 picks a free one)")
 	fs.StringArrayVar(&o.ExtProcs, "ext-proc", nil,
-		"ext_proc filter as name=host:port[,failure-mode=FailOpen|FailClose][,tls=true|false]; repeat in filter order (default FailClose, plaintext)")
+		"ext_proc filter as name=host:port[+host:port...][,failure-mode=FailOpen|FailClose][,tls=true|false][,response-body=streamed|none]; several hosts are replicas, each stream to the next healthy one; repeat in filter order (default FailClose, plaintext)")
 	fs.StringVar(&o.Routing, "routing", string(RoutingOverrideHost),
 		"how the picked endpoint is honoured: override-host (metadata, then header, comma list walked) or original-dst-header (first header value only)")
 	fs.StringSliceVar(&o.FallbackEndpoints, "fallback-endpoints", nil, "ip:port list used round robin when no filter picked an endpoint")
@@ -181,10 +181,14 @@ func (o *Options) ProxyConfig() (Config, error) {
 		hint = append(hint, ep)
 	}
 	var filters []extprocfilter.FilterConfig
+	hosts := map[string][]string{}
 	for _, spec := range o.ExtProcs {
-		fc, err := ParseFilterFlag(spec)
+		fc, hs, err := ParseFilterFlag(spec)
 		if err != nil {
 			return Config{}, fmt.Errorf("--ext-proc %q: %w", spec, err)
+		}
+		if len(hs) > 1 {
+			hosts[fc.Name] = hs
 		}
 		if len(hint) > 0 {
 			fc.ForwardMetadata = extprocfilter.SubsetHintMetadata(hint...)
@@ -202,6 +206,7 @@ func (o *Options) ProxyConfig() (Config, error) {
 	}
 	return Config{
 		Filters:           filters,
+		FilterHosts:       hosts,
 		Routing:           mode,
 		FallbackEndpoints: o.FallbackEndpoints,
 		Timeouts:          o.timeouts(),

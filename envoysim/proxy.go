@@ -63,6 +63,9 @@ type Config struct {
 	// Filters run in order on the request path and in reverse order on the
 	// response path, as an Envoy HTTP filter chain does.
 	Filters []extprocfilter.FilterConfig
+	// FilterHosts lists, by filter name, every host of a filter's
+	// processor cluster when it has more than its Target (replicas).
+	FilterHosts map[string][]string
 	// Routing defaults to RoutingOverrideHost.
 	Routing RoutingMode
 	// FallbackEndpoints (ip:port) are used round robin when no filter picked
@@ -135,12 +138,16 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.health = newHealthChecks(context.Background, func() {}, nil)
 	for _, fc := range cfg.Filters {
-		c, conn, err := flagFilterClient(fc, p.health)
+		hosts := cfg.FilterHosts[fc.Name]
+		if len(hosts) == 0 {
+			hosts = []string{fc.Target}
+		}
+		c, conns, err := flagFilterClient(fc, hosts, p.health)
 		if err != nil {
 			_ = p.Close()
 			return nil, err
 		}
-		p.ownedConns = append(p.ownedConns, conn)
+		p.ownedConns = append(p.ownedConns, conns...)
 		clients = append(clients, c)
 		t.filters = append(t.filters, &httpFilter{name: fc.Name, client: c})
 	}

@@ -416,3 +416,49 @@ func TestFailOpenNeedsNoBodyYet(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestReplicasShareTheStreams: a processor of two hosts (two picker
+// replicas) gets its streams in turn; once one dies and its health check
+// takes it out, every stream goes to the other and no request fails.
+func TestReplicasShareTheStreams(t *testing.T) {
+	poolA, poolB := fakeproc.StartUpstream(t, nil), fakeproc.StartUpstream(t, nil)
+	eppA := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: poolA.Addr}))
+	eppB := fakeproc.Start(t, fakeproc.EPPHandler(fakeproc.EPPOpts{HeaderDest: poolB.Addr}))
+	url := startProxy(t, Config{
+		Filters:     []extprocfilter.FilterConfig{{Name: "epp", Target: eppA.Addr}},
+		FilterHosts: map[string][]string{"epp": {eppA.Addr, eppB.Addr}},
+	})
+	for i := range 10 {
+		if resp, body := post(t, url, `{"model":"m"}`); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if poolA.Count() != 5 || poolB.Count() != 5 {
+		t.Fatalf("ten streams over two replicas: %d and %d, want 5 and 5 (round robin)", poolA.Count(), poolB.Count())
+	}
+	eppA.Stop()
+	stopped := time.Now()
+	// Until the check takes A out, its streams fail (FailClose): 500s.
+	deadline := stopped.Add(3*2*time.Second + 2*time.Second)
+	for ok := 0; ok < 10; {
+		resp, _ := post(t, url, `{"model":"m"}`)
+		if resp.StatusCode != 200 {
+			ok = 0
+			if time.Now().After(deadline) {
+				t.Fatalf("still %d %s after replica A died", resp.StatusCode, time.Since(stopped))
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		ok++
+	}
+	before := poolB.Count()
+	for i := range 10 {
+		if resp, body := post(t, url, `{"model":"m"}`); resp.StatusCode != 200 {
+			t.Fatalf("after A was taken out, request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if poolB.Count() != before+10 {
+		t.Fatalf("after A was taken out B served %d of 10", poolB.Count()-before)
+	}
+}

@@ -453,7 +453,7 @@ func TestEndpointWithBrokenMetricsKeepsServing(t *testing.T) {
 func TestPickerWithoutResponseBodies(t *testing.T) {
 	_, pool := newPool(t, 2)
 	e := startEPP(t, pool)
-	fc, err := envoysim.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
+	fc, _, err := envoysim.ParseFilterFlag("epp=" + e.GRPCAddr() + ",tls=true,response-body=none")
 	if err != nil {
 		t.Fatal(err)
 	}
