@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -124,7 +125,10 @@ func NewService(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	picker, queue, err := newPicker(cfg, loaded, store, reg)
+	// Flow control shares the pool's headroom between the replicas that
+	// are up, known once they have met.
+	var replicas atomic.Pointer[peers.Node]
+	picker, queue, err := newPicker(cfg, loaded, store, reg, &replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -132,6 +136,7 @@ func NewService(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	replicas.Store(node)
 	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
 		if node != nil {
@@ -146,6 +151,19 @@ func NewService(cfg Config) (*Service, error) {
 			SetReady: srv.SetReady, Logger: cfg.Logger.WithName("kubernetes")}
 	}
 	return svc, nil
+}
+
+// replicaShare is this replica's share of the pool's headroom: every
+// replica sees the same saturation (each scrapes every server, and the
+// KV each routes counts in the others' estimates within a flush), and
+// each releases queued requests into it, so each takes an equal part,
+// at least one.
+func replicaShare(headroom int, node *peers.Node) int {
+	if node == nil || headroom == 0 {
+		return headroom
+	}
+	n := node.Peers() + 1
+	return max(1, (headroom+n-1)/n)
 }
 
 // startPeers joins this replica to the others when cfg.Peers says so.
@@ -241,7 +259,7 @@ func newScraper(cfg Config, loaded *config.Loaded, reg prometheus.Registerer) (*
 
 // newPicker is the picker over store that the config describes, with its
 // flow-control queue when the config turns flow control on.
-func newPicker(cfg Config, loaded *config.Loaded, store *datastore.Store, reg prometheus.Registerer) (*Picker, *flowcontrol.Queue, error) {
+func newPicker(cfg Config, loaded *config.Loaded, store *datastore.Store, reg prometheus.Registerer, replicas *atomic.Pointer[peers.Node]) (*Picker, *flowcontrol.Queue, error) {
 	detector := flowcontrol.UtilizationDetector{
 		QueueDepthThreshold:  loaded.Saturation.QueueDepthThreshold,
 		KVCacheUtilThreshold: loaded.Saturation.KVCacheUtilThreshold,
@@ -251,7 +269,10 @@ func newPicker(cfg Config, loaded *config.Loaded, store *datastore.Store, reg pr
 	var queue *flowcontrol.Queue
 	if fc := loaded.FlowControl; fc.Enabled {
 		queue = flowcontrol.NewQueue(flowcontrol.QueueOptions{
-			Capacity:  func() (int, int64) { return detector.Capacity(time.Now(), store.Endpoints()) },
+			Capacity: func() (int, int64) {
+				n, version := detector.Capacity(time.Now(), store.Endpoints())
+				return replicaShare(n, replicas.Load()), version
+			},
 			TTL:       fc.RequestTTL,
 			MaxQueued: fc.MaxRequests,
 		})
