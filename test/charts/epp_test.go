@@ -58,6 +58,10 @@ schedulingProfiles:
 type eppWant struct {
 	pool        string // InferencePool name and --pool-name
 	replicas    int32
+	// leaderElection: several replicas active-passive; peersSecret: the
+	// active-active replicas' key is mounted from this Secret.
+	leaderElection bool
+	peersSecret    string
 	failureMode inferencev1.EndpointPickerFailureMode
 	targetPorts []int32
 	appProtocol inferencev1.AppProtocol
@@ -76,6 +80,8 @@ var eppValueSets = []struct {
 }{
 	{"defaults", ``, eppWant{replicas: 1}},
 	{"replicas 3", `epp: {replicas: 3}`, eppWant{replicas: 3}},
+	{"replicas 2 leader election", `epp: {replicas: 2, ha: {mode: leaderElection}}`, eppWant{replicas: 2, leaderElection: true}},
+	{"replicas 2 encrypted", `epp: {replicas: 2, ha: {secretName: peers-key}}`, eppWant{replicas: 2, peersSecret: "peers-key"}},
 	{"custom config", "epp:\n  config: |\n" + indent(eppConfig, "    "), eppWant{replicas: 1, config: true}},
 	{"custom pool and picker", `
 inferencePool:
@@ -169,7 +175,11 @@ func TestEPPInstallCommand(t *testing.T) {
 
 func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider string, want eppWant) {
 	t.Helper()
+	peers := want.replicas > 1 && !want.leaderElection
 	wantKinds := []string{"Deployment", "InferencePool", "Role", "RoleBinding", "Service", "ServiceAccount"}
+	if peers {
+		wantKinds = append(wantKinds, "Service")
+	}
 	if want.config {
 		wantKinds = append(wantKinds, "ConfigMap")
 	}
@@ -179,7 +189,7 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 	checkKinds(t, objs, wantKinds, want.podMonitor, provider == "istio" && !want.plaintext)
 
 	dep := one[appsv1.Deployment](t, objs, "Deployment")
-	svc := one[corev1.Service](t, objs, "Service")
+	svc := named[corev1.Service](t, objs, "Service", "vllm-llama3-epp")
 	pool := one[inferencev1.InferencePool](t, objs, "InferencePool")
 	sa := one[corev1.ServiceAccount](t, objs, "ServiceAccount")
 
@@ -254,13 +264,14 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 			t.Errorf("args %v lack %s", args, a)
 		}
 	}
-	leader := want.replicas > 1
+	leader := want.replicas > 1 && want.leaderElection
 	if got := slices.Contains(args, "--ha-enable-leader-election"); got != leader {
 		t.Errorf("--ha-enable-leader-election passed: %t, want %t with %d replicas", got, leader, want.replicas)
 	}
 	if got := dep.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType; got != leader {
 		t.Errorf("strategy %q with %d replicas; want Recreate exactly when leader election is on", dep.Spec.Strategy.Type, want.replicas)
 	}
+	checkPeers(t, objs, dep, c, ns, peers, want.peersSecret)
 	if got := slices.Contains(args, "--config-file=/config/epp.yaml"); got != want.config {
 		t.Errorf("--config-file passed: %t, want %t", got, want.config)
 	}
@@ -274,7 +285,11 @@ func checkEPP(t *testing.T, objs []*unstructured.Unstructured, ns, provider stri
 		t.Errorf("/certs mounted: %t, want %t", got, want.certs)
 	}
 	checkServing(t, dep, c, want.serving)
-	checkContainer(t, dep, c, map[string]int32{"grpc": 9002, "health": 9003, "metrics": 9090})
+	containerPorts := map[string]int32{"grpc": 9002, "health": 9003, "metrics": 9090}
+	if peers {
+		containerPorts["peers"], containerPorts["peers-udp"] = 7946, 7946
+	}
+	checkContainer(t, dep, c, containerPorts)
 	if c.Resources.Requests.Cpu().Cmp(resource.MustParse("500m")) != 0 || c.Resources.Limits.Memory().Cmp(resource.MustParse("2Gi")) != 0 {
 		t.Errorf("resources %+v, want the values' defaults", c.Resources)
 	}
@@ -446,6 +461,7 @@ func TestEPPBadValues(t *testing.T) {
 		{"istio with an empty gateway name", `provider: {name: istio, istio: {gateway: {name: ""}}}`, []string{"/provider/istio/gateway/name"}},
 		{"istio gateway name not a name", `provider: {name: istio, istio: {gateway: {name: "gw; x"}}}`, []string{"/provider/istio/gateway/name"}},
 		{"negative replicas", `epp: {replicas: -1}`, []string{"/epp/replicas", "minimum"}},
+		{"unknown ha mode", `epp: {ha: {mode: both}}`, []string{"/epp/ha/mode"}},
 		{"failureMode Maybe", `inferencePool: {failureMode: Maybe}`, []string{"/inferencePool/failureMode", "must be one of"}},
 		{"no pod selector", `inferencePool: {modelServers: {matchLabels: null}}`, []string{"/inferencePool/modelServers/matchLabels"}},
 		{"duplicate target ports", `inferencePool: {targetPorts: [{number: 8000}, {number: 8000}]}`, []string{"/inferencePool/targetPorts", "are equal"}},
@@ -808,4 +824,50 @@ func allowed(t *testing.T, user, userNS, ns string, a access) bool {
 		t.Fatalf("SubjectAccessReview: %v", err)
 	}
 	return sar.Status.Allowed
+}
+
+// checkPeers: active-active replicas find each other through a headless
+// Service that lists every pod, ready or not, and bind, advertise and join
+// on the peers port; without them nothing of this is rendered.
+func checkPeers(t *testing.T, objs []*unstructured.Unstructured, dep *appsv1.Deployment, c *corev1.Container, ns string, peers bool, secret string) {
+	t.Helper()
+	wantArgs := []string{"--peers-bind-address=:7946", "--peers-advertise-address=$(POD_IP):7946",
+		"--peers=vllm-llama3-epp-peers." + ns + ".svc:7946"}
+	for _, a := range wantArgs {
+		if slices.Contains(c.Args, a) != peers {
+			t.Errorf("%s passed: %t, want %t", a, !peers, peers)
+		}
+	}
+	if got := slices.Contains(c.Args, "--peers-secret-file=/peers-secret/key"); got != (secret != "") {
+		t.Errorf("--peers-secret-file passed: %t, want %t", got, secret != "")
+	}
+	if got := hasMount(c, "/peers-secret"); got != (secret != "") {
+		t.Errorf("/peers-secret mounted: %t, want %t", got, secret != "")
+	}
+	if !peers {
+		return
+	}
+	podIP := false
+	for _, e := range c.Env {
+		podIP = podIP || e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP"
+	}
+	if !podIP {
+		t.Errorf("env %v lacks POD_IP from status.podIP, which the advertised address reads", c.Env)
+	}
+	svc := named[corev1.Service](t, objs, "Service", "vllm-llama3-epp-peers")
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses {
+		t.Errorf("peers Service: clusterIP %q, publishNotReadyAddresses %t; want a headless Service listing pods not yet ready", svc.Spec.ClusterIP, svc.Spec.PublishNotReadyAddresses)
+	}
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)) {
+		t.Errorf("peers Service selector %v does not select the pods", svc.Spec.Selector)
+	}
+	protocols := map[corev1.Protocol]bool{}
+	for _, p := range svc.Spec.Ports {
+		if p.Port == 7946 {
+			protocols[p.Protocol] = true
+		}
+	}
+	if !protocols[corev1.ProtocolTCP] || !protocols[corev1.ProtocolUDP] {
+		t.Errorf("peers Service ports %+v, want 7946 over TCP and UDP (memberlist uses both)", svc.Spec.Ports)
+	}
 }

@@ -166,6 +166,18 @@ func one[T any](t *testing.T, objs []*unstructured.Unstructured, kind string) *T
 	return out
 }
 
+// named is the one object of kind with that name.
+func named[T any](t *testing.T, objs []*unstructured.Unstructured, kind, name string) *T {
+	t.Helper()
+	var picked []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			picked = append(picked, o)
+		}
+	}
+	return one[T](t, picked, kind)
+}
+
 // readmeValues checks that the chart's README table documents every value
 // (a row starting with the value's path in backquotes) and nothing that
 // is not a value. A value is a leaf of values.yaml, where the schema
