@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/childproc"
 	"github.com/infergate/infergate/test/loopback"
 )
 
@@ -113,44 +110,14 @@ func waitFresh(t *testing.T, addr string) {
 	}
 }
 
-// metricsOf reads a Prometheus endpoint into "name{label="value",...}" → value
-// (labels in the exposition's order).
+// metricsOf reads a Prometheus endpoint (childproc.Metrics).
 func metricsOf(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	m, err := childproc.Metrics(ctx, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for name, f := range fams {
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			key := name
-			if len(labels) > 0 {
-				key += "{" + strings.Join(labels, ",") + "}"
-			}
-			switch {
-			case m.GetGauge() != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				out[key] = m.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
+	return m
 }

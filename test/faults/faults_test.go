@@ -48,6 +48,7 @@ const (
 const (
 	pickerName, payloadName = "picker.faults", "payload.faults"
 	pickerPort, payloadPort = 9002, 9004
+	peersPort               = 7946
 )
 
 // service is a processor's Deployment: replicas, and the names a headless
@@ -56,6 +57,11 @@ type service struct {
 	name, command string
 	port          int
 	args          []string
+	// peersPort, when set, runs the replicas active-active: each binds it
+	// on its address and joins every other address of the service, as
+	// the chart's peers Service lists every pod.
+	peersPort int
+	all       []string // every address the service's replicas may have
 
 	mu    sync.Mutex
 	free  []string   // addresses not yet given to a replica
@@ -119,7 +125,8 @@ func newCluster(t *testing.T) *cluster {
 	// NOT_SERVING, then draining.
 	stop := []string{"--shutdown-delay", "5s"}
 	c.svcs = map[string]*service{
-		pickerName:  {name: pickerName, command: "epp", port: pickerPort, free: slices.Clone(pickerIPs), args: append([]string{"--pool-file", poolFile}, stop...)},
+		pickerName: {name: pickerName, command: "epp", port: pickerPort, free: slices.Clone(pickerIPs), all: pickerIPs,
+			peersPort: peersPort, args: append([]string{"--pool-file", poolFile}, stop...)},
 		payloadName: {name: payloadName, command: "payload", port: payloadPort, free: slices.Clone(payloadIPs), args: stop},
 	}
 	for _, s := range c.svcs {
@@ -190,8 +197,18 @@ func (c *cluster) start(s *service) *replica {
 	ip := s.free[0]
 	s.free = s.free[1:]
 	s.mu.Unlock()
+	args := slices.Clone(s.args)
+	if s.peersPort != 0 {
+		var others []string
+		for _, a := range s.all {
+			if a != ip {
+				others = append(others, net.JoinHostPort(a, fmt.Sprint(s.peersPort)))
+			}
+		}
+		args = append(args, "--peers-bind-address", net.JoinHostPort(ip, fmt.Sprint(s.peersPort)), "--peers", strings.Join(others, ","))
+	}
 	p, err := childproc.StartProcessor(context.Background(), childproc.ProcessorConfig{
-		Binary: c.bin, Command: s.command, Args: s.args, TLS: true, GRPCHost: ip, GRPCPort: s.port,
+		Binary: c.bin, Command: s.command, Args: args, TLS: true, GRPCHost: ip, GRPCPort: s.port,
 		Log: filepath.Join(c.logDir, s.command+"-"+ip+".log"),
 	})
 	if err != nil {
