@@ -56,21 +56,21 @@ schedulingProfiles:
 
 // eppWant is what a value set must render.
 type eppWant struct {
-	pool        string // InferencePool name and --pool-name
-	replicas    int32
+	pool     string // InferencePool name and --pool-name
+	replicas int32
 	// leaderElection: several replicas active-passive; peersSecret: the
 	// active-active replicas' key is mounted from this Secret.
 	leaderElection bool
 	peersSecret    string
-	failureMode inferencev1.EndpointPickerFailureMode
-	targetPorts []int32
-	appProtocol inferencev1.AppProtocol
-	config      bool // ConfigMap, --config-file, mounted
-	certs       bool // --cert-path and the Secret mounted
-	plaintext   bool // --secure-serving=false
-	podMonitor  bool
-	moreArgs    []string // flags the value set adds
-	serving     servingWant
+	failureMode    inferencev1.EndpointPickerFailureMode
+	targetPorts    []int32
+	appProtocol    inferencev1.AppProtocol
+	config         bool // ConfigMap, --config-file, mounted
+	certs          bool // --cert-path and the Secret mounted
+	plaintext      bool // --secure-serving=false
+	podMonitor     bool
+	moreArgs       []string // flags the value set adds
+	serving        servingWant
 }
 
 var eppValueSets = []struct {
