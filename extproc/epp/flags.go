@@ -35,6 +35,11 @@ type Flags struct {
 	ConformanceTest        bool
 	EmitScores             bool
 
+	// KVEventsPort or KVEventsBind, when set, subscribe to the engines' KV
+	// events (EngineEvents).
+	KVEventsPort int
+	KVEventsBind string
+
 	// Active-active replicas (package peers).
 	PeersBind, PeersAdvertise, PeersSecretFile string
 	Peers                                      []string
@@ -59,6 +64,8 @@ func (o *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RefreshInterval, "refresh-metrics-interval", 0, "how often endpoint metrics are scraped (default: the config's, 50ms)")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "endpoint metrics older than this count as unknown")
 	fs.BoolVar(&o.ConformanceTest, "conformance-test-mode", false, "run as the conformance suites' test picker: steered by the test-epp-endpoint-selection header (random among the named endpoints, all without it), the pick echoed through X-Echo-Set-Header, the served endpoint reported in x-conformance-test-served-endpoint, and a request carrying x-infergate-test-epp-shed shed with 429. Any client can steer: never in production")
+	fs.IntVar(&o.KVEventsPort, "kv-events-port", 0, "port on each model server's address where its engine publishes KV-cache events over ZeroMQ (vLLM: --kv-events-config with publisher zmq, endpoint tcp://*:PORT); the picker subscribes to every endpoint's and forgets an endpoint's cache the moment its engine clears it or restarts. 0: off")
+	fs.StringVar(&o.KVEventsBind, "kv-events-bind-address", "", "host:port where engines that connect to the picker publish their KV-cache events (llm-d's way: topic kv@<pod IP>@<model>); empty: none")
 	fs.StringVar(&o.PeersBind, "peers-bind-address", "", "host:port where this replica meets the picker's other replicas (memberlist, TCP and UDP), e.g. :7946; empty runs alone. Replicas tell each other every decision, so all of them learn from all the traffic")
 	fs.StringSliceVar(&o.Peers, "peers", nil, "other replicas to join, host:port, comma-separated; a DNS name (a headless Service) joins every address it resolves to")
 	fs.StringVar(&o.PeersAdvertise, "peers-advertise-address", "", "host:port the other replicas reach this one at (default: --peers-bind-address, or a private address of this host when that is unspecified)")
@@ -88,10 +95,12 @@ func (o *Flags) Validate() error {
 		return fmt.Errorf("--refresh-metrics-interval: %s is negative", o.RefreshInterval)
 	case o.MetricsStaleness < 0:
 		return fmt.Errorf("--metrics-staleness-threshold: %s is negative", o.MetricsStaleness)
+	case o.KVEventsPort < 0 || o.KVEventsPort > 65535:
+		return fmt.Errorf("--kv-events-port: %d is not a port", o.KVEventsPort)
 	case o.PeersBind == "" && (len(o.Peers) > 0 || o.PeersAdvertise != "" || o.PeersSecretFile != ""):
 		return errors.New("--peers, --peers-advertise-address and --peers-secret-file need --peers-bind-address")
 	}
-	for flag, v := range map[string]string{"--peers-bind-address": o.PeersBind, "--peers-advertise-address": o.PeersAdvertise} {
+	for flag, v := range map[string]string{"--peers-bind-address": o.PeersBind, "--peers-advertise-address": o.PeersAdvertise, "--kv-events-bind-address": o.KVEventsBind} {
 		if v == "" {
 			continue
 		}
@@ -121,6 +130,8 @@ func (o *Flags) Config() Config {
 		RefreshInterval:  o.RefreshInterval,
 		MetricsStaleness: o.MetricsStaleness,
 		EmitScores:       o.EmitScores,
+		KVEventsPort:     o.KVEventsPort,
+		KVEventsBind:     o.KVEventsBind,
 	}
 	if o.PeersBind != "" {
 		c.Peers = &PeersConfig{Bind: o.PeersBind, Advertise: o.PeersAdvertise, Join: o.Peers, SecretFile: o.PeersSecretFile}

@@ -33,11 +33,12 @@ import (
 
 // rig is a running picker over real gRPC on loopback.
 type rig struct {
-	store *datastore.Store
-	srv   *server.Server
-	conn  *grpc.ClientConn
-	reg   *prometheus.Registry
-	peers *peers.Node
+	store  *datastore.Store
+	srv    *server.Server
+	conn   *grpc.ClientConn
+	reg    *prometheus.Registry
+	peers  *peers.Node
+	picker *epp.Picker
 }
 
 type rigOpts struct {
@@ -124,7 +125,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(); cancel(); <-done })
-	return &rig{store: store, srv: srv, conn: conn, reg: reg, peers: node}
+	return &rig{store: store, srv: srv, conn: conn, reg: reg, peers: node, picker: p}
 }
 
 func specs(addrs ...string) []datastore.Spec {

@@ -52,6 +52,12 @@ type Config struct {
 	// PoolFilePoll is how often the pool file is checked for changes; 0
 	// means a second.
 	PoolFilePoll time.Duration
+	// KVEventsPort, when set, is where every endpoint's engine publishes
+	// its KV events (EngineEvents).
+	KVEventsPort int
+	// KVEventsBind, when set, is where engines that connect to the picker
+	// publish their KV events.
+	KVEventsBind string
 	// Peers, when set, runs this replica active-active with the others.
 	Peers  *PeersConfig
 	Logger logr.Logger
@@ -86,6 +92,7 @@ type Service struct {
 	kube    kube.Options       // Kubernetes mode
 	queue   *flowcontrol.Queue // nil unless flow control is on
 	peers   *peers.Node        // nil when running alone
+	events  *EngineEvents      // nil without --kv-events-port
 }
 
 // NewService loads and validates every file (failing fast with the file and
@@ -137,6 +144,13 @@ func NewService(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	replicas.Store(node)
+	var events *EngineEvents
+	if cfg.KVEventsPort != 0 || cfg.KVEventsBind != "" {
+		if events, err = NewEngineEvents(context.Background(), store, picker, cfg.KVEventsPort, cfg.KVEventsBind, cfg.Logger.WithName("kv-events")); err != nil {
+			return nil, err
+		}
+		reg.MustRegister(events)
+	}
 	srv, err := server.Start(picker, cfg.Server, reg, cfg.Logger.WithName("server"))
 	if err != nil {
 		if node != nil {
@@ -144,7 +158,7 @@ func NewService(cfg Config) (*Service, error) {
 		}
 		return nil, err
 	}
-	svc := &Service{store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue, peers: node}
+	svc := &Service{store: store, picker: picker, srv: srv, scraper: scraper, pool: pool, queue: queue, peers: node, events: events}
 	if k := cfg.Kube; k != nil {
 		svc.kube = kube.Options{Config: restCfg, Namespace: k.Namespace, PoolName: k.PoolName,
 			EngineLabel: loaded.DataLayer.EngineLabel, LeaderElection: k.LeaderElection, Store: store,
@@ -312,6 +326,9 @@ func (s *Service) Run(ctx context.Context) error {
 		defer s.peers.Stop()
 	}
 	go s.scraper.Run(ctx, s.store)
+	if s.events != nil {
+		go func() { _ = s.events.Run(ctx) }()
+	}
 	if s.queue != nil {
 		go s.queue.Run(ctx)
 	}

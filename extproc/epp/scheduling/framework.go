@@ -190,6 +190,12 @@ type StateHolder interface {
 	MergeState(b []byte) error
 }
 
+// CacheClearer forgets what it believed an endpoint's KV cache held, when
+// the endpoint's engine says it cleared it or restarted.
+type CacheClearer interface {
+	EngineCleared(addr string)
+}
+
 // Logging is implemented by plugins that log; the picker gives them its
 // logger when it is built.
 type Logging interface {

@@ -199,3 +199,6 @@ func (s *noHitLRUScorer) PeerPicked(d Shared) {
 		s.coldPick(d.Endpoint)
 	}
 }
+
+// EngineCleared forgets the endpoint's blocks: its engine's cache is empty.
+func (p *prefixProducer) EngineCleared(addr string) { p.index.Clear(addr) }
