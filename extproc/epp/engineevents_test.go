@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-zeromq/zmq4"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/infergate/infergate/extproc/epp"
@@ -29,7 +28,7 @@ func TestAnEngineThatClearsItsCacheIsForgotten(t *testing.T) {
 			r := newRig(t, rigOpts{endpoints: specs(addrs...)})
 			r.freshMetrics(addrs)
 			home := r.do(t, call{body: topicBody("cleared")}).destination(t)
-			if gauge(t, r.reg, "infergate_epp_prefix_index_blocks", home) == 0 {
+			if counterValue(t, r.reg, "infergate_epp_prefix_index_blocks", "endpoint", home) == 0 {
 				t.Fatal("the picker learned nothing of the prefix")
 			}
 			host, _, _ := net.SplitHostPort(home)
@@ -71,14 +70,14 @@ func TestAnEngineThatClearsItsCacheIsForgotten(t *testing.T) {
 			// (ZeroMQ's slow joiner): the engine keeps publishing, as a busy
 			// one does.
 			deadline := time.Now().Add(10 * time.Second)
-			for seq := uint64(0); gauge(t, r.reg, "infergate_epp_engine_kv_blocks", home) != 3; seq++ {
+			for seq := uint64(0); counterValue(t, r.reg, "infergate_epp_engine_kv_blocks", "endpoint", home) != 3; seq++ {
 				if time.Now().After(deadline) {
 					t.Fatal("the stored blocks were never counted")
 				}
 				publish(t, pub, topic, seq, []any{[]any{"AllBlocksCleared"}, stored})
 				time.Sleep(50 * time.Millisecond)
 			}
-			if n := gauge(t, r.reg, "infergate_epp_prefix_index_blocks", home); n != 0 {
+			if n := counterValue(t, r.reg, "infergate_epp_prefix_index_blocks", "endpoint", home); n != 0 {
 				t.Fatalf("the engine cleared its cache; the picker still believes it holds %v blocks", n)
 			}
 			if counterValue(t, r.reg, "infergate_epp_engine_kv_clears_total", "endpoint", home) < 1 {
@@ -111,26 +110,4 @@ func freePort(t *testing.T, host string) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// gauge is the value of a gauge series with label endpoint.
-func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "endpoint" && lp.GetValue() == endpoint {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

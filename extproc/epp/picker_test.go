@@ -17,6 +17,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -730,7 +731,16 @@ func TestServedEndpointIsRecorded(t *testing.T) {
 	}
 }
 
-// counterValue reads one labelled counter from a registry.
+// valueOf is a counter's or a gauge's value.
+func valueOf(m *dto.Metric) float64 {
+	if g := m.GetGauge(); g != nil {
+		return g.GetValue()
+	}
+	return m.GetCounter().GetValue()
+}
+
+// counterValue is the value of the series of name with label=value (a
+// counter or a gauge).
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -743,11 +753,11 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 		}
 		for _, m := range mf.GetMetric() {
 			if label == "" {
-				return m.GetCounter().GetValue()
+				return valueOf(m)
 			}
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
+					return valueOf(m)
 				}
 			}
 		}
