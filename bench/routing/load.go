@@ -37,6 +37,8 @@ type result struct {
 	// retryAfter is the pause a refusal asked for (retry-after-ms, else
 	// retry-after in seconds); zero when it named none.
 	retryAfter time.Duration
+	// end is when the request completed or failed.
+	end time.Time
 }
 
 func (r result) ok() bool { return r.err == nil && r.status == http.StatusOK }
@@ -98,7 +100,7 @@ var (
 // do sends r to its target and reads the whole stream.
 func (c *client) do(ctx context.Context, to target, r request) result {
 	res := c.send(ctx, to, r)
-	res.group, res.promptBytes = r.Group, len(r.promptText())
+	res.group, res.promptBytes, res.end = r.Group, len(r.promptText()), time.Now()
 	return res
 }
 
@@ -300,10 +302,11 @@ func (c *client) warmUp(ctx context.Context, route router, tok tokenizer, n, rou
 // warmUpTokens is the warm-up prompt length: two KV-cache blocks.
 const warmUpTokens = 32
 
-// flood runs workers that send tenant A's requests back to back until ctx
-// ends. After a refusal a worker pauses as a well-behaved client does: as
-// long as the answer's Retry-After asks (the picker spreads it), or backoff
-// when it names no pause.
+// flood runs workers that send requests back to back until ctx ends:
+// tenant A's in (d), the failover run's steady load. After a refusal or a
+// failure a worker pauses as a well-behaved client does: as long as the
+// answer's Retry-After asks (the picker spreads it), or backoff when it
+// names no pause.
 type flood struct {
 	started atomic.Int64
 	wg      sync.WaitGroup
@@ -311,7 +314,10 @@ type flood struct {
 	results []result
 }
 
-func (c *client) startFlood(ctx context.Context, gen *floodGen, workers int, route router, backoff time.Duration) *flood {
+// requestSource makes request i of an endless stream, the same whoever asks.
+type requestSource interface{ request(i int) request }
+
+func (c *client) startFlood(ctx context.Context, gen requestSource, workers int, route router, backoff time.Duration) *flood {
 	f := &flood{}
 	for range workers {
 		f.wg.Go(func() {

@@ -9,7 +9,14 @@
 // 39–43% prefix-cache hits under every router, while splitting the prefixes
 // by hand between the pods reached 77.5%, +13.6% throughput and a p99 TTFT
 // of 690 ms instead of 1,584 ms. Workload (t) repeats (a) with sims whose
-// tokenizer differs from the picker's 4-byte assumption.
+// tokenizer differs from the picker's 4-byte assumption; workload (h) runs
+// shared prefixes on sims that differ in KV cache and speed, against an
+// oracle that splits the prefixes by capacity.
+//
+// --replicas runs every picker configuration with several picker processes
+// joined as peers behind the stand-in's round robin, one row per count;
+// --failover kills one of two replicas under a steady load and starts it
+// again, and prints how the hit rate and the requests fared.
 //
 // Every simulator, the picker and the Envoy stand-in run as separate processes
 // of the infergate binary, fresh for every (workload, configuration) run so
@@ -19,6 +26,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -54,9 +62,12 @@ const defaultTimeScale = 1
 func main() {
 	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims and picker)")
 	standIn := flag.String("envoysim", "bin/envoysim", "the envoysim binary (the Envoy stand-in)")
-	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers); keys or names")
+	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers), h (heterogeneous sims); keys or names")
 	tokenizers := flag.String("tokenizers", "2,4,7,words", "the sims' tokenizers of workload t: bytes per token (2 to 8) or words")
-	configs := flag.String("configs", strings.Join(allConfigs, ","), "routing configurations to compare")
+	configs := flag.String("configs", strings.Join(defaultConfigs, ","), "routing configurations to compare (workload h adds oracle-capacity, its yardstick)")
+	replicas := flag.String("replicas", "1", "picker replicas each picker configuration runs with, joined as peers behind the proxy's round robin: one count or several (1,2,3), one row each")
+	failover := flag.Bool("failover", false, "instead of the workloads, run the failover timeline: workload h's pool under a steady load through 2 replicas, one killed at a third and started again at two thirds")
+	quick := flag.Bool("quick", false, "run workload h and the failover timeline at their small sizes (a smoke test: fewer prefixes, smaller caches, 30 s of failover)")
 	scale := flag.Float64("time-scale", defaultTimeScale, "speed-up of simulated time, passed to every sim; latencies and throughput are reported in simulated time")
 	seed := flag.Uint64("seed", 1, "seed of the workload generator")
 	logDir := flag.String("log-dir", "", "keep the children's logs here (default: a temporary directory removed at the end)")
@@ -70,7 +81,9 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
-	if err := run(ctx, *binary, *standIn, *workloads, *configs, *tokenizers, *scale, *seed, *logDir, *repeat); err != nil {
+	o := options{workloads: *workloads, configs: *configs, tokenizers: *tokenizers, replicas: *replicas, scale: *scale, seed: *seed,
+		logDir: *logDir, repeat: *repeat, failover: *failover, quick: *quick}
+	if err := run(ctx, *binary, *standIn, o); err != nil {
 		fmt.Fprintln(os.Stderr, "routing:", err)
 		stop()
 		cancel()
@@ -78,30 +91,52 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, binary, standIn, wlFlag, cfgFlag, tokFlag string, scale float64, seed uint64, logDir string, repeat int) error {
+// options are the command's flags.
+type options struct {
+	workloads, configs, tokenizers, replicas string
+	scale                                    float64
+	seed                                     uint64
+	logDir                                   string
+	repeat                                   int
+	failover, quick                          bool
+}
+
+func run(ctx context.Context, binary, standIn string, o options) error {
+	scale, seed, repeat := o.scale, o.seed, o.repeat
 	if !(scale > 0) {
 		return fmt.Errorf("--time-scale %g: want a positive number", scale)
 	}
 	if repeat < 1 {
 		return fmt.Errorf("--repeat %d: want at least 1", repeat)
 	}
+	if o.failover && scale != 1 {
+		// Its windows are wall-clock minutes and seconds, and the health
+		// checks that take a replica out and bring it back run in wall
+		// time too.
+		return fmt.Errorf("--failover runs at --time-scale 1, not %g", scale)
+	}
 	for _, b := range []string{binary, standIn} {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%s: %w (make build)", b, err)
 		}
 	}
-	keys, err := parseWorkloads(wlFlag)
+	keys, err := parseWorkloads(o.workloads)
 	if err != nil {
 		return err
 	}
-	cfgs, err := parseConfigs(cfgFlag)
+	cfgs, err := parseConfigs(o.configs)
 	if err != nil {
 		return err
 	}
-	toks, err := parseTokenizers(tokFlag)
+	toks, err := parseTokenizers(o.tokenizers)
 	if err != nil {
 		return err
 	}
+	reps, err := parseReplicas(o.replicas)
+	if err != nil {
+		return err
+	}
+	logDir := o.logDir
 	dir := logDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "infergate-routing"); err != nil {
@@ -119,7 +154,8 @@ func run(ctx context.Context, binary, standIn, wlFlag, cfgFlag, tokFlag string, 
 			return fmt.Errorf("copy %s: %w", src, err)
 		}
 	}
-	e := &env{binary: snapshot, standIn: standInSnapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks}
+	e := &env{binary: snapshot, standIn: standInSnapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks,
+		replicas: reps, quick: o.quick}
 
 	began := time.Now()
 	version, _ := exec.Command(snapshot, "version").Output()
@@ -142,7 +178,12 @@ func run(ctx context.Context, binary, standIn, wlFlag, cfgFlag, tokFlag string, 
 		if repeat > 1 {
 			fmt.Printf("# Run %d of %d\n\n", i+1, repeat)
 		}
-		if err := e.runWorkloads(ctx, keys, cfgs, seed); err != nil {
+		if o.failover {
+			err = e.failoverSection(ctx, seed)
+		} else {
+			err = e.runWorkloads(ctx, keys, cfgs, seed)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -154,31 +195,42 @@ func run(ctx context.Context, binary, standIn, wlFlag, cfgFlag, tokFlag string, 
 	return nil
 }
 
-// runWorkloads prints one table per workload.
+// runWorkloads prints one table per workload; (d) and (t) one per replica
+// count.
 func (e *env) runWorkloads(ctx context.Context, keys, cfgs []string, seed uint64) error {
+	// The capacity-weighted oracle is h's yardstick; on the other
+	// workloads' equal sims it would be the oracle again.
+	others := slices.DeleteFunc(slices.Clone(cfgs), func(c string) bool { return c == cfgOracleCapacity })
 	for _, k := range keys {
+		var err error
 		switch k {
-		case "a", "b", "c":
-			var w *workload
-			switch k {
-			case "a":
-				w = measuredWorkload(defaultMeasured, seed)
-			case "b":
-				w = multiTurnWorkload(defaultMultiTurn, seed)
-			default:
-				w = noSharingWorkload(defaultNoSharing, seed)
+		case "a":
+			err = e.sharedTable(ctx, measuredWorkload(defaultMeasured, seed), others)
+		case "b":
+			err = e.sharedTable(ctx, multiTurnWorkload(defaultMultiTurn, seed), others)
+		case "c":
+			err = e.sharedTable(ctx, noSharingWorkload(defaultNoSharing, seed), others)
+		case "h":
+			spec := defaultHetero
+			if e.quick {
+				spec = quickHetero
 			}
-			if err := e.sharedTable(ctx, w, cfgs); err != nil {
-				return err
-			}
+			err = e.sharedTable(ctx, heteroWorkload(spec, seed), withCapacityOracle(cfgs))
 		case "d":
-			if err := e.noisyTable(ctx, defaultNoisy, seed, cfgs); err != nil {
-				return err
+			for _, n := range e.replicas {
+				if err = e.noisyTable(ctx, defaultNoisy, seed, others, n); err != nil {
+					break
+				}
 			}
 		case "t":
-			if err := e.tokenizerTable(ctx, defaultMeasured, seed, cfgs); err != nil {
-				return err
+			for _, n := range e.replicas {
+				if err = e.tokenizerTable(ctx, defaultMeasured, seed, others, n); err != nil {
+					break
+				}
 			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -189,6 +241,9 @@ type itlSample struct {
 	run   string
 	itl   time.Duration
 	cores float64
+	// model is the decode rate the sims' models give the run's tokens
+	// (they differ in workload h); zero for the sims' default.
+	model time.Duration
 }
 
 // machineCheck says whether the machine kept up with the sims' model: if
@@ -200,22 +255,27 @@ func (e *env) machineCheck() {
 	}
 	var slow []string
 	worst, maxCores := 0.0, 0.0
+	mixed := "" // workload h's sims differ in speed
 	for _, s := range e.itls {
-		dev := s.itl.Seconds()/e.model.itl.Seconds() - 1
+		model, note := cmp.Or(s.model, e.model.itl), ""
+		if model != e.model.itl {
+			mixed, note = ", or in workload h the mean of its sims' models over the tokens each served", "; model "+ms(model)
+		}
+		dev := s.itl.Seconds()/model.Seconds() - 1
 		worst = max(worst, dev)
 		maxCores = max(maxCores, s.cores)
 		if dev > 0.05 {
-			slow = append(slow, fmt.Sprintf("%s (%s)", s.run, ms(s.itl)))
+			slow = append(slow, fmt.Sprintf("%s (%s%s)", s.run, ms(s.itl), note))
 		}
 	}
 	fmt.Printf("## Machine check\n\n")
 	if len(slow) == 0 {
-		fmt.Printf("In every run the decode rate the client measured stayed within 5%% of the sims' model (%s per token; worst +%.1f%%), with at most %.2f of %d cores busy: throughput and latencies are bounded by the sims' model and the routing, not by the machine. The *TTFT overhead* column is what the proxy path and CPU contention add to TTFT.\n",
-			e.model.itl, 100*worst, maxCores, runtime.NumCPU())
+		fmt.Printf("In every run the decode rate the client measured stayed within 5%% of the sims' model (%s per token%s; worst +%.1f%%), with at most %.2f of %d cores busy: throughput and latencies are bounded by the sims' model and the routing, not by the machine. The *TTFT overhead* column is what the proxy path and CPU contention add to TTFT.\n",
+			e.model.itl, mixed, 100*worst, maxCores, runtime.NumCPU())
 		return
 	}
-	fmt.Printf("The decode rate fell more than 5%% behind the sims' model (%s per token) in: %s. Those runs were bounded by the machine (other load, or too high a --time-scale), and their TTFT figures carry CPU noise; lower --time-scale or rerun on a quieter machine.\n",
-		e.model.itl, strings.Join(slow, ", "))
+	fmt.Printf("The decode rate fell more than 5%% behind the sims' model (%s per token%s) in: %s. Those runs were bounded by the machine (other load, or too high a --time-scale), and their TTFT figures carry CPU noise; lower --time-scale or rerun on a quieter machine.\n",
+		e.model.itl, mixed, strings.Join(slow, ", "))
 }
 
 func copyFile(from, to string) error {
@@ -235,7 +295,7 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour", "t": "tokenizers"}
+var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour", "t": "tokenizers", "h": "heterogeneous"}
 
 func parseWorkloads(s string) ([]string, error) {
 	var keys []string
@@ -248,7 +308,7 @@ func parseWorkloads(s string) ([]string, error) {
 			}
 		}
 		if key == "" {
-			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d, t or measured, multi-turn, no-sharing, noisy-neighbour, tokenizers)", f)
+			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d, t, h or measured, multi-turn, no-sharing, noisy-neighbour, tokenizers, heterogeneous)", f)
 		}
 		if !slices.Contains(keys, key) {
 			keys = append(keys, key)
@@ -292,19 +352,22 @@ func (e *env) runTimeout(reqs []request, pods, concurrency int) time.Duration {
 }
 
 // router returns how requests reach the sims: through the Envoy stand-in, and
-// for the oracle steered to the sim chosen by hand (group mod pods, round
-// robin without a group).
+// for the oracles steered to the sim chosen by hand (group mod pods, or
+// the capacity-weighted split; round robin without a group).
 func (st *stack) router() router {
-	if st.cfg != cfgOracle {
+	if st.cfg != cfgOracle && st.cfg != cfgOracleCapacity {
 		return func(request) target { return target{base: st.base} }
 	}
 	var rr atomic.Uint64
 	n := len(st.sims)
 	return func(r request) target {
 		i := 0
-		if r.Group >= 0 {
+		switch {
+		case r.Group >= 0 && len(st.split) > 0:
+			i = st.split[r.Group%len(st.split)]
+		case r.Group >= 0:
 			i = r.Group % n
-		} else {
+		default:
 			i = int((rr.Add(1) - 1) % uint64(n))
 		}
 		return target{base: st.base, steer: st.sims[i].addr}
@@ -313,7 +376,12 @@ func (st *stack) router() router {
 
 // runStats is one row of a table.
 type runStats struct {
-	cfg           string
+	cfg string
+	// replicas is how many picker replicas served the row (0 without a
+	// picker); label names the row: the config, and the replica count
+	// where the run compares several.
+	replicas      int
+	label         string
 	pods          []string
 	perPod        []int
 	hits, queries []float64
@@ -328,6 +396,7 @@ type runStats struct {
 	prefill             []time.Duration
 	outTokens           int
 	itl                 time.Duration // simulated
+	modelITL            time.Duration // the sims' models' decode rate over the tokens each served
 	simTTFT             time.Duration // mean TTFT the sims recorded (simulated)
 	simTTFTKnown        bool
 	cores               float64
@@ -345,9 +414,13 @@ type runStats struct {
 	// prompt tokens it counted (vllm:prompt_tokens_total) since the
 	// baseline.
 	promptBytes, promptTokens []float64
-	// endpoints are the picker's prefix figures per pod; nil without a
-	// picker or when its metrics could not be read.
+	// endpoints are the picker's prefix figures per pod (of its first
+	// replica); nil without a picker or when its metrics could not be
+	// read.
 	endpoints []endpointFigures
+	// peers are each replica's figures of its peers since the warm-up;
+	// nil for a picker that runs alone.
+	peers []peerFigures
 }
 
 // overhead is the client's mean TTFT minus the sims' own.
@@ -377,7 +450,8 @@ func (r *runStats) tokPerSec(scale float64) float64 {
 	return float64(r.outTokens) / (r.wall.Seconds() * scale)
 }
 
-// sharedTable runs workload w under every configuration and prints its table.
+// sharedTable runs workload w under every configuration, each picker
+// configuration with every replica count, and prints its table.
 func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error {
 	fmt.Printf("## (%s) %s\n\n%s.\n\n", w.key, w.name, w.describe)
 	var reqs []request
@@ -386,15 +460,59 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 	}
 	var rows []*runStats
 	for _, cfg := range cfgs {
-		r, err := e.sharedRun(ctx, w, reqs, cfg)
-		if err != nil {
-			return fmt.Errorf("(%s) %s, %s: %w", w.key, w.name, cfg, err)
+		for _, n := range e.replicasOf(cfg) {
+			r, err := e.sharedRun(ctx, w, reqs, cfg, n)
+			if err != nil {
+				return fmt.Errorf("(%s) %s, %s: %w", w.key, w.name, e.label(cfg, n), err)
+			}
+			rows = append(rows, r)
 		}
-		rows = append(rows, r)
 	}
+	fmt.Print(e.sharedRows(w, rows).String())
+	fmt.Println()
+	for _, n := range e.replicas {
+		e.sharedNotes(w, rowsAt(rows, n), n)
+	}
+	e.replicaNotes(w, rows)
+	for _, r := range rows {
+		if note := imbalance(r.perPod); note != "" {
+			fmt.Printf("- %s: %s.\n", r.label, note)
+		}
+	}
+	printPrefixIndex(rows)
+	printPeers(rows)
+	var cpuParts []string
+	for _, r := range rows {
+		cpuParts = append(cpuParts, fmt.Sprintf("%s (%s)", r.label, r.cpuBy))
+	}
+	sum := ""
+	if slices.ContainsFunc(rows, func(r *runStats) bool { return r.replicas > 1 }) {
+		sum = " (picker: the sum over its replicas)"
+	}
+	fmt.Printf("- cores by process%s: %s.\n", sum, strings.Join(cpuParts, "; "))
+	for _, r := range rows {
+		if r.t.errs > 0 {
+			fmt.Printf("- %s: first error: %s\n", r.label, r.t.firstErr)
+		}
+	}
+	fmt.Println()
+	return nil
+}
+
+// sharedRows is the table of a shared workload; workload h's has each
+// row's hit rate as a fraction of the capacity-weighted oracle's with as
+// many replicas.
+func (e *env) sharedRows(w *workload, rows []*runStats) *table {
 	t := &table{
 		header: []string{"config", "requests per pod", "hit rate per pod", "hit rate", "req/s", "output tok/s", "TTFT mean", "TTFT p99", "errors / 429", "TTFT overhead", "ITL", "CPU"},
-		right:  []bool{false, true, true, true, true, true, true, true, true, true, true, true},
+	}
+	capacity := w.servers != nil
+	if capacity {
+		t.header = slices.Insert(t.header, 4, "of oracle-capacity")
+	}
+	t.right = make([]bool, len(t.header))
+	for i := 1; i < len(t.right); i++ {
+		t.right[i] = true
 	}
 	for _, r := range rows {
 		per := make([]string, len(r.perPod))
@@ -407,80 +525,77 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 			}
 			hit[i] = pctString(h)
 		}
-		t.add(r.cfg, strings.Join(per, " / "), strings.Join(hit, " / "), pctString(r.hitRate()),
-			fmt.Sprintf("%.2f", r.reqPerSec(e.scale)), fmt.Sprintf("%.0f", r.tokPerSec(e.scale)),
+		cells := []string{r.label, strings.Join(per, " / "), strings.Join(hit, " / "), pctString(r.hitRate())}
+		if capacity {
+			// A row without a picker is measured against the oracle of
+			// the fewest replicas.
+			n, oracle := cmp.Or(r.replicas, e.replicas[0]), math.NaN()
+			if o := rowsAt(rows, n)[cfgOracleCapacity]; o != nil {
+				oracle = o.hitRate()
+			}
+			cells = append(cells, ratio(r.hitRate(), oracle))
+		}
+		t.add(append(cells, fmt.Sprintf("%.2f", r.reqPerSec(e.scale)), fmt.Sprintf("%.0f", r.tokPerSec(e.scale)),
 			ms(mean(r.ttft)), ms(percentile(r.ttft, 0.99)), fmt.Sprintf("%d / %d", r.t.errs, r.t.n429),
-			r.overhead(), ms(r.itl), fmt.Sprintf("%.2f", r.cores))
+			r.overhead(), ms(r.itl), fmt.Sprintf("%.2f", r.cores))...)
 	}
-	fmt.Print(t.String())
-	fmt.Println()
-	byCfg := map[string]*runStats{}
-	for _, r := range rows {
-		byCfg[r.cfg] = r
+	return t
+}
+
+// sharedNotes prints a workload's ratios to its yardstick among the rows
+// of n replicas (and those without a picker), and records its goals.
+func (e *env) sharedNotes(w *workload, byCfg map[string]*runStats, n int) {
+	at := ""
+	if len(e.replicas) > 1 {
+		at = fmt.Sprintf("×%d: ", n)
 	}
 	def, oracle, load := byCfg[cfgDefault], byCfg[cfgOracle], byCfg[cfgLoadOnly]
 	switch w.key {
 	case "a":
 		if def != nil && oracle != nil {
-			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s); on vLLM the routers reached 0.50–0.55 of the hand split (39–43%% / 77.5%%).\n",
-				ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
+			fmt.Printf("- %sinfergate-default / oracle hit rate: **%s** (%s / %s); on vLLM the routers reached 0.50–0.55 of the hand split (39–43%% / 77.5%%).\n",
+				at, ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
 			dp, op := percentile(def.ttft, 0.99), percentile(oracle.ttft, 0.99)
-			e.goals.record(goalHitRate, def.hitRate()/oracle.hitRate())
-			e.goals.record(goalP99, dp.Seconds()/op.Seconds())
-			fmt.Printf("- infergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). Both pay the proxy and the picker's ext_proc hop (TTFT overhead column: %s vs %s mean; the pickers' own decisions took %s and %s of it on average).\n",
-				ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead(), us(def.decision), us(oracle.decision))
+			e.goals.record(goalHitRate.at(n), def.hitRate()/oracle.hitRate())
+			e.goals.record(goalP99.at(n), dp.Seconds()/op.Seconds())
+			fmt.Printf("- %sinfergate-default / oracle p99 TTFT: **%s** (%s / %s); on vLLM 2.30 (1,584 ms / 690 ms). Both pay the proxy and the picker's ext_proc hop (TTFT overhead column: %s vs %s mean; the pickers' own decisions took %s and %s of it on average).\n",
+				at, ratio(dp.Seconds(), op.Seconds()), ms(dp), ms(op), def.overhead(), oracle.overhead(), us(def.decision), us(oracle.decision))
 			if rr := byCfg[cfgRoundRobin]; rr != nil {
-				fmt.Printf("- the hop's cost: round robin, the proxy without a picker, shows %s of TTFT overhead.\n", rr.overhead())
+				fmt.Printf("- %sthe hop's cost: round robin, the proxy without a picker, shows %s of TTFT overhead.\n", at, rr.overhead())
 			}
 			if len(def.prefill) > 0 && len(oracle.prefill) > 0 {
 				dm, om := percentile(def.prefill, 0.99), percentile(oracle.prefill, 0.99)
-				fmt.Printf("- the same p99 from the sims' latency model and each response's cached tokens (routing alone, no proxy, picker or machine): %s (%s / %s).\n",
-					ratio(dm.Seconds(), om.Seconds()), ms(dm), ms(om))
+				fmt.Printf("- %sthe same p99 from the sims' latency model and each response's cached tokens (routing alone, no proxy, picker or machine): %s (%s / %s).\n",
+					at, ratio(dm.Seconds(), om.Seconds()), ms(dm), ms(om))
 			}
 			if rnd := byCfg[cfgRandom]; rnd != nil {
 				rp := percentile(rnd.ttft, 0.99)
-				fmt.Printf("- infergate-default / random p99 TTFT, both through the proxy and the picker: %s (%s / %s).\n", ratio(dp.Seconds(), rp.Seconds()), ms(dp), ms(rp))
+				fmt.Printf("- %sinfergate-default / random p99 TTFT, both through the proxy and the picker: %s (%s / %s).\n", at, ratio(dp.Seconds(), rp.Seconds()), ms(dp), ms(rp))
 			}
-			fmt.Printf("- infergate-default / oracle throughput: %s (req/s); on vLLM the hand split gave +13.6%% (0.88).\n",
-				ratio(def.reqPerSec(e.scale), oracle.reqPerSec(e.scale)))
+			fmt.Printf("- %sinfergate-default / oracle throughput: %s (req/s); on vLLM the hand split gave +13.6%% (0.88).\n",
+				at, ratio(def.reqPerSec(e.scale), oracle.reqPerSec(e.scale)))
 		} else {
 			fmt.Println("- ratios to the oracle need both infergate-default and oracle in --configs.")
 		}
 	case "b":
 		if def != nil && oracle != nil {
-			e.goals.record(goalMultiTurn, def.hitRate()/oracle.hitRate())
-			fmt.Printf("- infergate-default / oracle hit rate: **%s** (%s / %s).\n", ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
+			e.goals.record(goalMultiTurn.at(n), def.hitRate()/oracle.hitRate())
+			fmt.Printf("- %sinfergate-default / oracle hit rate: **%s** (%s / %s).\n", at, ratio(def.hitRate(), oracle.hitRate()), pctString(def.hitRate()), pctString(oracle.hitRate()))
 		} else {
 			fmt.Println("- the hit-rate ratio needs both infergate-default and oracle in --configs.")
 		}
 	case "c":
 		if def != nil && load != nil {
-			e.goals.record(goalNoSharing, def.reqPerSec(e.scale)/load.reqPerSec(e.scale))
-			fmt.Printf("- infergate-default / load-only throughput: **%s** req/s, %s output tok/s (%.2f / %.2f req/s).\n",
-				ratio(def.reqPerSec(e.scale), load.reqPerSec(e.scale)), ratio(def.tokPerSec(e.scale), load.tokPerSec(e.scale)),
+			e.goals.record(goalNoSharing.at(n), def.reqPerSec(e.scale)/load.reqPerSec(e.scale))
+			fmt.Printf("- %sinfergate-default / load-only throughput: **%s** req/s, %s output tok/s (%.2f / %.2f req/s).\n",
+				at, ratio(def.reqPerSec(e.scale), load.reqPerSec(e.scale)), ratio(def.tokPerSec(e.scale), load.tokPerSec(e.scale)),
 				def.reqPerSec(e.scale), load.reqPerSec(e.scale))
 		} else {
 			fmt.Println("- the throughput ratio needs both infergate-default and load-only in --configs.")
 		}
+	case "h":
+		e.heteroNotes(byCfg, at, n)
 	}
-	for _, r := range rows {
-		if note := imbalance(r.perPod); note != "" {
-			fmt.Printf("- %s: %s.\n", r.cfg, note)
-		}
-	}
-	printPrefixIndex(rows)
-	var cpuParts []string
-	for _, r := range rows {
-		cpuParts = append(cpuParts, fmt.Sprintf("%s (%s)", r.cfg, r.cpuBy))
-	}
-	fmt.Printf("- cores by process: %s.\n", strings.Join(cpuParts, "; "))
-	for _, r := range rows {
-		if r.t.errs > 0 {
-			fmt.Printf("- %s: first error: %s\n", r.cfg, r.t.firstErr)
-		}
-	}
-	fmt.Println()
-	return nil
 }
 
 func printPrefixIndex(rows []*runStats) {
@@ -492,20 +607,26 @@ func printPrefixIndex(rows []*runStats) {
 		}
 		read = true
 		if r.prefixIndex.bytes != "" {
-			bytesParts = append(bytesParts, r.cfg+" "+r.prefixIndex.bytes)
+			bytesParts = append(bytesParts, r.label+" "+r.prefixIndex.bytes)
 		}
 		if r.prefixIndex.blocks != "" {
-			blockParts = append(blockParts, r.cfg+" "+r.prefixIndex.blocks)
+			blockParts = append(blockParts, r.label+" "+r.prefixIndex.blocks)
 		}
+	}
+	// Each replica holds the whole pool's index (the peers share every
+	// decision), so several are listed one by one, not summed.
+	each := ""
+	if slices.ContainsFunc(rows, func(r *runStats) bool { return r.replicas > 1 }) {
+		each = ", per replica"
 	}
 	switch {
 	case !read:
 	case len(bytesParts) > 0:
-		fmt.Printf("- picker prefix-index memory at the end of the run: %s.\n", strings.Join(bytesParts, "; "))
+		fmt.Printf("- picker prefix-index memory at the end of the run%s: %s.\n", each, strings.Join(bytesParts, "; "))
 	case len(blockParts) > 0:
 		// The picker exports blocks; bytes per block are measured by the
 		// prefix package's TestIndexMemoryIsBounded.
-		fmt.Printf("- picker prefix index at the end of the run (infergate_epp_prefix_index_blocks): %s.\n", strings.Join(blockParts, "; "))
+		fmt.Printf("- picker prefix index at the end of the run (infergate_epp_prefix_index_blocks%s): %s.\n", each, strings.Join(blockParts, "; "))
 	}
 }
 
@@ -527,18 +648,15 @@ func imbalance(perPod []int) string {
 	return fmt.Sprintf("the busiest pod took %.0f%% of the requests (fair share %.0f%%)", 100*share, 100*fair)
 }
 
-// sharedRun is one (workload, config) run of workloads a to c.
-func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg string) (*runStats, error) {
+// sharedRun is one (workload, config, replicas) run of workloads a to c,
+// h and t.
+func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg string, replicas int) (*runStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.runTimeout(reqs, w.pods, w.concurrency))
 	defer cancel()
-	st, err := e.startStack(ctx, cfg, w.pods, w.tok, nil, w.runName(cfg))
-	defer st.procs.stop()
+	st, c, stop, err := e.startWarm(ctx, stackSpec{cfg: cfg, replicas: replicas, tok: w.tok, servers: w.serverList(), groups: w.groups,
+		name: replicaRunName(w.runName(cfg), cfg, replicas)}, w.concurrency)
+	defer stop()
 	if err != nil {
-		return nil, err
-	}
-	c := newClient(sim.DefaultModel, w.concurrency, 5*time.Minute)
-	defer c.close()
-	if err := e.warmUp(ctx, st, c, w.concurrency); err != nil {
 		return nil, err
 	}
 	cpu0 := st.cpu()
@@ -556,8 +674,8 @@ func (e *env) sharedRun(ctx context.Context, w *workload, reqs []request, cfg st
 	if w.tok != (tokenizer{}) {
 		label += " " + w.tok.String()
 	}
-	e.itls = append(e.itls, itlSample{label + " " + cfg, r.itl, cores})
-	fmt.Fprintf(os.Stderr, "%s %-17s %d requests in %s wall, hit rate %s, cores: %s\n", label, cfg, len(results), wall.Round(time.Millisecond), pctString(r.hitRate()), cpuBy)
+	e.itls = append(e.itls, itlSample{label + " " + r.label, r.itl, cores, r.modelITL})
+	fmt.Fprintf(os.Stderr, "%s %-17s %d requests in %s wall, hit rate %s, cores: %s, load average %s\n", label, r.label, len(results), wall.Round(time.Millisecond), pctString(r.hitRate()), cpuBy, loadAverage())
 	return r, nil
 }
 
@@ -575,6 +693,24 @@ func (e *env) ramp(reqs []request) time.Duration {
 	return time.Duration(float64(total) / float64(len(reqs)) / e.scale)
 }
 
+// startWarm starts a stack and a client of concurrency connections and
+// warms them up with as many requests in flight (warmUp); stop ends both,
+// also after an error.
+func (e *env) startWarm(ctx context.Context, spec stackSpec, concurrency int) (st *stack, c *client, stop func(), err error) {
+	st, err = e.startStack(ctx, spec)
+	c = newClient(sim.DefaultModel, concurrency, 5*time.Minute)
+	stop = func() {
+		c.close()
+		if st != nil {
+			st.procs.stop()
+		}
+	}
+	if err == nil {
+		err = e.warmUp(ctx, st, c, concurrency)
+	}
+	return st, c, stop, err
+}
+
 // warmUp readies a fresh stack for measuring (see client.warmUp) and marks
 // the counters the run's figures start from.
 func (e *env) warmUp(ctx context.Context, st *stack, c *client, inFlight int) error {
@@ -586,7 +722,7 @@ func (e *env) warmUp(ctx context.Context, st *stack, c *client, inFlight int) er
 
 // collect turns results and the sims' counters into a row.
 func (e *env) collect(ctx context.Context, st *stack, results []result, wall time.Duration) (*runStats, error) {
-	r := &runStats{cfg: st.cfg, wall: wall, t: count(results)}
+	r := &runStats{cfg: st.cfg, replicas: len(st.pickers), label: e.label(st.cfg, len(st.pickers)), wall: wall, t: count(results)}
 	var ttftSum, ttftCount float64
 	idx := map[string]int{}
 	for i, s := range st.sims {
@@ -610,26 +746,30 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 	r.perPod = make([]int, len(st.sims))
 	r.promptBytes = make([]float64, len(st.sims))
 	r.split, r.groups = splitGroups(results)
-	var decode time.Duration
+	var decode, modelDecode time.Duration
 	gaps := 0
 	for _, res := range results {
 		if !res.ok() {
 			continue
 		}
+		// The model of the sim that answered: in workload h they differ.
+		m := e.model
 		if i, ok := idx[res.pod]; ok {
 			r.perPod[i]++
 			r.promptBytes[i] += float64(res.promptBytes)
+			m = st.sims[i].model
 		}
 		r.outTokens += res.completion
 		if !res.streamed {
 			continue
 		}
 		r.ttft = append(r.ttft, e.sim(res.ttft))
-		if e.model.known && res.prompt > 0 {
-			r.prefill = append(r.prefill, e.model.overhead+time.Duration(res.prompt-res.cached)*e.model.perToken)
+		if m.known && res.prompt > 0 {
+			r.prefill = append(r.prefill, m.overhead+time.Duration(res.prompt-res.cached)*m.perToken)
 		}
 		if res.completion > 1 {
 			decode += res.decode
+			modelDecode += time.Duration(res.completion-1) * m.itl
 			gaps += res.completion - 1
 		}
 	}
@@ -638,25 +778,55 @@ func (e *env) collect(ctx context.Context, st *stack, results []result, wall tim
 
 	if gaps > 0 {
 		r.itl = e.sim(decode / time.Duration(gaps))
+		r.modelITL = modelDecode / time.Duration(gaps)
 	}
 	// The sims count every request that reached its first token; compare
 	// only when that is every answered request.
 	if ttftCount > 0 && int(ttftCount) == r.t.ok {
 		r.simTTFT, r.simTTFTKnown = time.Duration(ttftSum/ttftCount*float64(time.Second)), true
 	}
-	if st.metrics != "" {
-		r.prefixIndexExplored = true
-		if b, err := getBody(ctx, "http://"+st.metrics+"/metrics"); err == nil {
-			if m, err := promSamples(bytes.NewReader(b)); err == nil {
-				r.prefixIndex = prefixIndexSize(m)
-				r.decision = decisionMean(m, st.decisionBase)
-			}
+	if len(st.pickers) > 0 {
+		st.readPickers(ctx, r)
+	}
+	return r, nil
+}
+
+// readPickers fills in the picker's figures of a row: the mean decision
+// time over all replicas' decisions, each replica's prefix index (every
+// one holds the whole pool's), the first replica's per-endpoint figures,
+// and with several replicas what each says of its peers. A replica whose
+// metrics cannot be read is left out.
+func (st *stack) readPickers(ctx context.Context, r *runStats) {
+	r.prefixIndexExplored = true
+	sum, base := map[string]float64{}, map[string]float64{}
+	var sizes []indexSize
+	for i, rep := range st.pickers {
+		b, err := getBody(ctx, "http://"+rep.metrics+"/metrics")
+		if err != nil {
+			continue
+		}
+		m, err := pickerSamples(b)
+		if err != nil {
+			continue
+		}
+		var was map[string]float64
+		if st.pickerBase != nil {
+			was = st.pickerBase[i]
+		}
+		sizes = append(sizes, prefixIndexSize(m))
+		addSamples(sum, m)
+		addSamples(base, was)
+		if len(st.pickers) > 1 {
+			r.peers = append(r.peers, peerFiguresOf(m, was))
+		}
+		if i == 0 {
 			if series, err := promSeries(bytes.NewReader(b), endpointMetrics...); err == nil {
 				r.endpoints = endpointsOf(series, st.sims)
 			}
 		}
 	}
-	return r, nil
+	r.prefixIndex = joinIndexSizes(sizes)
+	r.decision = decisionMean(sum, base)
 }
 
 // sim converts a wall-clock duration to simulated time.
@@ -681,17 +851,19 @@ func simCounters(ctx context.Context, s simInfo) (map[string]float64, error) {
 		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count", "vllm:prompt_tokens_total")
 }
 
-// pickerMetrics reads every sample the picker exports, summed per name.
+// pickerMetrics reads every sample a picker replica exports, summed per
+// name, and the series of labelledMetrics per label (pickerSamples).
 func pickerMetrics(ctx context.Context, metricsAddr string) (map[string]float64, error) {
 	b, err := getBody(ctx, "http://"+metricsAddr+"/metrics")
 	if err != nil {
 		return nil, err
 	}
-	return promSamples(bytes.NewReader(b))
+	return pickerSamples(b)
 }
 
-// markBaseline records the counters after the warm-up, which collect and
-// decisionMean subtract so that the figures are of the measured requests.
+// markBaseline records the counters after the warm-up, per sim and per
+// replica, which collect and decisionMean subtract so that the figures are
+// of the measured requests.
 func (st *stack) markBaseline(ctx context.Context) error {
 	st.simBase = make([]map[string]float64, len(st.sims))
 	for i, s := range st.sims {
@@ -701,12 +873,13 @@ func (st *stack) markBaseline(ctx context.Context) error {
 		}
 		st.simBase[i] = m
 	}
-	if st.metrics != "" {
-		m, err := pickerMetrics(ctx, st.metrics)
+	st.pickerBase = make([]map[string]float64, len(st.pickers))
+	for i, r := range st.pickers {
+		m, err := pickerMetrics(ctx, r.metrics)
 		if err != nil {
-			return fmt.Errorf("picker metrics: %w", err)
+			return fmt.Errorf("picker %s metrics: %w", r.name, err)
 		}
-		st.decisionBase = m
+		st.pickerBase[i] = m
 	}
 	return nil
 }
@@ -768,9 +941,9 @@ type phase struct {
 	peakWaiting int
 }
 
-func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs []string) error {
-	fmt.Printf("## (d) noisy-neighbour\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing after a refusal as long as its Retry-After asks (1 s (simulated) when it names none). Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the `test-epp-endpoint-selection` header through the picker, which sheds as for the other picker rows.\n\n",
-		spec.Pods, spec.BObjective, spec.BPriority, spec.BRequests, spec.BPrompt, spec.BOut, spec.BConcurrency,
+func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs []string, replicas int) error {
+	fmt.Printf("## (d) noisy-neighbour%s\n\n%d pods; tenant B (objective `%s`, priority %d) streams %d requests of %d-token prompts asking for %d tokens, %d at a time; tenant A (objective `%s`, priority %d) floods with %d concurrent non-streamed requests of %d-token prompts asking for %d tokens (%d tokens of KV cache in flight, more than the pool holds), pausing after a refusal as long as its Retry-After asks (1 s (simulated) when it names none). Each config runs twice on fresh sims: B alone, then B while A floods (A starts %s (simulated) earlier and is cut when B is done). The pool file declares both objectives. The oracle sends both tenants round robin, naming the sim in the `test-epp-endpoint-selection` header through the picker, which sheds as for the other picker rows.\n\n",
+		e.replicasTitle(replicas), spec.Pods, spec.BObjective, spec.BPriority, spec.BRequests, spec.BPrompt, spec.BOut, spec.BConcurrency,
 		spec.AObjective, spec.APriority, spec.AConcurrency, spec.APrompt, spec.AOut, spec.AConcurrency*(spec.APrompt+spec.AOut),
 		e.floodWarmup(spec).Round(10*time.Millisecond))
 	type row struct {
@@ -779,13 +952,13 @@ func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs 
 	}
 	var rows []row
 	for _, cfg := range cfgs {
-		alone, err := e.noisyRun(ctx, spec, seed, cfg, false)
+		alone, err := e.noisyRun(ctx, spec, seed, cfg, false, replicas)
 		if err != nil {
-			return fmt.Errorf("(d) noisy-neighbour, %s, B alone: %w", cfg, err)
+			return fmt.Errorf("(d) noisy-neighbour, %s, B alone: %w", e.label(cfg, replicas), err)
 		}
-		with, err := e.noisyRun(ctx, spec, seed, cfg, true)
+		with, err := e.noisyRun(ctx, spec, seed, cfg, true, replicas)
 		if err != nil {
-			return fmt.Errorf("(d) noisy-neighbour, %s, B with A: %w", cfg, err)
+			return fmt.Errorf("(d) noisy-neighbour, %s, B with A: %w", e.label(cfg, replicas), err)
 		}
 		rows = append(rows, row{cfg, alone, with})
 	}
@@ -802,11 +975,11 @@ func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs 
 			per[i] = fmt.Sprint(n)
 		}
 		if r.cfg == cfgDefault {
-			e.goals.record(goalNoisy, pw.Seconds()/pa.Seconds())
-			e.goals.record(goalBNotShed, float64(ba.n429+bw.n429))
-			e.goals.record(goalAShed, float64(aw.n429))
+			e.goals.record(goalNoisy.at(replicas), pw.Seconds()/pa.Seconds())
+			e.goals.record(goalBNotShed.at(replicas), float64(ba.n429+bw.n429))
+			e.goals.record(goalAShed.at(replicas), float64(aw.n429))
 		}
-		t.add(r.cfg, ms(pa), ms(pw), ratio(pw.Seconds(), pa.Seconds()),
+		t.add(e.label(r.cfg, replicas), ms(pa), ms(pw), ratio(pw.Seconds(), pa.Seconds()),
 			ms(mean(r.alone.bTTFT))+" → "+ms(mean(r.with.bTTFT)),
 			fmt.Sprintf("%d / %d", ba.n429, bw.n429), fmt.Sprintf("%d (%.1f/s)", aw.ok, float64(aw.ok)/e.sim(r.with.wall).Seconds()), fmt.Sprintf("%d of %d", aw.n429, len(r.with.a)),
 			fmt.Sprint(ba.errs+bw.errs+aw.errs), strings.Join(per, " / "),
@@ -818,14 +991,14 @@ func (e *env) noisyTable(ctx context.Context, spec noisySpec, seed uint64, cfgs 
 	var idx []*runStats
 	for _, r := range rows {
 		if r.with.read {
-			idx = append(idx, &runStats{cfg: r.cfg, prefixIndex: r.with.prefix, prefixIndexExplored: true})
+			idx = append(idx, &runStats{cfg: r.cfg, label: e.label(r.cfg, replicas), replicas: replicas, prefixIndex: r.with.prefix, prefixIndexExplored: true})
 		}
 	}
 	printPrefixIndex(idx)
 	for _, r := range rows {
 		for _, rs := range [][]result{r.alone.b, r.with.b, r.with.a} {
 			if t := count(rs); t.errs > 0 {
-				fmt.Printf("- %s: first error: %s\n", r.cfg, t.firstErr)
+				fmt.Printf("- %s: first error: %s\n", e.label(r.cfg, replicas), t.firstErr)
 				break
 			}
 		}
@@ -844,7 +1017,7 @@ func (e *env) floodWarmup(spec noisySpec) time.Duration {
 	return 2 * m.service(spec.APrompt, 0, spec.AOut)
 }
 
-func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg string, withA bool) (*phase, error) {
+func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg string, withA bool, replicas int) (*phase, error) {
 	bReqs := noisyB(spec, seed)
 	budget := bReqs
 	if withA {
@@ -860,7 +1033,8 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 		name = "d-" + cfg + "-with-a"
 	}
 	objectives := []objective{{spec.BObjective, spec.BPriority}, {spec.AObjective, spec.APriority}}
-	st, err := e.startStack(ctx, cfg, spec.Pods, tokenizer{}, objectives, name)
+	st, err := e.startStack(ctx, stackSpec{cfg: cfg, replicas: replicas, servers: make([]server, spec.Pods), objectives: objectives,
+		name: replicaRunName(name, cfg, replicas)})
 	defer st.procs.stop()
 	if err != nil {
 		return nil, err
@@ -914,14 +1088,14 @@ func (e *env) noisyRun(ctx context.Context, spec noisySpec, seed uint64, cfg str
 		return nil, err
 	}
 	p.itl, p.perPod, p.prefix, p.read = r.itl, r.perPod, r.prefixIndex, r.prefixIndexExplored
-	e.itls = append(e.itls, itlSample{"(d) " + cfg + " " + name[len("d-"+cfg+"-"):], p.itl, p.cores})
+	e.itls = append(e.itls, itlSample{"(d) " + e.label(cfg, replicas) + " " + name[len("d-"+cfg+"-"):], p.itl, p.cores, 0})
 	for _, res := range p.b {
 		if res.ok() {
 			p.bTTFT = append(p.bTTFT, e.sim(res.ttft))
 		}
 	}
 	slices.Sort(p.bTTFT)
-	fmt.Fprintf(os.Stderr, "(d) %-17s %-7s B %d requests, A %d, in %s wall, B p99 TTFT %s, cores: %s\n", cfg, map[bool]string{false: "alone", true: "with A"}[withA],
+	fmt.Fprintf(os.Stderr, "(d) %-17s %-7s B %d requests, A %d, in %s wall, B p99 TTFT %s, cores: %s\n", e.label(cfg, replicas), map[bool]string{false: "alone", true: "with A"}[withA],
 		len(p.b), len(p.a), p.wall.Round(time.Millisecond), ms(percentile(p.bTTFT, 0.99)), p.cpuBy)
 	return p, nil
 }

@@ -10,3 +10,6 @@ import (
 func setProcAttr(*exec.Cmd) {}
 
 func selfCPU() time.Duration { return 0 }
+
+// loadAverage is unknown here.
+func loadAverage() string { return "-" }

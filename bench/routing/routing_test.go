@@ -3,12 +3,14 @@ package main
 import (
 	"io"
 	"math"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/infergate/infergate/sim"
+	"github.com/infergate/infergate/test/childproc"
 )
 
 const blockBytes = 16 * bytesPerToken // one KV-cache block of the sims' default size
@@ -396,13 +398,10 @@ func TestGoalsSummary(t *testing.T) {
 	}
 	gs.record(goalHitRate, 0.99)
 	gs.record(goalBNotShed, 0)
-	want := "| goal | figure per run | met |\n|---|---|---:|\n" +
-		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |\n" +
-		"| (a) infergate-default / oracle p99 TTFT ≤ 1.15 | 1.07, 1.20, NaN | 1 of 3 |\n" +
-		"| (d) infergate-default: B requests refused ≤ 0 | 0 | 1 of 1 |\n"
-	if got := gs.summary(); got != want {
-		t.Fatalf("summary:\n%s\nwant:\n%s", got, want)
-	}
+	checkSummary(t, gs,
+		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |",
+		"| (a) infergate-default / oracle p99 TTFT ≤ 1.15 | 1.07, 1.20, NaN | 1 of 3 |",
+		"| (d) infergate-default: B requests refused ≤ 0 | 0 | 1 of 1 |")
 	if (goals{}).summary() != "" {
 		t.Fatal("an empty summary should print nothing")
 	}
@@ -643,12 +642,293 @@ func TestTokenizerGoalsInSummary(t *testing.T) {
 	gs.record(goalTokHitRate(bytesTokenizer(2)), 0.97)
 	gs.record(goalTokSplit(bytesTokenizer(2)), 0)
 	gs.record(goalHitRate, 0.99)
-	want := "| goal | figure per run | met |\n|---|---|---:|\n" +
-		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |\n" +
-		"| (t) bytes/2: infergate-default / oracle hit rate ≥ 0.95 | 0.97 | 1 of 1 |\n" +
-		"| (t) bytes/2: prefixes infergate-default split between pods ≤ 10% | 0.0% | 1 of 1 |\n" +
-		"| (t) words: prefixes infergate-default split between pods ≤ 10% | 12.5% | 0 of 1 |\n"
+	checkSummary(t, gs,
+		"| (a) infergate-default / oracle hit rate ≥ 0.95 | 0.99 | 1 of 1 |",
+		"| (t) bytes/2: infergate-default / oracle hit rate ≥ 0.95 | 0.97 | 1 of 1 |",
+		"| (t) bytes/2: prefixes infergate-default split between pods ≤ 10% | 0.0% | 1 of 1 |",
+		"| (t) words: prefixes infergate-default split between pods ≤ 10% | 12.5% | 0 of 1 |")
+}
+
+// checkSummary fails unless gs's summary is the table of rows.
+func checkSummary(t *testing.T, gs goals, rows ...string) {
+	t.Helper()
+	want := "| goal | figure per run | met |\n|---|---|---:|\n" + strings.Join(rows, "\n") + "\n"
 	if got := gs.summary(); got != want {
 		t.Fatalf("summary:\n%s\nwant:\n%s", got, want)
 	}
+}
+
+func TestCapacitySplitFollowsTheKVCaches(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		n       int
+		weights []int
+		want    []int // groups per sim
+	}{
+		{"h", 240, kvWeights(defaultHetero.Servers), []int{24, 48, 72, 96}},
+		{"quick h", 30, kvWeights(quickHetero.Servers), []int{3, 6, 9, 12}},
+		{"equal sims", 8, []int{1, 1, 1, 1}, []int{2, 2, 2, 2}},
+		{"uneven remainder", 5, []int{1, 2}, []int{2, 3}},
+		{"no groups", 0, []int{1, 2}, []int{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := capacityCounts(tc.n, tc.weights); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("counts %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// Largest remaining share first: every prefix so far is spread in
+	// proportion, not the largest sim's share first.
+	split := capacitySplit(240, kvWeights(defaultHetero.Servers))
+	for k := 10; k <= 240; k += 10 {
+		got := make([]int, 4)
+		for _, i := range split[:k] {
+			got[i]++
+		}
+		for i, w := range []float64{0.1, 0.2, 0.3, 0.4} {
+			if math.Abs(float64(got[i])-w*float64(k)) > 1 {
+				t.Fatalf("after %d groups sim %d has %d, want about %.1f", k, i, got[i], w*float64(k))
+			}
+		}
+	}
+	// The capacity oracle routes a group to its sim, through the proxy.
+	st := &stack{cfg: cfgOracleCapacity, base: "http://proxy", sims: []simInfo{{addr: "a"}, {addr: "b"}}, split: []int{1, 0, 1}}
+	route := st.router()
+	for g, want := range map[int]string{0: "b", 1: "a", 2: "b", 3: "b"} {
+		if got := route(request{Group: g}); got != (target{base: "http://proxy", steer: want}) {
+			t.Fatalf("group %d went to %+v, want %s", g, got, want)
+		}
+	}
+}
+
+func TestHeterogeneousWorkload(t *testing.T) {
+	s := defaultHetero
+	w := heteroWorkload(s, 1)
+	if w.key != "h" || w.pods != 4 || w.concurrency != 32 || w.requests() != 240*8 || w.groups != 240 {
+		t.Fatalf("key %s, pods %d, concurrency %d, %d requests, %d groups", w.key, w.pods, w.concurrency, w.requests(), w.groups)
+	}
+	total, prefixes := 0, s.Prefixes*s.PrefixTokens
+	for _, srv := range w.serverList() {
+		total += srv.kv()
+	}
+	if share := float64(prefixes) / float64(total); share < 0.75 || share > 0.79 {
+		t.Fatalf("the prefixes take %.1f%% of the pool's KV cache, want about 77%%", 100*share)
+	}
+	if again := heteroWorkload(s, 1); !reflect.DeepEqual(again.sessions, w.sessions) {
+		t.Fatal("same seed, different workload")
+	}
+	base := parseSimHelp(`      --inter-token-latency duration      x (default 8ms)
+      --max-num-seqs int                  x (default 256)
+      --prefill-overhead duration         x (default 5ms)
+      --prefill-time-per-token duration   x (default 15µs)
+`)
+	for _, tc := range []struct {
+		srv  server
+		want []string
+	}{
+		{server{}, nil},
+		{server{64000, 1.5}, []string{"--kv-cache-tokens", "64000", "--block-size", "16", "--prefill-time-per-token", "22.5µs", "--inter-token-latency", "12ms"}},
+		{server{192000, 1}, []string{"--kv-cache-tokens", "192000", "--block-size", "16"}},
+		{server{256000, 0.8}, []string{"--kv-cache-tokens", "256000", "--block-size", "16", "--prefill-time-per-token", "12µs", "--inter-token-latency", "6.4ms"}},
+	} {
+		if got := tc.srv.args(base); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%+v: args %q, want %q", tc.srv, got, tc.want)
+		}
+	}
+	if m := (server{pace: 1.25}).model(base); m.itl != 10*time.Millisecond || m.overhead != base.overhead {
+		t.Fatalf("model %+v", m)
+	}
+}
+
+func TestStreamGenSendsEveryPrefixOnceARound(t *testing.T) {
+	s := quickHetero
+	g := newStreamGen(s, 1)
+	w := heteroWorkload(s, 1)
+	prefixOf := map[int]string{}
+	for _, ss := range w.sessions {
+		prefixOf[ss[0].Group] = ss[0].Prompt[:s.PrefixTokens*bytesPerToken]
+	}
+	suffixes := map[string]bool{}
+	for round := range 3 {
+		seen := map[int]bool{}
+		for k := range s.Prefixes {
+			r := g.request(round*s.Prefixes + k)
+			if seen[r.Group] {
+				t.Fatalf("round %d sends prefix %d twice", round, r.Group)
+			}
+			seen[r.Group] = true
+			if r.Prompt[:s.PrefixTokens*bytesPerToken] != prefixOf[r.Group] || r.promptTokens() != s.PrefixTokens+s.SuffixTokens {
+				t.Fatalf("request %d: not prefix %d of workload h + a %d-token suffix", round*s.Prefixes+k, r.Group, s.SuffixTokens)
+			}
+			suffix := r.Prompt[s.PrefixTokens*bytesPerToken:][:blockBytes]
+			if suffixes[suffix] {
+				t.Fatal("two requests start their suffix alike")
+			}
+			suffixes[suffix] = true
+		}
+	}
+	if a, b := g.request(7), newStreamGen(s, 1).request(7); !reflect.DeepEqual(a, b) {
+		t.Fatal("request 7 differs between generators of the same seed")
+	}
+	g.skip = 5
+	if a, b := g.request(2), newStreamGen(s, 1).request(7); !reflect.DeepEqual(a, b) {
+		t.Fatal("skip does not start the stream later")
+	}
+}
+
+func TestFailoverFigures(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ok := func(at time.Duration, cached int) result {
+		return result{status: 200, prompt: 100, cached: cached, end: t0.Add(at)}
+	}
+	fail := func(at time.Duration) result { return result{status: 500, end: t0.Add(at)} }
+	f := &failoverReport{spec: failoverSpec{duration: 30 * time.Second, window: 10 * time.Second, bucket: 5 * time.Second},
+		t0: t0, kill: 10 * time.Second, restart: 20 * time.Second}
+	f.results = []result{
+		ok(1*time.Second, 80), ok(9*time.Second, 90), // before: 85%
+		fail(10*time.Second + 100*time.Millisecond), fail(13 * time.Second), // the kill
+		ok(11*time.Second, 80), ok(19*time.Second, 80), // after: 80%
+		fail(21 * time.Second),                         // the restart
+		ok(21*time.Second, 40), ok(26*time.Second, 85), // windows from the restart: 40%, 85%
+		fail(27 * time.Second), // elsewhere
+	}
+	before, nb := f.before()
+	after, na := f.after()
+	if before != 0.85 || nb != 2 || after != 0.8 || na != 2 {
+		t.Fatalf("before %v (%d), after %v (%d)", before, nb, after, na)
+	}
+	if got := f.windows(); !reflect.DeepEqual(got, []float64{0.4, 0.85}) {
+		t.Fatalf("windows %v", got)
+	}
+	if d, ok := f.recovery(0.95); !ok || d != 5*time.Second {
+		t.Fatalf("recovery %v %v, want 5s", d, ok)
+	}
+	if _, ok := f.recovery(1.01); ok {
+		t.Fatal("recovered beyond the rate before")
+	}
+	fails := f.failures()
+	if len(fails.inKill) != 2 || len(fails.atRestart) != 1 || !reflect.DeepEqual(fails.outside, []time.Duration{27 * time.Second}) {
+		t.Fatalf("failures %+v", fails)
+	}
+}
+
+func TestReplicaFlagsLabelsAndGoals(t *testing.T) {
+	if got, err := parseReplicas("3, 1,2,1"); err != nil || !reflect.DeepEqual(got, []int{1, 2, 3}) {
+		t.Fatalf("replicas %v %v", got, err)
+	}
+	for _, bad := range []string{"0", "6", "two", ""} {
+		if _, err := parseReplicas(bad); err == nil {
+			t.Errorf("--replicas %q accepted", bad)
+		}
+	}
+	one, several := &env{replicas: []int{1}}, &env{replicas: []int{1, 3}}
+	for _, tc := range []struct {
+		e        *env
+		cfg      string
+		n        int
+		want     string
+		wantName string
+	}{
+		{one, cfgDefault, 1, cfgDefault, "h-infergate-default"},
+		{several, cfgDefault, 1, "infergate-default ×1", "h-infergate-default"},
+		{several, cfgDefault, 3, "infergate-default ×3", "h-infergate-default-x3"},
+		{several, cfgRoundRobin, 0, cfgRoundRobin, "h-round-robin"},
+	} {
+		if got := tc.e.label(tc.cfg, tc.n); got != tc.want {
+			t.Errorf("label(%s, %d) = %q, want %q", tc.cfg, tc.n, got, tc.want)
+		}
+		if got := replicaRunName("h-"+tc.cfg, tc.cfg, tc.n); got != tc.wantName {
+			t.Errorf("run name %q, want %q", got, tc.wantName)
+		}
+	}
+	gs := goals{}
+	gs.record(goalReplicaHit.at(3), 0.99)
+	gs.record(goalReplicaHit.at(2), 0.96)
+	gs.record(goalHetero.at(3), 0.5)
+	gs.record(goalHetero, 0.6)
+	checkSummary(t, gs,
+		"| (h) infergate-default / oracle-capacity hit rate ≥ 0.95 | 0.60 | 0 of 1 |",
+		"| (h) infergate-default / oracle-capacity hit rate, ×3 replicas ≥ 0.95 | 0.50 | 0 of 1 |",
+		"| (h) infergate-default ×2 / ×1 hit rate ≥ 0.97 | 0.96 | 0 of 1 |",
+		"| (h) infergate-default ×3 / ×1 hit rate ≥ 0.97 | 0.99 | 1 of 1 |")
+}
+
+func TestPeerFiguresSinceTheBase(t *testing.T) {
+	text := `infergate_epp_peers 2
+infergate_epp_peer_decisions_received_total 130
+infergate_epp_peer_decisions_total{index="agreed"} 95
+infergate_epp_peer_decisions_total{index="differed"} 5
+infergate_epp_peer_dropped_total{reason="queue-full"} 0
+infergate_epp_peer_dropped_total{reason="send-failed"} 3
+infergate_epp_peer_lag_seconds_sum 0.2
+infergate_epp_peer_lag_seconds_count 100
+infergate_epp_peer_state_merges_total{result="ok"} 1
+`
+	m, err := pickerSamples([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]float64{metricPeerReceived: 30, metricPeerLag + "_sum": 0.1, metricPeerLag + "_count": 50}
+	got := peerFiguresOf(m, base)
+	want := peerFigures{peers: 2, received: 100, agreed: 95, differed: 5, dropped: 3, mergesOK: 1, lag: 2 * time.Millisecond, whyDropped: "send-failed 3"}
+	if got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	if got.differedShare() != 0.05 || got.droppedString() != "3 (send-failed 3)" {
+		t.Fatalf("share %v, dropped %q", got.differedShare(), got.droppedString())
+	}
+	if got := joinIndexSizes([]indexSize{{blocks: "10"}, {blocks: "12"}}); got != (indexSize{blocks: "10 / 12"}) {
+		t.Fatalf("index sizes %+v", got)
+	}
+}
+
+// TestFailoverQuick runs the failover timeline at its small size through
+// the real binaries: workload h's quick pool, two picker replicas behind
+// the stand-in, one killed and started again. It checks what could break:
+// the replicas saw each other and shared their decisions, the restarted
+// one merged the survivor's state, nothing failed but around the kill (and
+// the stand-in's reconnect at the restart), and the hit rate after the
+// restart did not collapse.
+func TestFailoverQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 7 processes for about 40 s")
+	}
+	bin := t.TempDir()
+	if err := childproc.Build(t.Context(), bin, "infergate", "envoysim"); err != nil {
+		t.Fatal(err)
+	}
+	infergate := filepath.Join(bin, "infergate")
+	e := &env{binary: infergate, standIn: filepath.Join(bin, "envoysim"), scale: 1, dir: t.TempDir(), model: readSimModel(infergate),
+		goals: goals{}, replicas: []int{2}}
+	f, err := e.failover(t.Context(), quickFailover, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(f.startPeers, []float64{1, 1}) {
+		t.Errorf("peers seen by each replica as the load started: %v, want 1 each", f.startPeers)
+	}
+	for name, p := range map[string]peerFigures{"the killed replica": f.victim, "the survivor": f.survivorAtKill, "the restarted replica": f.restarted} {
+		if p.received == 0 {
+			t.Errorf("%s learned no decision of its peer", name)
+		}
+	}
+	if f.restarted.mergesOK < 1 {
+		t.Errorf("the restarted replica merged no state on joining")
+	}
+	if f.back < 0 {
+		t.Errorf("the restarted replica made no decision")
+	}
+	fails := f.failures()
+	if len(fails.outside) > 0 {
+		t.Errorf("requests failed outside the kill and restart windows at %v", fails.outside)
+	}
+	before, _ := f.before()
+	after, n := f.hitRate(f.restart, f.spec.duration)
+	if n == 0 || !(after >= 0.8*before) {
+		t.Errorf("hit rate after the restart %s of %d requests, before the kill %s: want at least 0.8 of it", pctString(after), n, pctString(before))
+	}
+	afterKill, _ := f.after()
+	t.Logf("kill at %s: %d failed; restart at %s: %d failed, first decision at %s; hit rate before %s, after the kill %s, after the restart %s",
+		f.kill.Round(time.Millisecond), len(fails.inKill), f.restart.Round(time.Millisecond), len(fails.atRestart), f.back.Round(time.Millisecond),
+		pctString(before), pctString(afterKill), pctString(after))
 }

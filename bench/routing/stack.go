@@ -29,9 +29,35 @@ const (
 	cfgLoadOnly   = "load-only"
 	cfgDefault    = "infergate-default"
 	cfgOracle     = "oracle"
+	// cfgOracleCapacity is the oracle of a pool whose sims differ: each
+	// sim gets prefixes in proportion to its KV cache (capacitySplit).
+	// Workload h runs it always, as the figure its rows are measured
+	// against; on pools of equal sims it is the oracle again.
+	cfgOracleCapacity = "oracle-capacity"
 )
 
-var allConfigs = []string{cfgRoundRobin, cfgRandom, cfgLoadOnly, cfgDefault, cfgOracle}
+// allConfigs are the configurations --configs accepts, in table order;
+// defaultConfigs those it runs unless told.
+var (
+	allConfigs     = []string{cfgRoundRobin, cfgRandom, cfgLoadOnly, cfgDefault, cfgOracle, cfgOracleCapacity}
+	defaultConfigs = allConfigs[:5]
+)
+
+// oracleConfig is the oracles' picker: the client makes the hand split
+// and names the sim in the test-epp-endpoint-selection header; the picker
+// only keeps it. The split so pays the same proxy and ext_proc path as
+// every picker row, and an oracle differs from them in the routing alone.
+const oracleConfig = `apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: header-based-testing-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: header-based-testing-filter
+  - pluginRef: max-score-picker
+`
 
 // pickerConfigs are the EndpointPickerConfig files of the picker rows;
 // infergate-default runs the picker without one.
@@ -60,21 +86,8 @@ schedulingProfiles:
     weight: 2
   - pluginRef: max-score-picker
 `,
-	// The oracle's hand split is made by the client, which names the sim in
-	// the test-epp-endpoint-selection header; the picker only keeps it. The
-	// split so pays the same proxy and ext_proc path as every picker row,
-	// and the oracle differs from them in the routing alone.
-	cfgOracle: `apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: header-based-testing-filter
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: header-based-testing-filter
-  - pluginRef: max-score-picker
-`,
+	cfgOracle:         oracleConfig,
+	cfgOracleCapacity: oracleConfig,
 }
 
 // usesPicker reports whether the configuration runs the endpoint picker.
@@ -163,6 +176,17 @@ func (c *proc) cpu() time.Duration {
 type simInfo struct {
 	name, addr string
 	proc       *proc
+	// model is its latency model: the sims' defaults, or a heterogeneous
+	// pool's server's (server.model).
+	model simModel
+}
+
+// replica is one picker process and the addresses it serves on, kept so
+// that a replica killed by the failover run starts again on the same ones.
+type replica struct {
+	name                 string
+	proc                 *proc
+	grpc, metrics, peers string // peers is "" for a picker that runs alone
 }
 
 // stack is everything one (workload, config) run talks to.
@@ -171,12 +195,31 @@ type stack struct {
 	tok     tokenizer // the sims'
 	procs   *procs
 	sims    []simInfo
-	base    string // dev proxy URL
-	picker  *proc
-	metrics string // picker metrics address, when there is a picker
-	// Counters after the warm-up (markBaseline), per sim and the picker's.
-	simBase      []map[string]float64
-	decisionBase map[string]float64
+	base    string     // dev proxy URL
+	pickers []*replica // none without a picker
+	// pickerArgs are the flags every replica shares (pool, config).
+	pickerArgs []string
+	// split is the capacity-weighted oracle's sim for each group.
+	split []int
+	// Counters after the warm-up (markBaseline), per sim and per replica.
+	simBase    []map[string]float64
+	pickerBase []map[string]float64
+}
+
+// stackSpec is what startStack starts.
+type stackSpec struct {
+	cfg string
+	// replicas is how many picker processes run, joined as peers behind
+	// the proxy's round robin; 0 counts as 1 for a config with a picker.
+	replicas int
+	tok      tokenizer // the sims'
+	// servers are the sims, one each; the zero server is a default sim.
+	servers    []server
+	objectives []objective
+	// groups is how many shared prefixes the workload has, which the
+	// capacity-weighted oracle splits.
+	groups int
+	name   string // the run's log folder
 }
 
 // objective is a pool-file objective.
@@ -195,109 +238,212 @@ type env struct {
 	goals   goals       // the issue's goals, one figure per run
 	// tokenizers are the sims' tokenizers of workload t.
 	tokenizers []tokenizer
+	// replicas are the picker replica counts each picker config runs with
+	// (--replicas).
+	replicas []int
+	// quick runs workload h and the failover run at their small sizes.
+	quick bool
 }
 
-// startStack starts pods fresh simulators with tokenizer tok and, depending
-// on cfg, the picker and the Envoy stand-in in front of them. The caller must
-// stop st.procs, also when an error is returned.
-func (e *env) startStack(ctx context.Context, cfg string, pods int, tok tokenizer, objectives []objective, runName string) (*stack, error) {
-	dir := filepath.Join(e.dir, runName)
+// startStack starts fresh simulators and, depending on the config, the
+// picker's replicas and the Envoy stand-in in front of them. The caller
+// must stop st.procs, also when an error is returned.
+func (e *env) startStack(ctx context.Context, spec stackSpec) (*stack, error) {
+	dir := filepath.Join(e.dir, spec.name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	st := &stack{cfg: cfg, tok: tok, procs: &procs{dir: dir}}
-	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
-	for i := range pods {
-		name := fmt.Sprintf("pod-%d", i)
-		addr, err := childproc.FreeAddr()
-		if err != nil {
-			return st, err
-		}
-		_, port, _ := net.SplitHostPort(addr)
-		args := append([]string{"sim", "--name", name, "--port", port, "--time-scale", scale}, tok.simArgs()...)
-		p, err := st.procs.start(name, e.binary, nil, args...)
-		if err != nil {
-			return st, err
-		}
-		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p})
-	}
-	for _, s := range st.sims {
-		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc, nil); err != nil {
-			return st, fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))
-		}
+	st := &stack{cfg: spec.cfg, tok: spec.tok, procs: &procs{dir: dir}}
+	if err := e.startSims(ctx, st, spec); err != nil {
+		return st, err
 	}
 	proxyArgs := []string{"--port", "0"}
 	switch {
-	case usesPicker(cfg):
-		var pool strings.Builder
-		fmt.Fprintf(&pool, "name: %s\nendpoints:\n", runName)
-		for _, s := range st.sims {
-			fmt.Fprintf(&pool, "- address: %s\n  name: %s\n", s.addr, s.name)
+	case usesPicker(spec.cfg):
+		if spec.cfg == cfgOracleCapacity {
+			st.split = capacitySplit(spec.groups, kvWeights(spec.servers))
 		}
-		if len(objectives) > 0 {
-			pool.WriteString("objectives:\n")
-			for _, o := range objectives {
-				fmt.Fprintf(&pool, "- {name: %s, priority: %d}\n", o.name, o.priority)
-			}
-		}
-		poolFile := filepath.Join(dir, "pool.yaml")
-		if err := os.WriteFile(poolFile, []byte(pool.String()), 0o600); err != nil {
+		if err := e.startPickers(ctx, st, spec, dir); err != nil {
 			return st, err
 		}
-		grpcAddr, err := childproc.FreeAddr()
-		if err != nil {
-			return st, err
+		grpc := make([]string, len(st.pickers))
+		for i, r := range st.pickers {
+			grpc[i] = r.grpc
 		}
-		metricsAddr, err := childproc.FreeAddr()
-		if err != nil {
-			return st, err
-		}
-		_, gport, _ := net.SplitHostPort(grpcAddr)
-		_, mport, _ := net.SplitHostPort(metricsAddr)
-		args := []string{"epp", "--pool-file", poolFile, "--secure-serving=false",
-			"--grpc-bind-address", "127.0.0.1", "--grpc-port", gport, "--grpc-health-port", "0",
-			"--metrics-bind-address", "127.0.0.1", "--metrics-port", mport}
-		if text, ok := pickerConfigs[cfg]; ok {
-			f := filepath.Join(dir, "epp-config.yaml")
-			if err := os.WriteFile(f, []byte(text), 0o600); err != nil {
-				return st, err
-			}
-			args = append(args, "--config-file", f)
-		}
-		p, err := st.procs.start("epp", e.binary, nil, args...)
-		if err != nil {
-			return st, err
-		}
-		st.picker, st.metrics = p, metricsAddr
-		if err := waitScraped(ctx, metricsAddr, pods, p); err != nil {
-			return st, fmt.Errorf("picker: %w (log: %s)", err, childproc.Tail(p.log, 5))
-		}
-		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+grpcAddr+",failure-mode=FailClose,tls=false,response-body=none")
+		// Several hosts make the proxy's processor a health-checked
+		// cluster: each stream to the next healthy replica in turn.
+		proxyArgs = append(proxyArgs, "--ext-proc", "epp="+strings.Join(grpc, "+")+",failure-mode=FailClose,tls=false,response-body=none")
 	default:
 		proxyArgs = append(proxyArgs, "--fallback-endpoints", st.simAddrs())
 	}
-	out := newLineWatch("envoysim listening on ")
-	p, err := st.procs.start("envoysim", e.standIn, out, proxyArgs...)
+	return st, e.startProxy(ctx, st, proxyArgs)
+}
+
+// startSims starts one sim per server and waits until each answers.
+func (e *env) startSims(ctx context.Context, st *stack, spec stackSpec) error {
+	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
+	base := e.baseModel()
+	for i, srv := range spec.servers {
+		name := fmt.Sprintf("pod-%d", i)
+		addr, err := childproc.FreeAddr()
+		if err != nil {
+			return err
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		args := append([]string{"sim", "--name", name, "--port", port, "--time-scale", scale}, spec.tok.simArgs()...)
+		p, err := st.procs.start(name, e.binary, nil, append(args, srv.args(base)...)...)
+		if err != nil {
+			return err
+		}
+		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p, model: srv.model(e.model)})
+	}
+	for _, s := range st.sims {
+		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc, nil); err != nil {
+			return fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))
+		}
+	}
+	return nil
+}
+
+// startPickers writes the pool (and config) file and starts the picker's
+// replicas, each joining those before it, and waits until each has fresh
+// metrics of every sim and sees all the others: only then do decisions
+// reach every replica from the first measured request on.
+func (e *env) startPickers(ctx context.Context, st *stack, spec stackSpec, dir string) error {
+	var pool strings.Builder
+	fmt.Fprintf(&pool, "name: %s\nendpoints:\n", spec.name)
+	for _, s := range st.sims {
+		fmt.Fprintf(&pool, "- address: %s\n  name: %s\n", s.addr, s.name)
+	}
+	if len(spec.objectives) > 0 {
+		pool.WriteString("objectives:\n")
+		for _, o := range spec.objectives {
+			fmt.Fprintf(&pool, "- {name: %s, priority: %d}\n", o.name, o.priority)
+		}
+	}
+	poolFile := filepath.Join(dir, "pool.yaml")
+	if err := os.WriteFile(poolFile, []byte(pool.String()), 0o600); err != nil {
+		return err
+	}
+	st.pickerArgs = []string{"epp", "--pool-file", poolFile, "--secure-serving=false", "--grpc-health-port", "0"}
+	if text, ok := pickerConfigs[spec.cfg]; ok {
+		f := filepath.Join(dir, "epp-config.yaml")
+		if err := os.WriteFile(f, []byte(text), 0o600); err != nil {
+			return err
+		}
+		st.pickerArgs = append(st.pickerArgs, "--config-file", f)
+	}
+	n := max(spec.replicas, 1)
+	for i := range n {
+		r, err := newReplica(i, n)
+		if err != nil {
+			return err
+		}
+		st.pickers = append(st.pickers, r)
+		if err := e.startReplica(st, r, st.pickers[:i]); err != nil {
+			return err
+		}
+	}
+	for _, r := range st.pickers {
+		if err := st.waitReplica(ctx, r, n-1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newReplica picks free loopback ports for replica i of n: ext_proc,
+// metrics and, with several replicas, the peers port (memberlist binds
+// its TCP and UDP). One replica is named "epp" as the picker always was.
+func newReplica(i, n int) (*replica, error) {
+	r := &replica{name: "epp"}
+	if n > 1 {
+		r.name = fmt.Sprintf("epp-%d", i)
+	}
+	addrs := []*string{&r.grpc, &r.metrics}
+	if n > 1 {
+		addrs = append(addrs, &r.peers)
+	}
+	for _, a := range addrs {
+		free, err := childproc.FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		*a = free
+	}
+	return r, nil
+}
+
+// startReplica starts r's process on its addresses, joining the replicas
+// in join.
+func (e *env) startReplica(st *stack, r *replica, join []*replica) error {
+	hostPort := func(a string) (string, string) { h, p, _ := net.SplitHostPort(a); return h, p }
+	ghost, gport := hostPort(r.grpc)
+	mhost, mport := hostPort(r.metrics)
+	args := append(slices.Clone(st.pickerArgs), "--grpc-bind-address", ghost, "--grpc-port", gport,
+		"--metrics-bind-address", mhost, "--metrics-port", mport)
+	if r.peers != "" {
+		args = append(args, "--peers-bind-address", r.peers)
+		var peers []string
+		for _, j := range join {
+			peers = append(peers, j.peers)
+		}
+		if len(peers) > 0 {
+			args = append(args, "--peers", strings.Join(peers, ","))
+		}
+	}
+	p, err := st.procs.start(r.name, e.binary, nil, args...)
 	if err != nil {
-		return st, err
+		return err
+	}
+	r.proc = p
+	return nil
+}
+
+// waitReplica waits until r has fresh metrics of every sim and sees peers
+// other replicas.
+func (st *stack) waitReplica(ctx context.Context, r *replica, peers int) error {
+	if err := waitScraped(ctx, r.metrics, len(st.sims), r.proc); err != nil {
+		return fmt.Errorf("picker %s: %w (log: %s)", r.name, err, childproc.Tail(r.proc.log, 5))
+	}
+	if peers == 0 {
+		return nil
+	}
+	seen := func() bool {
+		m, err := pickerMetrics(ctx, r.metrics)
+		return err == nil && m[metricPeers] == float64(peers)
+	}
+	if err := waitFor(ctx, r.proc, 20*time.Second, fmt.Sprintf("see %d peers (%s)", peers, metricPeers), seen); err != nil {
+		return fmt.Errorf("picker %s: %w (log: %s)", r.name, err, childproc.Tail(r.proc.log, 5))
+	}
+	return nil
+}
+
+// startProxy starts the Envoy stand-in and waits until a request passes
+// through it.
+func (e *env) startProxy(ctx context.Context, st *stack, args []string) error {
+	out := newLineWatch("envoysim listening on ")
+	p, err := st.procs.start("envoysim", e.standIn, out, args...)
+	if err != nil {
+		return err
 	}
 	select {
 	case u := <-out.found:
 		st.base = u
 	case <-p.done:
-		return st, fmt.Errorf("envoysim exited (log: %s)", childproc.Tail(p.log, 5))
+		return fmt.Errorf("envoysim exited (log: %s)", childproc.Tail(p.log, 5))
 	case <-time.After(15 * time.Second):
-		return st, fmt.Errorf("envoysim did not report its address within 15s (log: %s)", childproc.Tail(p.log, 5))
+		return fmt.Errorf("envoysim did not report its address within 15s (log: %s)", childproc.Tail(p.log, 5))
 	case <-ctx.Done():
-		return st, ctx.Err()
+		return ctx.Err()
 	}
 	// The probe names every sim for the oracle's testing filter; the other
 	// pickers ignore the header.
 	probe := http.Header{selectionHeader: {st.simAddrs()}}
 	if err := waitHTTP(ctx, st.base+"/v1/models", p, probe); err != nil {
-		return st, fmt.Errorf("through envoysim: %w (log: %s)", err, childproc.Tail(p.log, 5))
+		return fmt.Errorf("through envoysim: %w (log: %s)", err, childproc.Tail(p.log, 5))
 	}
-	return st, nil
+	return nil
 }
 
 // simAddrs lists the sims' addresses as the proxy's flags take them.
@@ -324,7 +470,7 @@ func (st *stack) cpu() cpuSnap {
 		switch {
 		case strings.HasPrefix(kind, "pod-"):
 			kind = "sims"
-		case kind == "epp":
+		case strings.HasPrefix(kind, "epp"): // every replica's
 			kind = "picker"
 		case kind == "envoysim":
 			kind = "proxy"
@@ -391,42 +537,45 @@ func (w *lineWatch) Write(b []byte) (int, error) {
 // waitHTTP waits up to 15s for url to answer 200, giving up early when the
 // process serving it exits.
 func waitHTTP(ctx context.Context, url string, p *proc, hdr http.Header) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return errors.New("process exited")
-		}
+	ok := func() bool {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		maps.Copy(req.Header, hdr)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
 		}
-		if err := sleepCtx(ctx, 25*time.Millisecond); err != nil {
-			return err
-		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == 200
 	}
-	return fmt.Errorf("%s did not answer 200 within 15s", url)
+	return waitFor(ctx, p, 15*time.Second, "answer 200 at "+url, ok)
 }
 
 // waitScraped waits until the picker has fresh metrics of all n endpoints.
 func waitScraped(ctx context.Context, metricsAddr string, n int, p *proc) error {
-	deadline := time.Now().Add(20 * time.Second)
+	fresh := func() bool {
+		got, err := freshEndpoints(ctx, metricsAddr)
+		return err == nil && got == n
+	}
+	return waitFor(ctx, p, 20*time.Second, fmt.Sprintf("report %d endpoints with fresh metrics", n), fresh)
+}
+
+// waitFor polls ok every 25 ms until it holds, for at most within, giving
+// up early when p exits.
+func waitFor(ctx context.Context, p *proc, within time.Duration, what string, ok func() bool) error {
+	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		if p.exited() {
-			return errors.New("exited")
+			return errors.New("process exited")
 		}
-		if fresh, err := freshEndpoints(ctx, metricsAddr); err == nil && fresh == n {
+		if ok() {
 			return nil
 		}
 		if err := sleepCtx(ctx, 25*time.Millisecond); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("did not report %d endpoints with fresh metrics within 20s", n)
+	return fmt.Errorf("did not %s within %s", what, within)
 }
 
 var freshRE = regexp.MustCompile(`(?m)^infergate_epp_endpoints\{state="fresh"\} (\S+)$`)

@@ -18,8 +18,9 @@ var tokenizerConfigs = []string{cfgRoundRobin, cfgDefault, cfgOracle}
 // sims started with it and every prompt exactly as many of its tokens as
 // in (a), and prints a row per tokenizer: whether the picker's prefix
 // routing, which starts from 4 bytes a token and learns each server's
-// figure, keeps up with the hand split.
-func (e *env) tokenizerTable(ctx context.Context, spec measuredSpec, seed uint64, cfgs []string) error {
+// figure, keeps up with the hand split. The picker rows run with replicas
+// picker replicas.
+func (e *env) tokenizerTable(ctx context.Context, spec measuredSpec, seed uint64, cfgs []string, replicas int) error {
 	var run []string
 	for _, c := range cfgs {
 		if slices.Contains(tokenizerConfigs, c) {
@@ -30,8 +31,8 @@ func (e *env) tokenizerTable(ctx context.Context, spec measuredSpec, seed uint64
 	for i, t := range e.tokenizers {
 		names[i] = t.String()
 	}
-	fmt.Printf("## (t) tokenizers\n\nWorkload (a) (%d pods; %d distinct %d-token prefixes × %d repeats + a unique %d-token suffix, max_tokens %d; %d requests, %d concurrent) with the sims started with each tokenizer of %s (`infergate sim --tokenizer bytes --bytes-per-token N`, or `--tokenizer words`). Prompts are exactly as many tokens of that tokenizer as in (a), so their size in bytes follows the tokenizer while the sims' cache, in tokens, is the same; the picker starts from 4 bytes a token and learns each sim's figure from `vllm:prompt_tokens_total`. Configs: %s.\n\n",
-		spec.Pods, spec.Prefixes, spec.PrefixTokens, spec.Repeats, spec.SuffixTokens, spec.MaxTokens, spec.Prefixes*spec.Repeats, spec.Concurrency,
+	fmt.Printf("## (t) tokenizers%s\n\nWorkload (a) (%d pods; %d distinct %d-token prefixes × %d repeats + a unique %d-token suffix, max_tokens %d; %d requests, %d concurrent) with the sims started with each tokenizer of %s (`infergate sim --tokenizer bytes --bytes-per-token N`, or `--tokenizer words`). Prompts are exactly as many tokens of that tokenizer as in (a), so their size in bytes follows the tokenizer while the sims' cache, in tokens, is the same; the picker starts from 4 bytes a token and learns each sim's figure from `vllm:prompt_tokens_total`. Configs: %s.\n\n",
+		e.replicasTitle(replicas), spec.Pods, spec.Prefixes, spec.PrefixTokens, spec.Repeats, spec.SuffixTokens, spec.MaxTokens, spec.Prefixes*spec.Repeats, spec.Concurrency,
 		strings.Join(names, ", "), strings.Join(run, ", "))
 	if len(run) == 0 {
 		fmt.Printf("- (t) needs infergate-default, oracle or round-robin in --configs.\n\n")
@@ -54,9 +55,9 @@ func (e *env) tokenizerTable(ctx context.Context, spec measuredSpec, seed uint64
 		}
 		by := map[string]*runStats{}
 		for _, cfg := range run {
-			r, err := e.sharedRun(ctx, w, reqs, cfg)
+			r, err := e.sharedRun(ctx, w, reqs, cfg, replicas)
 			if err != nil {
-				return fmt.Errorf("(t) %s, %s: %w", tok, cfg, err)
+				return fmt.Errorf("(t) %s, %s: %w", tok, e.label(cfg, replicas), err)
 			}
 			by[cfg] = r
 		}
@@ -79,10 +80,10 @@ func (e *env) tokenizerTable(ctx context.Context, spec measuredSpec, seed uint64
 		cells := []string{r.tok.String(), bytesString(r.w.prefixBytes), hitOf(def), hitOf(oracle), "-"}
 		if def != nil && oracle != nil {
 			cells[4] = ratio(def.hitRate(), oracle.hitRate())
-			e.goals.record(goalTokHitRate(r.tok), def.hitRate()/oracle.hitRate())
+			e.goals.record(goalTokHitRate(r.tok).at(replicas), def.hitRate()/oracle.hitRate())
 		}
 		if def != nil {
-			e.goals.record(goalTokSplit(r.tok), splitShare(def))
+			e.goals.record(goalTokSplit(r.tok).at(replicas), splitShare(def))
 		}
 		if withRR {
 			cells = append(cells, hitOf(r.by[cfgRoundRobin]))

@@ -147,6 +147,19 @@ type workload struct {
 	// prefixBytes is the mean size of a shared prefix, where the workload
 	// has them of one token count.
 	prefixBytes float64
+	// servers are the sims where they differ (workload h); nil runs pods
+	// default sims.
+	servers []server
+	// groups is how many shared prefixes (request groups) there are.
+	groups int
+}
+
+// serverList is the workload's sims, one each.
+func (w *workload) serverList() []server {
+	if w.servers != nil {
+		return w.servers
+	}
+	return make([]server, w.pods)
 }
 
 // runName names a run of the workload under cfg (its log directory).
@@ -233,6 +246,15 @@ func (g *textGen) wordsText(tokens int) string {
 	return b.String()
 }
 
+// texts returns n texts of tokens tokens each.
+func (g *textGen) texts(n, tokens int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = g.text(tokens)
+	}
+	return out
+}
+
 // between returns a uniform integer in [lo, hi].
 func (g *textGen) between(lo, hi int) int { return lo + g.r.IntN(hi-lo+1) }
 
@@ -250,10 +272,7 @@ var defaultMeasured = measuredSpec{Pods: 2, Prefixes: 128, Repeats: 8, PrefixTok
 func measuredWorkload(s measuredSpec, seed uint64) *workload {
 	g := newTextGen(seed ^ 0xa)
 	g.tok = s.Tokenizer
-	prefixes := make([]string, s.Prefixes)
-	for i := range prefixes {
-		prefixes[i] = g.text(s.PrefixTokens)
-	}
+	prefixes := g.texts(s.Prefixes, s.PrefixTokens)
 	var sessions []session
 	for i, p := range prefixes {
 		for range s.Repeats {
@@ -266,7 +285,7 @@ func measuredWorkload(s measuredSpec, seed uint64) *workload {
 		prefixBytes += len(p)
 	}
 	return &workload{
-		key: "a", name: "measured", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions, tok: s.Tokenizer,
+		key: "a", name: "measured", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions, tok: s.Tokenizer, groups: s.Prefixes,
 		prefixBytes: float64(prefixBytes) / float64(max(len(prefixes), 1)),
 		describe: fmt.Sprintf("%d pods; %d distinct %d-token prefixes × %d repeats, each + a unique %d-token suffix, max_tokens %d; %d requests in random order, %d concurrent; completions API",
 			s.Pods, s.Prefixes, s.PrefixTokens, s.Repeats, s.SuffixTokens, s.MaxTokens, s.Prefixes*s.Repeats, s.Concurrency),
@@ -304,7 +323,7 @@ func multiTurnWorkload(s multiTurnSpec, seed uint64) *workload {
 		sessions = append(sessions, conv)
 	}
 	return &workload{
-		key: "b", name: "multi-turn", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions,
+		key: "b", name: "multi-turn", pods: s.Pods, concurrency: s.Concurrency, sessions: sessions, groups: s.Conversations,
 		describe: fmt.Sprintf("%d pods; %d conversations × %d turns sharing one %d-token system prompt; each turn resends the history (user and assistant messages of %d±%d tokens) plus a new user message and asks for %d±%d tokens; turns of a conversation in order, %d conversations at a time; chat API",
 			s.Pods, s.Conversations, s.Turns, s.SystemTokens, s.MeanTokens, s.Spread, s.MeanTokens, s.Spread, s.Concurrency),
 	}
