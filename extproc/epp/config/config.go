@@ -61,9 +61,9 @@ type ProfileRef struct {
 
 // DefaultConfig runs when no config is given. Requests whose prompt an
 // endpoint already holds stay there (affinity filter, prefix scorer)
-// unless it is clearly busier; new prompts spread over the endpoints that
-// least recently took a new one (no-hit LRU), so the pool partitions the
-// prefix space; queue depth and KV-cache use balance the rest, and LoRA
+// unless it is clearly busier; new prompts spread over the endpoints in
+// proportion to their KV caches (no-hit LRU), so the pool partitions the
+// prefix space by capacity; queue depth and KV-cache use balance the rest, and LoRA
 // adapters go where they are loaded.
 const DefaultConfig = `apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig

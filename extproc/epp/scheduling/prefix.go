@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -393,9 +394,10 @@ func (s *prefixScorer) Score(_ context.Context, req *Request, eps []Endpoint, sc
 //
 // "Clearly busier" compares the least busy holder with the least busy
 // other endpoint: a waiting queue longer by more than maxWaitingQueueGap
-// (a wait for a slot costs more than recomputing a prompt), or more than
-// maxRunningRatio times the running requests, plus a slack of 4 so that
-// small counts do not flap. The second rule matters for a prefix that
+// (a wait for a slot costs more than recomputing a prompt); or the least
+// busy holder's running requests more than maxRunningRatio times the
+// others' mean, plus a slack of 4 so that small counts do not flap, each
+// server's counted per average KV cache (see load). The second rule matters for a prefix that
 // every request shares (a common system prompt): without it the first
 // endpoint to cache it would draw all traffic while batching hides the
 // load from the queue.
@@ -404,6 +406,22 @@ type prefixAffinityFilter struct {
 	threshold    float64
 	maxQueueGap  int
 	runningRatio float64
+	// kept and gave counts the requests whose prompt some endpoints held:
+	// kept on them, or let go by waiting queue or running requests.
+	kept                       atomic.Uint64
+	gaveToQueue, gaveToRunning atomic.Uint64
+}
+
+var affinityDesc = prometheus.NewDesc("infergate_epp_prefix_affinity_total",
+	"Requests whose prompt some endpoints held (and others not), by what the affinity filter did: kept them on the holders (outcome=kept), or gave way to load because the holders' waiting queue (outcome=gave-way-queue) or running requests per KV cache (outcome=gave-way-running) were clearly above the others'.",
+	[]string{"outcome"}, nil)
+
+func (f *prefixAffinityFilter) Describe(ch chan<- *prometheus.Desc) { ch <- affinityDesc }
+
+func (f *prefixAffinityFilter) Collect(ch chan<- prometheus.Metric) {
+	for outcome, n := range map[string]uint64{"kept": f.kept.Load(), "gave-way-queue": f.gaveToQueue.Load(), "gave-way-running": f.gaveToRunning.Load()} {
+		ch <- prometheus.MustNewConstMetric(affinityDesc, prometheus.CounterValue, float64(n), outcome)
+	}
 }
 
 // runningSlack is added to the running-requests bound.
@@ -431,15 +449,62 @@ func newPrefixAffinityFilter(id named, params json.RawMessage) (Plugin, error) {
 		threshold: p.AffinityThreshold, maxQueueGap: p.MaxWaitingQueueGap, runningRatio: p.MaxRunningRatio}, nil
 }
 
-// load is the least busy endpoint's figures on one side; -1 is unknown.
-type load struct{ waiting, running int }
+// load sums up one side of the affinity filter's comparison: the least
+// busy endpoint's waiting queue (-1 unknown), and the running requests
+// per average KV cache (a server with twice the pool's average cache
+// counts each as half, since it holds twice the prefixes and so draws
+// twice the requests where placement is right): the least on the
+// holders' side, the mean on the others', so that one idle server among
+// several does not make every holder look busy.
+type load struct {
+	waiting        int
+	least, sum     float64
+	known, running int
+}
 
-func (l *load) add(m *datastore.Metrics) {
+func newLoad() load { return load{waiting: -1, least: -1} }
+
+func (l *load) add(m *datastore.Metrics, size float64) {
 	if m == nil {
 		return
 	}
 	l.waiting = minKnown(l.waiting, m.WaitingQueueSize)
-	l.running = minKnown(l.running, m.RunningRequests)
+	if m.RunningRequests < 0 {
+		return
+	}
+	r := float64(m.RunningRequests) / size
+	if l.least < 0 || r < l.least {
+		l.least = r
+	}
+	l.sum += r
+	l.known++
+}
+
+// mean is the mean running requests per average KV cache, -1 unknown.
+func (l *load) mean() float64 {
+	if l.known == 0 {
+		return -1
+	}
+	return l.sum / float64(l.known)
+}
+
+// relativeSizes are the endpoints' KV caches over the mean of those
+// published, 1 for an endpoint that publishes none (or when none does).
+func relativeSizes(eps []Endpoint, dst []float64) []float64 {
+	sum, n := 0.0, 0
+	for _, e := range eps {
+		if c := kvTokens(e); c > 0 {
+			sum, n = sum+c, n+1
+		}
+	}
+	for _, e := range eps {
+		size := 1.0
+		if c := kvTokens(e); c > 0 {
+			size = c * float64(n) / sum
+		}
+		dst = append(dst, size)
+	}
+	return dst
 }
 
 func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []Endpoint) []Endpoint {
@@ -447,32 +512,32 @@ func (f *prefixAffinityFilter) Filter(_ context.Context, req *Request, eps []End
 	if m == nil || len(m.Hashes) == 0 {
 		return eps
 	}
+	var buf [16]float64
+	sizes := relativeSizes(eps, buf[:0])
 	var sticky []Endpoint
-	holders, others := load{-1, -1}, load{-1, -1}
-	for _, e := range eps {
+	holders, others := newLoad(), newLoad()
+	for i, e := range eps {
 		if m.Fraction(e.Address) >= f.threshold {
 			sticky = append(sticky, e)
-			holders.add(e.Metrics)
+			holders.add(e.Metrics, sizes[i])
 		} else {
-			others.add(e.Metrics)
+			others.add(e.Metrics, sizes[i])
 		}
 	}
 	if len(sticky) == 0 || len(sticky) == len(eps) {
 		return eps
 	}
-	if f.clearlyBusier(holders, others) {
-		req.SetAttr(affinityBrokenAttr, true)
-		return eps
+	switch {
+	case holders.waiting >= 0 && others.waiting >= 0 && holders.waiting-others.waiting > f.maxQueueGap:
+		f.gaveToQueue.Add(1)
+	case holders.least >= 0 && others.mean() >= 0 && holders.least > f.runningRatio*others.mean()+runningSlack:
+		f.gaveToRunning.Add(1)
+	default:
+		f.kept.Add(1)
+		return sticky
 	}
-	return sticky
-}
-
-func (f *prefixAffinityFilter) clearlyBusier(holders, others load) bool {
-	if holders.waiting >= 0 && others.waiting >= 0 && holders.waiting-others.waiting > f.maxQueueGap {
-		return true
-	}
-	return holders.running >= 0 && others.running >= 0 &&
-		float64(holders.running) > f.runningRatio*float64(others.running)+runningSlack
+	req.SetAttr(affinityBrokenAttr, true)
+	return eps
 }
 
 func minKnown(cur, v int) int {
@@ -485,22 +550,42 @@ func minKnown(cur, v int) int {
 	return min(cur, v)
 }
 
-// noHitLRUScorer spreads cold requests (no candidate holds any of the
-// prompt) over the endpoints that least recently received a cold request,
-// so new prefixes partition across the pool instead of piling onto the
-// least-loaded endpoint of the moment. Warm requests get a neutral 0.5
-// and leave the choice to the prefix scorer.
+// noHitLRUScorer places cold requests (no candidate holds any of the
+// prompt), so that new prefixes partition the pool instead of piling onto
+// the least-loaded endpoint of the moment. Each endpoint takes new prompts
+// in proportion to its KV cache, the size its server publishes: a server
+// with twice the cache holds twice the prefixes for as long, so every
+// server's cache turns over at the same pace and none evicts prefixes the
+// others would have kept. Without published sizes all weigh alike and the
+// order is the endpoints' least recent cold pick, as the scorer's name says.
+// Warm requests get a neutral 0.5 and leave the choice to the prefix
+// scorer.
+//
+// The order is stride scheduling: an endpoint's pass grows by the blocks
+// of each new prompt it took over its cache's blocks (one pass is its
+// cache filled once), and the lowest pass scores 1, the highest 0.
 type noHitLRUScorer struct {
 	named
 	size     int
+	weighted bool
 	mu       sync.Mutex
-	lastCold map[string]uint64 // endpoint → sequence number of its last cold pick
-	seq      uint64
+	pass     map[string]float64 // endpoint → its cold picks' blocks over its KV blocks
+	capacity map[string]float64 // endpoint → its KV cache in tokens, as last seen
+	// blockTokens is the prefix index's block size: the peers' decisions
+	// count their prompts in its blocks.
+	blockTokens int
 }
+
+// maxColdLag bounds how far behind the others an endpoint's pass may be,
+// in cache fills: one that was away (filtered out, drained, restarted)
+// catches up by at most one cache of new prompts rather than taking every
+// new prompt until it has made up all the time it was gone.
+const maxColdLag = 1.0
 
 func newNoHitLRUScorer(id named, params json.RawMessage) (Plugin, error) {
 	p := struct {
-		LRUSize int `json:"lruSize"`
+		LRUSize          int   `json:"lruSize"`
+		CapacityWeighted *bool `json:"capacityWeighted"`
 	}{LRUSize: 1024}
 	if err := DecodeParams(params, &p); err != nil {
 		return nil, err
@@ -508,7 +593,17 @@ func newNoHitLRUScorer(id named, params json.RawMessage) (Plugin, error) {
 	if p.LRUSize < 1 {
 		return nil, fmt.Errorf("parameters.lruSize: must be at least 1, got %d", p.LRUSize)
 	}
-	return &noHitLRUScorer{named: id, size: p.LRUSize, lastCold: map[string]uint64{}}, nil
+	return &noHitLRUScorer{named: id, size: p.LRUSize, weighted: p.CapacityWeighted == nil || *p.CapacityWeighted,
+		pass: map[string]float64{}, capacity: map[string]float64{}, blockTokens: 16}, nil
+}
+
+// kvTokens is the endpoint's KV cache in tokens as its server publishes
+// it (vLLM's cache_config_info), 0 when unknown.
+func kvTokens(e Endpoint) float64 {
+	if e.Metrics == nil || e.Metrics.BlockSize <= 0 || e.Metrics.NumGPUBlocks <= 0 {
+		return 0
+	}
+	return float64(e.Metrics.BlockSize) * float64(e.Metrics.NumGPUBlocks)
 }
 
 func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, scores []float64) {
@@ -521,44 +616,113 @@ func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Rank by recency of the last cold pick: never or longest ago → 1,
-	// most recent → 0.
-	lo, hi := ^uint64(0), uint64(0)
-	for _, e := range eps {
-		v := s.lastCold[e.Address]
-		lo, hi = min(lo, v), max(hi, v)
+	if s.weighted {
+		for _, e := range eps {
+			if c := kvTokens(e); c > 0 {
+				s.capacity[e.Address] = c
+			}
+		}
 	}
+	// An endpoint never picked starts level with the least advanced
+	// candidate, and none trails the most advanced by more than a cache.
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, e := range eps {
+		if v, ok := s.pass[e.Address]; ok {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	if math.IsInf(lo, 1) {
+		lo, hi = 0, 0
+	}
+	passes := make([]float64, len(eps))
+	lo = max(lo, hi-maxColdLag)
 	for i, e := range eps {
+		v, ok := s.pass[e.Address]
+		if !ok || v < lo {
+			v = lo
+			s.pass[e.Address] = v
+		}
+		passes[i] = v
+	}
+	for i, v := range passes {
 		if hi == lo {
 			scores[i] = 1
 			continue
 		}
-		scores[i] = float64(hi-s.lastCold[e.Address]) / float64(hi-lo)
+		scores[i] = (hi - v) / (hi - lo)
 	}
 }
 
 func (s *noHitLRUScorer) Picked(_ context.Context, req *Request, res *Result) {
-	if m := prefixMatchOf(req); m != nil && !m.Cold() {
+	m := prefixMatchOf(req)
+	if m != nil && !m.Cold() {
 		return
 	}
 	if t := res.Targets(); len(t) > 0 {
-		s.coldPick(t[0].Address)
+		blocks, blockTokens := 1, 0
+		if m != nil {
+			blocks, blockTokens = len(m.Hashes), m.BlockTokens
+		}
+		s.coldPick(t[0].Address, blocks, blockTokens)
 	}
 }
 
-// coldPick records a cold request sent to addr.
-func (s *noHitLRUScorer) coldPick(addr string) {
+// coldPick records a cold prompt of blocks sent to addr; blockTokens is
+// the prefix index's block size (0 when unknown: the last one seen).
+func (s *noHitLRUScorer) coldPick(addr string, blocks, blockTokens int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.seq++
-	s.lastCold[addr] = s.seq
-	if len(s.lastCold) > s.size { // forget the endpoint cold-picked longest ago
-		oldest, at := "", ^uint64(0)
-		for a, v := range s.lastCold {
+	if blockTokens > 0 {
+		s.blockTokens = blockTokens
+	}
+	v, ok := s.pass[addr]
+	if !ok {
+		v = s.least()
+	}
+	s.pass[addr] = v + float64(max(1, blocks)*s.blockTokens)/s.capacityOf(addr)
+	if len(s.pass) > s.size { // forget the endpoint least advanced: the longest gone
+		least, at := "", math.Inf(1)
+		for a, v := range s.pass {
 			if v < at {
-				oldest, at = a, v
+				least, at = a, v
 			}
 		}
-		delete(s.lastCold, oldest)
+		delete(s.pass, least)
+		delete(s.capacity, least)
 	}
 }
+
+// least is the lowest pass known, 0 when none is: where an endpoint
+// first heard of through a peer starts. Called with mu held.
+func (s *noHitLRUScorer) least() float64 {
+	lo := math.Inf(1)
+	for _, v := range s.pass {
+		lo = min(lo, v)
+	}
+	if math.IsInf(lo, 1) {
+		return 0
+	}
+	return lo
+}
+
+// capacityOf is addr's KV cache in tokens, or the mean of those known
+// when its own is not (its server publishes none, or weighting is off),
+// so an endpoint of unknown size weighs as an average one. Called with
+// mu held.
+func (s *noHitLRUScorer) capacityOf(addr string) float64 {
+	if c, ok := s.capacity[addr]; ok {
+		return c
+	}
+	if len(s.capacity) == 0 {
+		return unknownCapacity
+	}
+	sum := 0.0
+	for _, c := range s.capacity {
+		sum += c
+	}
+	return sum / float64(len(s.capacity))
+}
+
+// unknownCapacity is every endpoint's KV cache, in tokens, when no server
+// publishes one: any equal value makes the order round robin.
+const unknownCapacity = 1 << 20

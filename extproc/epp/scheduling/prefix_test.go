@@ -3,6 +3,8 @@ package scheduling
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/infergate/infergate/extproc/epp/datastore"
 	"github.com/infergate/infergate/inference/wire"
@@ -130,6 +133,15 @@ func TestPrefixAffinityFilter(t *testing.T) {
 		{"cold keeps all", map[string]int{}, queued(0, 0, 0), 3},
 		{"holder running far more gives way", map[string]int{"10.0.0.1:8000": 10}, running(30, 2, 5), 3},
 		{"holder running somewhat more is kept", map[string]int{"10.0.0.1:8000": 10}, running(12, 4, 5), 1},
+		{"one idle server among busy ones does not break affinity", map[string]int{"10.0.0.1:8000": 10}, running(9, 0, 9), 1},
+		// The holder has four times the others' cache, so it draws four
+		// times their requests where placement is right.
+		{"a large holder running more per its cache is kept", map[string]int{"10.0.0.1:8000": 10},
+			[]Endpoint{sized("10.0.0.1:8000", 8000, 16), sized("10.0.0.2:8000", 2000, 3), sized("10.0.0.3:8000", 2000, 4)}, 1},
+		{"a large holder running far more per its cache gives way", map[string]int{"10.0.0.1:8000": 10},
+			[]Endpoint{sized("10.0.0.1:8000", 8000, 60), sized("10.0.0.2:8000", 2000, 3), sized("10.0.0.3:8000", 2000, 4)}, 3},
+		{"a small holder is let go sooner", map[string]int{"10.0.0.1:8000": 10},
+			[]Endpoint{sized("10.0.0.1:8000", 1000, 9), sized("10.0.0.2:8000", 4000, 6), sized("10.0.0.3:8000", 4000, 6)}, 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -148,16 +160,16 @@ func TestPrefixAffinityFilter(t *testing.T) {
 	}
 }
 
-func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
+// coldRound sends n cold prompts of blocks each through the no-hit scorer
+// alone (ties broken at random) and counts where they went.
+func coldRound(t *testing.T, s *noHitLRUScorer, eps []Endpoint, n, blocks int, count map[string]int) {
+	t.Helper()
 	ctx := context.Background()
-	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
 	picker := build(t, "max-score-picker", "").(Picker)
 	setRand(picker, seeded())
-	eps := threeEndpoints()
-	count := map[string]int{}
-	for range 9 {
+	for range n {
 		req := &Request{}
-		req.SetAttr(prefixAttr, &PrefixMatch{Hashes: []uint64{1}, Blocks: map[string]int{}})
+		req.SetAttr(prefixAttr, &PrefixMatch{Hashes: make([]uint64, blocks), BlockTokens: 16, Blocks: map[string]int{}})
 		scores := make([]float64, len(eps))
 		s.Score(ctx, req, eps, scores)
 		sc := make([]Scored, len(eps))
@@ -168,6 +180,55 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 		count[target.Address]++
 		s.Picked(ctx, req, resultFor(target.Address))
 	}
+}
+
+// sized is an endpoint whose server publishes a KV cache of blocks blocks
+// of 16 tokens, running running requests.
+func sized(addr string, blocks, running int) Endpoint {
+	return ep(addr, &datastore.Metrics{BlockSize: 16, NumGPUBlocks: blocks, RunningRequests: running}, nil)
+}
+
+// TestPrefixAffinityFilterCountsOutcomes: the filter counts what it did
+// with each request some endpoints held, by outcome.
+func TestPrefixAffinityFilterCountsOutcomes(t *testing.T) {
+	f := build(t, "prefix-cache-affinity-filter", "").(*prefixAffinityFilter)
+	held := func() *Request {
+		r := &Request{}
+		r.SetAttr(prefixAttr, &PrefixMatch{Hashes: make([]uint64, 10), BlockTokens: 16, Blocks: map[string]int{"10.0.0.1:8000": 10}})
+		return r
+	}
+	ctx := context.Background()
+	for _, eps := range [][]Endpoint{
+		{sized("10.0.0.1:8000", 1000, 2), sized("10.0.0.2:8000", 1000, 2)},                                                  // kept
+		{sized("10.0.0.1:8000", 1000, 2), sized("10.0.0.2:8000", 1000, 2)},                                                  // kept
+		{sized("10.0.0.1:8000", 1000, 30), sized("10.0.0.2:8000", 1000, 2)},                                                 // running
+		{ep("10.0.0.1:8000", &datastore.Metrics{WaitingQueueSize: 9}, nil), ep("10.0.0.2:8000", &datastore.Metrics{}, nil)}, // queue
+	} {
+		f.Filter(ctx, held(), eps)
+	}
+	f.Filter(ctx, &Request{}, threeEndpoints()) // nothing held: not counted
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range families[0].GetMetric() {
+		got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+	}
+	want := map[string]float64{"kept": 2, "gave-way-running": 1, "gave-way-queue": 1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("%s: %v, want %v", families[0].GetName(), got, want)
+	}
+}
+
+func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
+	ctx := context.Background()
+	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	eps := threeEndpoints()
+	count := map[string]int{}
+	coldRound(t, s, eps, 9, 1, count)
 	for _, e := range eps {
 		if count[e.Address] != 3 {
 			t.Fatalf("cold requests not spread evenly: %v", count)
@@ -179,6 +240,80 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 	s.Score(ctx, warm, eps, scores)
 	if scores[0] != 0.5 || scores[1] != 0.5 || scores[2] != 0.5 {
 		t.Fatalf("warm request scores %v, want neutral", scores)
+	}
+}
+
+// TestNoHitLRUPlacesNewPromptsByCapacity: new prompts go to each endpoint
+// in proportion to the KV cache its server publishes, counted in blocks
+// (a long prompt counts for several short ones); a new endpoint takes its
+// share from then on rather than every new prompt until it has caught up;
+// and with the weighting off the order is round robin again.
+func TestNoHitLRUPlacesNewPromptsByCapacity(t *testing.T) {
+	caches := []int{1000, 2000, 3000, 4000}
+	var eps []Endpoint
+	for i, blocks := range caches {
+		eps = append(eps, sized(fmt.Sprintf("10.0.0.%d:8000", i+1), blocks, 0))
+	}
+	cases := []struct {
+		name   string
+		params string
+		want   []int
+	}{
+		{"by capacity", "", []int{10, 20, 30, 40}},
+		{"weighting off", `{"capacityWeighted":false}`, []int{25, 25, 25, 25}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := build(t, "no-hit-lru-scorer", tc.params).(*noHitLRUScorer)
+			count := map[string]int{}
+			coldRound(t, s, eps, 100, 8, count)
+			for i, e := range eps {
+				if d := count[e.Address] - tc.want[i]; d < -1 || d > 1 {
+					t.Fatalf("cold prompts per endpoint %v, want %v (±1)", count, tc.want)
+				}
+			}
+		})
+	}
+
+	// Blocks, not prompts: after a prompt of 32 blocks to one of two equal
+	// endpoints, the next four of 8 blocks go to the other.
+	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	pair := []Endpoint{sized("10.0.0.1:8000", 1000, 0), sized("10.0.0.2:8000", 1000, 0)}
+	long := map[string]int{}
+	coldRound(t, s, pair, 1, 32, long)
+	short := map[string]int{}
+	coldRound(t, s, pair, 4, 8, short)
+	for addr := range long {
+		if short[addr] != 0 {
+			t.Fatalf("after a 32-block prompt to %s, four 8-block ones went %v: want all to the other", addr, short)
+		}
+	}
+
+	// A fifth endpoint joins: it takes its share (a fifth of the KV, so
+	// about 20 of the next 100), not the next hundred.
+	s = build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	coldRound(t, s, eps, 400, 8, map[string]int{})
+	grown := append(slices.Clone(eps), sized("10.0.0.5:8000", 2500, 0))
+	count := map[string]int{}
+	coldRound(t, s, grown, 100, 8, count)
+	if n := count["10.0.0.5:8000"]; n < 15 || n > 25 {
+		t.Fatalf("the new endpoint took %d of 100 new prompts (%v), want about 20", n, count)
+	}
+}
+
+// TestNoHitLRUFollowsPeersColdPicks: cold prompts another replica placed
+// advance the order as this replica's own do.
+func TestNoHitLRUFollowsPeersColdPicks(t *testing.T) {
+	s := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	eps := []Endpoint{sized("10.0.0.1:8000", 1000, 0), sized("10.0.0.2:8000", 1000, 0)}
+	coldRound(t, s, eps, 2, 8, map[string]int{})
+	for range 3 {
+		s.PeerPicked(Shared{Endpoint: "10.0.0.1:8000", Hashes: make([]uint64, 8), Cold: true})
+	}
+	count := map[string]int{}
+	coldRound(t, s, eps, 3, 8, count)
+	if count["10.0.0.2:8000"] != 3 {
+		t.Fatalf("after a peer sent three new prompts to the first endpoint, the next three went %v: want all to the second", count)
 	}
 }
 

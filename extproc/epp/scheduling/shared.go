@@ -196,7 +196,7 @@ func (r *stateReader) fail(err error) {
 // prefixes keep partitioning the pool whichever replica sees them first.
 func (s *noHitLRUScorer) PeerPicked(d Shared) {
 	if d.Cold && d.From == "" && d.Endpoint != "" {
-		s.coldPick(d.Endpoint)
+		s.coldPick(d.Endpoint, len(d.Hashes), 0)
 	}
 }
 
