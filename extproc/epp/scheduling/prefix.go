@@ -457,9 +457,9 @@ func newPrefixAffinityFilter(id named, params json.RawMessage) (Plugin, error) {
 // holders' side, the mean on the others', so that one idle server among
 // several does not make every holder look busy.
 type load struct {
-	waiting        int
-	least, sum     float64
-	known, running int
+	waiting    int
+	least, sum float64
+	known      int
 }
 
 func newLoad() load { return load{waiting: -1, least: -1} }
