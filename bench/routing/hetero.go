@@ -115,6 +115,46 @@ func heteroWorkload(s heteroSpec, seed uint64) *workload {
 	return w
 }
 
+// heteroChatSpec is workload (m): conversations on h's pool, each turn
+// resending the history, each conversation about a document of its own.
+type heteroChatSpec struct {
+	Servers []server
+	Chat    multiTurnSpec
+}
+
+// defaultHeteroChat: 240 conversations × 6 turns, 48 in flight, each with
+// a 4,096-token document after the shared 1,024-token system prompt and
+// turns of 128±32 tokens: a conversation holds about 5,000 to 6,700 tokens
+// of KV by its last turn, 48 of them about 40% of the pool's cache. Split
+// evenly (12 in flight each) they overflow the smallest sim's 64,000
+// tokens; split by capacity (about 5) they fit.
+var defaultHeteroChat = heteroChatSpec{Servers: defaultHetero.Servers,
+	Chat: multiTurnSpec{Conversations: 240, Turns: 6, SystemTokens: 1024, ContextTokens: 4096, MeanTokens: 128, Spread: 32, Concurrency: 48}}
+
+// quickHeteroChat is m on the quick pool (an eighth of the caches): 30
+// conversations, 6 in flight.
+var quickHeteroChat = heteroChatSpec{Servers: quickHetero.Servers,
+	Chat: multiTurnSpec{Conversations: 30, Turns: 6, SystemTokens: 1024, ContextTokens: 4096, MeanTokens: 128, Spread: 32, Concurrency: 6}}
+
+// heteroChatWorkload is (b)'s generator on h's pool.
+func heteroChatWorkload(s heteroChatSpec, seed uint64) *workload {
+	s.Chat.Pods = len(s.Servers)
+	w := multiTurnWorkload(s.Chat, seed)
+	w.key, w.name, w.servers = "m", "multi-turn heterogeneous", s.Servers
+	var kv, pace, share []string
+	for i, n := range capacityCounts(s.Chat.Conversations, kvWeights(s.Servers)) {
+		kv = append(kv, strconv.Itoa(s.Servers[i].kv()/sim.DefaultBlockSize))
+		pace = append(pace, "×"+strconv.FormatFloat(s.Servers[i].factor(), 'g', -1, 64))
+		share = append(share, strconv.Itoa(n))
+	}
+	c := s.Chat
+	w.describe = fmt.Sprintf("(h)'s %d sims (KV cache %s blocks of %d tokens, pace %s); %d conversations × %d turns sharing one %d-token system prompt, each opening with a %d-token document of its own; each turn resends the history (user and assistant messages of %d±%d tokens) plus a new user message and asks for %d±%d tokens; turns of a conversation in order, %d conversations at a time; chat API. "+
+		"*oracle-capacity* gives each sim conversations in proportion to its KV cache (%s)",
+		len(s.Servers), strings.Join(kv, " / "), sim.DefaultBlockSize, strings.Join(pace, " / "), c.Conversations, c.Turns, c.SystemTokens, c.ContextTokens,
+		c.MeanTokens, c.Spread, c.MeanTokens, c.Spread, c.Concurrency, strings.Join(share, " / "))
+	return w
+}
+
 // factor is the server's pace, 1 for the default.
 func (s server) factor() float64 {
 	if s.pace > 0 {
@@ -180,7 +220,7 @@ func withCapacityOracle(cfgs []string) []string {
 
 // heteroNotes prints h's ratios among the rows of n replicas and records
 // its goal: the default profile against the capacity-weighted oracle.
-func (e *env) heteroNotes(byCfg map[string]*runStats, at string, n int) {
+func (e *env) heteroNotes(byCfg map[string]*runStats, at string, n int, g goal) {
 	capOracle := byCfg[cfgOracleCapacity]
 	if capOracle == nil {
 		return
@@ -191,11 +231,29 @@ func (e *env) heteroNotes(byCfg map[string]*runStats, at string, n int) {
 			continue
 		}
 		if cfg == cfgDefault {
-			e.goals.record(goalHetero.at(n), r.hitRate()/capOracle.hitRate())
+			e.goals.record(g.at(n), r.hitRate()/capOracle.hitRate())
+		}
+		if r.groups > 0 {
+			fmt.Printf("- %s%s: %d of the %d prefixes served by more than one pod%s.\n", at, cfg, r.split, r.groups, affinityText(r.affinity))
 		}
 		rp, op := percentile(r.ttft, 0.99), percentile(capOracle.ttft, 0.99)
 		fmt.Printf("- %s%s / oracle-capacity: hit rate **%s** (%s / %s), p99 TTFT %s (%s / %s), throughput %s (req/s).\n", at, cfg,
 			ratio(r.hitRate(), capOracle.hitRate()), pctString(r.hitRate()), pctString(capOracle.hitRate()),
 			ratio(rp.Seconds(), op.Seconds()), ms(rp), ms(op), ratio(r.reqPerSec(e.scale), capOracle.reqPerSec(e.scale)))
 	}
+}
+
+// affinityText is what the affinity filter did, as a clause, or "" when
+// it did nothing.
+func affinityText(a map[string]float64) string {
+	var parts []string
+	for _, o := range affinityOutcomes {
+		if a[o] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", o, a[o]))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; affinity filter: " + strings.Join(parts, ", ")
 }

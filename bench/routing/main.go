@@ -62,7 +62,7 @@ const defaultTimeScale = 1
 func main() {
 	binary := flag.String("binary", "bin/infergate", "the infergate binary (sims and picker)")
 	standIn := flag.String("envoysim", "bin/envoysim", "the envoysim binary (the Envoy stand-in)")
-	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers), h (heterogeneous sims); keys or names")
+	workloads := flag.String("workloads", "a,b,c,d,t", "workloads to run: a (measured), b (multi-turn), c (no-sharing), d (noisy-neighbour), t (tokenizers: a under other sim tokenizers), h (heterogeneous sims), m (multi-turn on h's sims); keys or names")
 	tokenizers := flag.String("tokenizers", "2,4,7,words", "the sims' tokenizers of workload t: bytes per token (2 to 8) or words")
 	configs := flag.String("configs", strings.Join(defaultConfigs, ","), "routing configurations to compare (workload h adds oracle-capacity, its yardstick)")
 	replicas := flag.String("replicas", "1", "picker replicas each picker configuration runs with, joined as peers behind the proxy's round robin: one count or several (1,2,3), one row each")
@@ -72,6 +72,7 @@ func main() {
 	seed := flag.Uint64("seed", 1, "seed of the workload generator")
 	logDir := flag.String("log-dir", "", "keep the children's logs here (default: a temporary directory removed at the end)")
 	repeat := flag.Int("repeat", 1, "run the workloads this many times, on fresh processes each time, and summarise the goals over the runs")
+	llmd := flag.String("llmd-sim", "", "run workload h's servers on this llm-d-inference-sim binary instead of infergate sim (with --workloads h, at --time-scale 1; built outside the repository, see llmdsim.go)")
 	flag.Parse()
 	// The driver shares 2 cores with everything it measures; collect
 	// garbage less often.
@@ -82,7 +83,7 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
 	o := options{workloads: *workloads, configs: *configs, tokenizers: *tokenizers, replicas: *replicas, scale: *scale, seed: *seed,
-		logDir: *logDir, repeat: *repeat, failover: *failover, quick: *quick}
+		logDir: *logDir, repeat: *repeat, failover: *failover, quick: *quick, llmdSim: *llmd}
 	if err := run(ctx, *binary, *standIn, o); err != nil {
 		fmt.Fprintln(os.Stderr, "routing:", err)
 		stop()
@@ -99,6 +100,7 @@ type options struct {
 	logDir                                   string
 	repeat                                   int
 	failover, quick                          bool
+	llmdSim                                  string // --llmd-sim
 }
 
 func run(ctx context.Context, binary, standIn string, o options) error {
@@ -136,6 +138,12 @@ func run(ctx context.Context, binary, standIn string, o options) error {
 	if err != nil {
 		return err
 	}
+	var llmd *llmdSim
+	if o.llmdSim != "" {
+		if llmd, err = newLLMDSim(o.llmdSim, o, keys); err != nil {
+			return err
+		}
+	}
 	logDir := o.logDir
 	dir := logDir
 	if dir == "" {
@@ -155,7 +163,7 @@ func run(ctx context.Context, binary, standIn string, o options) error {
 		}
 	}
 	e := &env{binary: snapshot, standIn: standInSnapshot, scale: scale, dir: dir, model: readSimModel(snapshot), goals: goals{}, tokenizers: toks,
-		replicas: reps, quick: o.quick}
+		replicas: reps, quick: o.quick, llmd: llmd}
 
 	began := time.Now()
 	version, _ := exec.Command(snapshot, "version").Output()
@@ -170,6 +178,9 @@ func run(ctx context.Context, binary, standIn string, o options) error {
 	if e.model.known {
 		fmt.Printf("simulator model (its defaults): %d running sequences per pod, TTFT %s + %s per uncached prompt token, %s per further output token; KV cache and block size at their defaults. TTFT is measured client side with `stream: true`, to the first SSE data event.\n\n",
 			e.model.maxNumSeqs, e.model.overhead, e.model.perToken, e.model.itl)
+	}
+	if e.llmd != nil {
+		fmt.Print(e.llmd.header(e.baseModel()))
 	}
 	fmt.Printf("Columns: *hit rate* = `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` read from each sim after the run; *TTFT overhead* = client-measured mean TTFT minus the mean the sims record themselves (`vllm:time_to_first_token_seconds`: their queueing plus the model's prefill), i.e. what the proxy, the picker and a busy machine add; *ITL* = the decode rate the client saw (the model's figure is %s; more means the machine could not keep up); *CPU* = cores used by all processes and the driver during the run (of %d).\n\n",
 		e.model.itl, runtime.NumCPU())
@@ -215,7 +226,13 @@ func (e *env) runWorkloads(ctx context.Context, keys, cfgs []string, seed uint64
 			if e.quick {
 				spec = quickHetero
 			}
-			err = e.sharedTable(ctx, heteroWorkload(spec, seed), withCapacityOracle(cfgs))
+			err = e.sharedTable(ctx, e.heteroWorkload(spec, seed), withCapacityOracle(cfgs))
+		case "m":
+			spec := defaultHeteroChat
+			if e.quick {
+				spec = quickHeteroChat
+			}
+			err = e.sharedTable(ctx, heteroChatWorkload(spec, seed), withCapacityOracle(cfgs))
 		case "d":
 			for _, n := range e.replicas {
 				if err = e.noisyTable(ctx, defaultNoisy, seed, others, n); err != nil {
@@ -295,7 +312,7 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour", "t": "tokenizers", "h": "heterogeneous"}
+var workloadNames = map[string]string{"a": "measured", "b": "multi-turn", "c": "no-sharing", "d": "noisy-neighbour", "t": "tokenizers", "h": "heterogeneous", "m": "multi-turn-heterogeneous"}
 
 func parseWorkloads(s string) ([]string, error) {
 	var keys []string
@@ -308,7 +325,7 @@ func parseWorkloads(s string) ([]string, error) {
 			}
 		}
 		if key == "" {
-			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d, t, h or measured, multi-turn, no-sharing, noisy-neighbour, tokenizers, heterogeneous)", f)
+			return nil, fmt.Errorf("--workloads: unknown workload %q (want a, b, c, d, t, h, m or measured, multi-turn, no-sharing, noisy-neighbour, tokenizers, heterogeneous, multi-turn-heterogeneous)", f)
 		}
 		if !slices.Contains(keys, key) {
 			keys = append(keys, key)
@@ -418,6 +435,8 @@ type runStats struct {
 	// replica); nil without a picker or when its metrics could not be
 	// read.
 	endpoints []endpointFigures
+	// affinity is what the pickers' affinity filter did, per outcome.
+	affinity map[string]float64
 	// peers are each replica's figures of its peers since the warm-up;
 	// nil for a picker that runs alone.
 	peers []peerFigures
@@ -481,6 +500,7 @@ func (e *env) sharedTable(ctx context.Context, w *workload, cfgs []string) error
 	}
 	printPrefixIndex(rows)
 	printPeers(rows)
+	e.llmd.notes(rows)
 	var cpuParts []string
 	for _, r := range rows {
 		cpuParts = append(cpuParts, fmt.Sprintf("%s (%s)", r.label, r.cpuBy))
@@ -594,7 +614,9 @@ func (e *env) sharedNotes(w *workload, byCfg map[string]*runStats, n int) {
 			fmt.Println("- the throughput ratio needs both infergate-default and load-only in --configs.")
 		}
 	case "h":
-		e.heteroNotes(byCfg, at, n)
+		e.heteroNotes(byCfg, at, n, goalHetero)
+	case "m":
+		e.heteroNotes(byCfg, at, n, goalHeteroChat)
 	}
 }
 
@@ -699,6 +721,7 @@ func (e *env) ramp(reqs []request) time.Duration {
 func (e *env) startWarm(ctx context.Context, spec stackSpec, concurrency int) (st *stack, c *client, stop func(), err error) {
 	st, err = e.startStack(ctx, spec)
 	c = newClient(sim.DefaultModel, concurrency, 5*time.Minute)
+	e.llmd.wrap(c)
 	stop = func() {
 		c.close()
 		if st != nil {
@@ -827,6 +850,7 @@ func (st *stack) readPickers(ctx context.Context, r *runStats) {
 	}
 	r.prefixIndex = joinIndexSizes(sizes)
 	r.decision = decisionMean(sum, base)
+	r.affinity = affinityOf(sum, base)
 }
 
 // sim converts a wall-clock duration to simulated time.

@@ -93,11 +93,27 @@ const (
 	metricPeerLag       = "infergate_epp_peer_lag_seconds"
 	metricPeerMerges    = "infergate_epp_peer_state_merges_total"
 	metricDecisions     = "infergate_epp_decisions_total"
+	metricAffinity      = "infergate_epp_prefix_affinity_total"
 )
+
+// affinityOutcomes are the affinity filter's outcomes, in print order.
+var affinityOutcomes = []string{"kept", "gave-way-queue", "gave-way-running"}
+
+// affinityOf is what the affinity filter did over the measured requests,
+// summed over the replicas (sum, less base at the warm-up's end), per
+// outcome.
+func affinityOf(sum, base map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for _, o := range affinityOutcomes {
+		k := metricAffinity + `{outcome="` + o + `"}`
+		out[o] = sum[k] - base[k]
+	}
+	return out
+}
 
 // labelledMetrics are read per label as well as summed: their
 // name{label="value"} keys are as childproc.Metrics writes them.
-var labelledMetrics = []string{metricPeerDecisions, metricPeerMerges, metricPeerDropped}
+var labelledMetrics = []string{metricPeerDecisions, metricPeerMerges, metricPeerDropped, metricAffinity}
 
 // pickerSamples parses a replica's /metrics: every sample summed per name
 // (promSamples), and the series of labelledMetrics by label.

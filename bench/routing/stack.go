@@ -111,12 +111,20 @@ type procs struct {
 // start runs binary with args, stderr (and stdout unless out is set) going
 // to a log file; out receives stdout lines when set.
 func (p *procs) start(name, binary string, out io.Writer, args ...string) (*proc, error) {
+	return p.startEnv(name, binary, nil, out, args...)
+}
+
+// startEnv is start with env added to the driver's environment.
+func (p *procs) startEnv(name, binary string, env []string, out io.Writer, args ...string) (*proc, error) {
 	logPath := filepath.Join(p.dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(binary, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stderr = logf
 	cmd.Stdout = logf
 	if out != nil {
@@ -243,6 +251,9 @@ type env struct {
 	replicas []int
 	// quick runs workload h and the failover run at their small sizes.
 	quick bool
+	// llmd runs workload h's servers on llm-d-inference-sim; nil runs
+	// infergate sim.
+	llmd *llmdSim
 }
 
 // startStack starts fresh simulators and, depending on the config, the
@@ -281,6 +292,9 @@ func (e *env) startStack(ctx context.Context, spec stackSpec) (*stack, error) {
 
 // startSims starts one sim per server and waits until each answers.
 func (e *env) startSims(ctx context.Context, st *stack, spec stackSpec) error {
+	if e.llmd != nil {
+		return e.startLLMDSims(ctx, st, spec)
+	}
 	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
 	base := e.baseModel()
 	for i, srv := range spec.servers {
@@ -297,6 +311,11 @@ func (e *env) startSims(ctx context.Context, st *stack, spec stackSpec) error {
 		}
 		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p, model: srv.model(e.model)})
 	}
+	return st.waitSims(ctx)
+}
+
+// waitSims waits until every sim answers its health check.
+func (st *stack) waitSims(ctx context.Context) error {
 	for _, s := range st.sims {
 		if err := waitHTTP(ctx, "http://"+s.addr+"/health", s.proc, nil); err != nil {
 			return fmt.Errorf("%s: %w (log: %s)", s.name, err, childproc.Tail(s.proc.log, 5))

@@ -296,6 +296,9 @@ func measuredWorkload(s measuredSpec, seed uint64) *workload {
 type multiTurnSpec struct {
 	Pods, Conversations, Turns int
 	SystemTokens               int
+	// ContextTokens, when set, open each conversation's first user message
+	// with a document of its own (a file, a page) the turns go on about.
+	ContextTokens int
 	// User messages and assistant answers are MeanTokens ± Spread tokens.
 	MeanTokens, Spread int
 	Concurrency        int
@@ -314,8 +317,12 @@ func multiTurnWorkload(s multiTurnSpec, seed uint64) *workload {
 	for c := range s.Conversations {
 		history := []message{{Role: "system", Content: system}}
 		var conv session
-		for range s.Turns {
-			history = append(history, message{Role: "user", Content: g.text(g.between(s.MeanTokens-s.Spread, s.MeanTokens+s.Spread))})
+		for turn := range s.Turns {
+			ask := g.text(g.between(s.MeanTokens-s.Spread, s.MeanTokens+s.Spread))
+			if turn == 0 && s.ContextTokens > 0 {
+				ask = g.text(s.ContextTokens) + "\n\n" + ask
+			}
+			history = append(history, message{Role: "user", Content: ask})
 			answer := g.between(s.MeanTokens-s.Spread, s.MeanTokens+s.Spread)
 			conv = append(conv, request{Chat: true, Messages: append([]message(nil), history...), MaxTokens: answer, Group: c})
 			history = append(history, message{Role: "assistant", Content: g.text(answer)})
