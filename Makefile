@@ -129,7 +129,7 @@ bench-reference: build
 	assets="$$(hack/controlplane.sh)" && ref="$$(hack/reference.sh)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./bench/reference --binary $(BIN) --reference "$$ref" $(ARGS)
 
-## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the Envoy stand-in, the picker and simulators under five routing configs (about 12 minutes on 2 cores).
+## bench-routing: five workloads (the fifth, t, is (a) over four sim tokenizers) through the Envoy stand-in, the picker and simulators under five routing configs (about 14 minutes on 2 cores).
 bench-routing: build
 	$(GO) run ./bench/routing --binary $(BIN) --envoysim $(ENVOYSIM)
 
