@@ -41,8 +41,8 @@ wasm:
 # the picker) is race-tested in its own packages.
 CONFORMANCE_RUNS := ./test/gatewayconformance
 test: lint
-	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && h2spec="$$(hack/h2spec.sh)" && grpcjs="$$(hack/grpcjs.sh)" && iptables="$$(hack/iptables.sh)" && \
-	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_H2SPEC="$$h2spec" INFERGATE_GRPCJS="$$grpcjs" INFERGATE_IPTABLES="$$iptables" && \
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && kgw="$$(hack/kgateway.sh)" && h2spec="$$(hack/h2spec.sh)" && grpcjs="$$(hack/grpcjs.sh)" && iptables="$$(hack/iptables.sh)" && \
+	export KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_KGATEWAY="$$kgw" INFERGATE_H2SPEC="$$h2spec" INFERGATE_GRPCJS="$$grpcjs" INFERGATE_IPTABLES="$$iptables" && \
 	pkgs="$$($(GO) list ./... | grep -vxF "$$($(GO) list $(CONFORMANCE_RUNS))")" && \
 	{ $(GO) test -count=1 -timeout 30m $(CONFORMANCE_RUNS) & runs=$$!; \
 	  $(GO) test -race -count=1 -timeout 30m $$pkgs; rest=$$?; \
@@ -62,11 +62,12 @@ conformance-reports:
 	  $(GO) run ./conformance/internal/reporttable $(REPORTS); } > $(REPORTS)/README.md.partial && mv $(REPORTS)/README.md.partial $(REPORTS)/README.md
 	@cat $(REPORTS)/README.md
 
-## controlplane: build (once; about 30 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway and Istio's pilot-discovery in $$HOME/.cache/infergate, install etcd-server.
+## controlplane: build (once; 30 to 45 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway, Istio's pilot-discovery and kgateway in $$HOME/.cache/infergate, install etcd-server.
 controlplane:
 	hack/controlplane.sh
 	hack/envoygateway.sh
 	hack/istio.sh
+	hack/kgateway.sh
 
 ## test-unit: the inner loop (1m40s warm on 2 cores): the packages that need no control plane and no outside tool, but for the slowest end-to-end runs, with the race detector; no lint. make test runs them too.
 # Left out: the packages that start control planes (test/charts renders
@@ -74,7 +75,7 @@ controlplane:
 # and the slowest end-to-end runs: the HTTP/2 attack suite (about 95 s),
 # the image build (about 50 s), test/e2e (about 35 s) and the fault
 # suite (about 4 minutes, iptables in a namespace of its own).
-NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack ./internal/ociimage ./test/e2e ./test/faults
+NOT_UNIT := ./test/charts ./test/envoygateway ./test/gatewayconformance ./test/istio ./test/kgateway ./test/kubernetes ./test/livecluster ./test/h2spec ./test/grpcjs ./bench/reference ./bench/h2attack ./internal/ociimage ./test/e2e ./test/faults
 test-unit:
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -vxF "$$($(GO) list $(NOT_UNIT))")
 

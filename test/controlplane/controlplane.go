@@ -1,6 +1,6 @@
 // Package controlplane starts a real kube-apiserver and etcd for tests,
 // through controller-runtime's envtest, with the Gateway API (standard
-// channel) and InferencePool CRDs installed from the pinned Go modules
+// channel, or experimental) and InferencePool CRDs installed from the pinned Go modules
 // (nothing is downloaded). The
 // binaries come from KUBEBUILDER_ASSETS, or from hack/controlplane.sh,
 // which builds kube-apiserver once into $HOME/.cache/infergate and
@@ -33,9 +33,24 @@ type Env struct {
 	Config *rest.Config
 }
 
-// Start brings the control plane up; Stop takes it down. Extra CRD
-// directories are installed besides the Gateway API and InferencePool ones.
+// Gateway API release channels, as the module's config/crd folders name
+// them. Experimental serves more kinds, and more versions of some
+// (TLSRoute and TCPRoute v1alpha2, which controllers built on older
+// Gateway API releases still list).
+const (
+	StandardChannel     = "standard"
+	ExperimentalChannel = "experimental"
+)
+
+// Start brings the control plane up with the Gateway API's standard
+// channel; Stop takes it down. Extra CRD directories are installed besides
+// the Gateway API and InferencePool ones.
 func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
+	return StartChannel(ctx, StandardChannel, extraCRDDirs...)
+}
+
+// StartChannel is Start with the Gateway API CRDs of the given channel.
+func StartChannel(ctx context.Context, channel string, extraCRDDirs ...string) (*Env, error) {
 	assets, err := assets(ctx)
 	if err != nil {
 		return nil, err
@@ -48,7 +63,10 @@ func Start(ctx context.Context, extraCRDDirs ...string) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	dirs := []string{filepath.Join(gwapi, "config", "crd", "standard"), filepath.Join(gaie, "config", "crd", "bases")}
+	if channel != StandardChannel && channel != ExperimentalChannel {
+		return nil, fmt.Errorf("the Gateway API channel %q: want %s or %s", channel, StandardChannel, ExperimentalChannel)
+	}
+	dirs := []string{filepath.Join(gwapi, "config", "crd", channel), filepath.Join(gaie, "config", "crd", "bases")}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     append(dirs, extraCRDDirs...),

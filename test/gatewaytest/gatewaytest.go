@@ -129,7 +129,14 @@ type Cluster struct {
 // names the administrator the kubeconfig is for.
 func StartCluster(t *testing.T, user string, crdDirs ...string) *Cluster {
 	t.Helper()
-	env, err := controlplane.Start(Ctx(t), crdDirs...)
+	return StartClusterChannel(t, user, controlplane.StandardChannel, crdDirs...)
+}
+
+// StartClusterChannel is StartCluster with the Gateway API CRDs of the
+// given channel (controlplane.StandardChannel or ExperimentalChannel).
+func StartClusterChannel(t *testing.T, user, channel string, crdDirs ...string) *Cluster {
+	t.Helper()
+	env, err := controlplane.StartChannel(Ctx(t), channel, crdDirs...)
 	if err != nil {
 		t.Fatal(err)
 	}
