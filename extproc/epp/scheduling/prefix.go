@@ -634,15 +634,16 @@ func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, 
 	if math.IsInf(lo, 1) {
 		lo, hi = 0, 0
 	}
-	passes := make([]float64, len(eps))
+	var buf [16]float64
+	passes := buf[:0]
 	lo = max(lo, hi-maxColdLag)
-	for i, e := range eps {
+	for _, e := range eps {
 		v, ok := s.pass[e.Address]
 		if !ok || v < lo {
 			v = lo
 			s.pass[e.Address] = v
 		}
-		passes[i] = v
+		passes = append(passes, v)
 	}
 	for i, v := range passes {
 		if hi == lo {
