@@ -571,6 +571,12 @@ type noHitLRUScorer struct {
 	mu       sync.Mutex
 	pass     map[string]float64 // endpoint → its cold picks' blocks over its KV blocks
 	capacity map[string]float64 // endpoint → its KV cache in tokens, as last seen
+	// floor is where an endpoint first seen starts: the least advanced
+	// candidate's pass when the scorer last ranked, so that a newcomer
+	// (or one heard of first through a peer's pick) is neither behind
+	// the pool by all the time it was away nor ahead of those yet to
+	// take a prompt.
+	floor float64
 	// blockTokens is the prefix index's block size: the peers' decisions
 	// count their prompts in its blocks.
 	blockTokens int
@@ -614,6 +620,9 @@ func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, 
 		}
 		return
 	}
+	if len(eps) == 0 {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.weighted {
@@ -623,28 +632,30 @@ func (s *noHitLRUScorer) Score(_ context.Context, req *Request, eps []Endpoint, 
 			}
 		}
 	}
-	// An endpoint never picked starts level with the least advanced
-	// candidate, and none trails the most advanced by more than a cache.
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, e := range eps {
-		if v, ok := s.pass[e.Address]; ok {
-			lo, hi = min(lo, v), max(hi, v)
-		}
-	}
-	if math.IsInf(lo, 1) {
-		lo, hi = 0, 0
-	}
+	// An endpoint never seen starts at the floor, where the least
+	// advanced candidate stood when this scorer last ranked; none trails
+	// the most advanced by more than a cache.
 	var buf [16]float64
 	passes := buf[:0]
-	lo = max(lo, hi-maxColdLag)
+	hi := math.Inf(-1)
 	for _, e := range eps {
 		v, ok := s.pass[e.Address]
-		if !ok || v < lo {
-			v = lo
+		if !ok {
+			v = s.floor
 			s.pass[e.Address] = v
 		}
 		passes = append(passes, v)
+		hi = max(hi, v)
 	}
+	lo := math.Inf(1)
+	for i, e := range eps {
+		if passes[i] < hi-maxColdLag {
+			passes[i] = hi - maxColdLag
+			s.pass[e.Address] = passes[i]
+		}
+		lo = min(lo, passes[i])
+	}
+	s.floor = max(s.floor, lo)
 	for i, v := range passes {
 		if hi == lo {
 			scores[i] = 1
@@ -678,7 +689,7 @@ func (s *noHitLRUScorer) coldPick(addr string, blocks, blockTokens int) {
 	}
 	v, ok := s.pass[addr]
 	if !ok {
-		v = s.least()
+		v = s.floor
 	}
 	s.pass[addr] = v + float64(max(1, blocks)*s.blockTokens)/s.capacityOf(addr)
 	if len(s.pass) > s.size { // forget the endpoint least advanced: the longest gone
@@ -691,19 +702,6 @@ func (s *noHitLRUScorer) coldPick(addr string, blocks, blockTokens int) {
 		delete(s.pass, least)
 		delete(s.capacity, least)
 	}
-}
-
-// least is the lowest pass known, 0 when none is: where an endpoint
-// first heard of through a peer starts. Called with mu held.
-func (s *noHitLRUScorer) least() float64 {
-	lo := math.Inf(1)
-	for _, v := range s.pass {
-		lo = min(lo, v)
-	}
-	if math.IsInf(lo, 1) {
-		return 0
-	}
-	return lo
 }
 
 // capacityOf is addr's KV cache in tokens, or the mean of those known

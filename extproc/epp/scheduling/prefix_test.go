@@ -315,6 +315,16 @@ func TestNoHitLRUFollowsPeersColdPicks(t *testing.T) {
 	if count["10.0.0.2:8000"] != 3 {
 		t.Fatalf("after a peer sent three new prompts to the first endpoint, the next three went %v: want all to the second", count)
 	}
+
+	// A replica that hears of a peer's pick before it ranks anything
+	// counts the endpoints it has not heard of as behind, not level.
+	fresh := build(t, "no-hit-lru-scorer", "").(*noHitLRUScorer)
+	fresh.PeerPicked(Shared{Endpoint: "10.0.0.1:8000", Hashes: make([]uint64, 8), Cold: true})
+	first := map[string]int{}
+	coldRound(t, fresh, eps, 1, 8, first)
+	if first["10.0.0.2:8000"] != 1 {
+		t.Fatalf("after a peer's new prompt to the first endpoint, this replica's first went %v: want the second", first)
+	}
 }
 
 // serveAndScrape plays a model server behind the producer: each request
