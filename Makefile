@@ -62,7 +62,7 @@ conformance-reports:
 	  $(GO) run ./conformance/internal/reporttable $(REPORTS); } > $(REPORTS)/README.md.partial && mv $(REPORTS)/README.md.partial $(REPORTS)/README.md
 	@cat $(REPORTS)/README.md
 
-## controlplane: build (once; 30 to 45 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway, Istio's pilot-discovery and kgateway in $$HOME/.cache/infergate, install etcd-server.
+## controlplane: build (once; about 20 minutes on 2 cores) or reuse kube-apiserver, Envoy Gateway, Istio's pilot-discovery and kgateway in $$HOME/.cache/infergate, install etcd-server.
 controlplane:
 	hack/controlplane.sh
 	hack/envoygateway.sh
