@@ -65,6 +65,20 @@ func Main(m *testing.M, unshareArgs []string, setUp func() error) int {
 // advertise. Nothing is sent through it.
 const BridgeAddr = "192.0.2.1"
 
+// PodAddr is the i-th address of the test namespace's pods (192.0.2.10
+// on): model servers, pickers and processors that the API server must
+// list in EndpointSlices.
+func PodAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
+
+// SetUpPodAddrs is SetUpBridge with the first n PodAddr addresses.
+func SetUpPodAddrs(n int) error {
+	pods := make([]string, n)
+	for i := range pods {
+		pods[i] = PodAddr(i)
+	}
+	return SetUpBridge(pods...)
+}
+
 // SetUpBridge brings up loopback and the bridge (BridgeAddr/24), with more
 // addresses (each /32) on it for servers that listen on addresses the API
 // server accepts in EndpointSlices, which loopback ones are not.

@@ -15,7 +15,6 @@
 package istio
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -26,16 +25,10 @@ import (
 // on it for the model servers' pods.
 const namespaceAddr = gatewaytest.BridgeAddr
 
-func podAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
+func podAddr(i int) string { return gatewaytest.PodAddr(i) }
 
 func TestMain(m *testing.M) {
 	os.Exit(gatewaytest.Main(m, []string{"--net"}, setUpNamespace))
 }
 
-func setUpNamespace() error {
-	pods := make([]string, 8)
-	for i := range pods {
-		pods[i] = podAddr(i)
-	}
-	return gatewaytest.SetUpBridge(pods...)
-}
+func setUpNamespace() error { return gatewaytest.SetUpPodAddrs(8) }

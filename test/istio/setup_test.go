@@ -161,16 +161,7 @@ func (c *cluster) applyChart(t *testing.T, name, release, ns string, valueDocs .
 // endpoints writes the EndpointSlice of a Service: addrs on port.
 func (c *cluster) endpoints(t *testing.T, ns, service, portName string, port int32, addrs ...string) {
 	t.Helper()
-	var eps []discoveryv1.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
-	}
-	c.create(t, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: service + "-test", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   eps,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	})
+	c.EndpointSlice(t, ns, service, portName, port, addrs...)
 }
 
 // notReady marks every endpoint of a Service's EndpointSlice not ready, as

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -105,7 +104,7 @@ func (c *cluster) install(t *testing.T, failureMode inferencev1.EndpointPickerFa
 			},
 		},
 	)
-	c.endpoints(t, pickerName, "grpc", pickerPort, podAddr(pickerIndex))
+	c.EndpointSlice(t, modelsNS, pickerName, "grpc", pickerPort, podAddr(pickerIndex))
 	for i := range n {
 		if _, err := controlplane.CreatePod(gatewaytest.Ctx(t), c.Client, modelsNS, fmt.Sprintf("%s-%d", poolName, i), map[string]string{"app": poolName}, podAddr(i), true); err != nil {
 			t.Fatal(err)
@@ -122,19 +121,3 @@ func (c *cluster) install(t *testing.T, failureMode inferencev1.EndpointPickerFa
 
 // gatewayPod is the Gateway's Envoy's pod.
 const gatewayPod = gatewayName + "-0"
-
-// endpoints writes the EndpointSlice of a Service in modelsNS: addrs on
-// port.
-func (c *cluster) endpoints(t *testing.T, service, portName string, port int32, addrs ...string) {
-	t.Helper()
-	var eps []discoveryv1.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
-	}
-	c.create(t, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: modelsNS, Name: service + "-test", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   eps,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	})
-}

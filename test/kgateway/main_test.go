@@ -15,7 +15,6 @@
 package kgateway
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -26,16 +25,10 @@ import (
 const namespaceAddr = gatewaytest.BridgeAddr
 
 // podAddr is the address of the i-th model server's or picker's pod.
-func podAddr(i int) string { return fmt.Sprintf("192.0.2.%d", 10+i) }
+func podAddr(i int) string { return gatewaytest.PodAddr(i) }
 
 func TestMain(m *testing.M) {
 	os.Exit(gatewaytest.Main(m, []string{"--net"}, setUpNamespace))
 }
 
-func setUpNamespace() error {
-	pods := make([]string, 8)
-	for i := range pods {
-		pods[i] = podAddr(i)
-	}
-	return gatewaytest.SetUpBridge(pods...)
-}
+func setUpNamespace() error { return gatewaytest.SetUpPodAddrs(8) }
