@@ -2,14 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -18,7 +16,6 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/sim"
-	"github.com/infergate/infergate/test/childproc"
 )
 
 // llmdSimName names the outside simulator in the output.
@@ -126,28 +123,6 @@ func llmdModel(srv server, base simModel) simModel {
 	m := srv.model(base)
 	m.itl = m.itl.Truncate(time.Millisecond)
 	return m
-}
-
-// startLLMDSims starts one llm-d-inference-sim per server on a free
-// loopback port and waits until each answers. It listens on every IPv4
-// interface of that port (it takes no bind address); the pool, the
-// proxy and the client reach it on 127.0.0.1.
-func (e *env) startLLMDSims(ctx context.Context, st *stack, spec stackSpec) error {
-	base := e.baseModel()
-	for i, srv := range spec.servers {
-		name := fmt.Sprintf("pod-%d", i)
-		addr, err := childproc.FreeAddr()
-		if err != nil {
-			return err
-		}
-		_, port, _ := net.SplitHostPort(addr)
-		p, err := st.procs.startEnv(name, e.llmd.binary, llmdEnv(name), nil, e.llmd.args(port, srv, base)...)
-		if err != nil {
-			return err
-		}
-		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p, model: llmdModel(srv, base)})
-	}
-	return st.waitSims(ctx)
 }
 
 // heteroWorkload is workload h for the run's servers: on

@@ -292,11 +292,6 @@ func (e *env) startStack(ctx context.Context, spec stackSpec) (*stack, error) {
 
 // startSims starts one sim per server and waits until each answers.
 func (e *env) startSims(ctx context.Context, st *stack, spec stackSpec) error {
-	if e.llmd != nil {
-		return e.startLLMDSims(ctx, st, spec)
-	}
-	scale := strconv.FormatFloat(e.scale, 'g', -1, 64)
-	base := e.baseModel()
 	for i, srv := range spec.servers {
 		name := fmt.Sprintf("pod-%d", i)
 		addr, err := childproc.FreeAddr()
@@ -304,14 +299,33 @@ func (e *env) startSims(ctx context.Context, st *stack, spec stackSpec) error {
 			return err
 		}
 		_, port, _ := net.SplitHostPort(addr)
-		args := append([]string{"sim", "--name", name, "--port", port, "--time-scale", scale}, spec.tok.simArgs()...)
-		p, err := st.procs.start(name, e.binary, nil, append(args, srv.args(base)...)...)
+		c := e.simCommand(name, port, srv, spec)
+		p, err := st.procs.startEnv(name, c.binary, c.env, nil, c.args...)
 		if err != nil {
 			return err
 		}
-		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p, model: srv.model(e.model)})
+		st.sims = append(st.sims, simInfo{name: name, addr: addr, proc: p, model: c.model})
 	}
 	return st.waitSims(ctx)
+}
+
+// simCommand is how one server of a pool starts: its binary, the
+// environment it adds, its flags, and the latency model it runs.
+type simCommand struct {
+	binary    string
+	env, args []string
+	model     simModel
+}
+
+// simCommand starts server srv as infergate sim, or on
+// llm-d-inference-sim with --llmd-sim, listening on port.
+func (e *env) simCommand(name, port string, srv server, spec stackSpec) simCommand {
+	base := e.baseModel()
+	if e.llmd != nil {
+		return simCommand{binary: e.llmd.binary, env: llmdEnv(name), args: e.llmd.args(port, srv, base), model: llmdModel(srv, base)}
+	}
+	args := append([]string{"sim", "--name", name, "--port", port, "--time-scale", strconv.FormatFloat(e.scale, 'g', -1, 64)}, spec.tok.simArgs()...)
+	return simCommand{binary: e.binary, args: append(args, srv.args(base)...), model: srv.model(e.model)}
 }
 
 // waitSims waits until every sim answers its health check.
