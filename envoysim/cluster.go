@@ -31,6 +31,10 @@ type cluster struct {
 	// from the first source that names a usable one, else from the
 	// fallback policy (round robin over endpoints).
 	override *overrideHost
+	// subsets is lb_subset_config (nil: none): the host comes from the
+	// subset the request's metadata match criteria name, else from the
+	// fallback policy.
+	subsets *subsetLB
 	// anyHost lets override_host pick a host outside endpoints. Envoy skips
 	// such hosts; flag mode has no endpoint set to check against.
 	anyHost bool
@@ -55,6 +59,24 @@ type cluster struct {
 	// connectTimeout is Cluster.connect_timeout (default 5s in Envoy).
 	connectTimeout time.Duration
 	next           atomic.Uint64 // round-robin position
+}
+
+// assignment is a load assignment read for routing: the hosts the normal
+// load balancer takes, every host (members, and in assignment order with
+// what the subset load balancer reads of it) and each host's transport
+// socket.
+type assignment struct {
+	endpoints  []string
+	members    map[string]bool
+	transports map[string]hostTransport
+	hosts      []assignedHost
+}
+
+// assignedHost is a host of an assignment with its envoy.lb filter
+// metadata (nil: none).
+type assignedHost struct {
+	subsetHost
+	lb *structpb.Struct
 }
 
 // transportFor returns the transport socket of connections to host.

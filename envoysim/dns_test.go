@@ -63,7 +63,8 @@ func TestStrictDNSHostPerAddress(t *testing.T) {
 		{"LOGICAL_DNS", 0, []string{"10.0.0.2:9002"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, _, err := clusterEndpoints(cla, &transportSelector{}, env, tc.refresh)
+			a, err := clusterEndpoints(cla, &transportSelector{}, env, tc.refresh)
+			got := a.endpoints
 			if err != nil {
 				t.Fatal(err)
 			}

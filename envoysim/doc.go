@@ -441,6 +441,62 @@
 //	  TestHostChoice, TestHostSourcesReadAsEnvoyDoes, TestLoadBalancingPolicyFirstWins,
 //	  TestServedEndpointReachesThePicker, e2e TestXDSLiveUpdate
 //
+//	Metadata match criteria: the route action's metadata_match, a
+//	weighted cluster's merged over it key by key, then the request's
+//	envoy.lb dynamic metadata merged over both; only the envoy.lb
+//	namespace is criteria (kgateway's envoy.lb.subset_hint is inert).
+//	Read by the subset load balancer alone.
+//	  RouteAction.metadata_match, WeightedCluster.ClusterWeight.metadata_match
+//	  Envoy: source/common/router/config_impl.cc RouteEntryImplBase (and
+//	  WeightedClusterEntry), router.h Filter::metadataMatchCriteria,
+//	  metadatamatchcriteria_impl.cc MetadataMatchCriteriaImpl::extractMetadataMatchCriteria
+//	  TestMatchCriteria
+//
+//	Subset load balancing (lb_subset_config on a STATIC, STRICT_DNS,
+//	LOGICAL_DNS or EDS cluster): each selector groups the hosts that have
+//	all its keys in their envoy.lb metadata by those values (every host,
+//	whatever its health or priority); a request whose criteria name
+//	exactly a selector's keys, each value equal (as protobuf values: "1"
+//	is not 1), goes to that group, round robin among its EDS-healthy
+//	hosts of its best priority less those failing health checks (panic
+//	threshold applies), or among all of its hosts if none is EDS-healthy;
+//	otherwise the fallback of the selector that ends at those keys, else
+//	the cluster's: ANY_ENDPOINT (the cluster's round robin) or NO_FALLBACK
+//	(no healthy upstream, 503). A comma list in the criteria matches no
+//	group. DEFAULT_SUBSET, KEYS_SUBSET, FALLBACK_LIST, list_as_any,
+//	panic_mode_any, single_host_per_subset, and subsets on ORIGINAL_DST or
+//	with load_balancing_policy are NACKed.
+//	  Cluster.lb_subset_config, LbSubsetConfig.{fallback_policy,subset_selectors},
+//	  LbSubsetSelector.{keys,fallback_policy}, LbEndpoint.metadata
+//	  Envoy: source/extensions/load_balancing_policies/subset/subset_lb.cc
+//	  SubsetLoadBalancer::chooseHostIteration, tryChooseHostFromContext,
+//	  findSubset, tryFindSelectorFallbackParams, initSubsetSelectorMap,
+//	  processSubsets, extractSubsetMetadata
+//	  TestSubsetLoadBalancer, TestTrafficInTheKgatewayShape,
+//	  test/kgateway TestTrafficThroughKgateway
+//
+//	envoy.filters.http.header_to_metadata, request rules on headers: at
+//	its place in the chain (so after an ext_proc filter's answer to the
+//	request headers), each rule in order reads every instance of its
+//	header joined with ",", removes the header if asked, and writes the
+//	rule's fixed value or the header's as a string under key in
+//	metadata_namespace (default: the filter's name), merged into the
+//	stream's dynamic metadata; an empty value or one of 8 KiB or more is
+//	not written; on_header_missing writes its value when the header is
+//	absent. Envoy's own rejections (cookie with header, neither, no
+//	on_header_* rule, an empty on_header_missing value) NACK with its
+//	words; cookies, regex rewrites, NUMBER, PROTOBUF_VALUE, BASE64,
+//	response rules and per-route config are NACKed.
+//	  header_to_metadata.v3.Config.{request_rules}, Rule.{header,on_header_present,
+//	  on_header_missing,remove}, KeyValuePair.{metadata_namespace,key,value}
+//	  Envoy: source/extensions/filters/http/header_to_metadata/
+//	  header_to_metadata_filter.cc HeaderToMetadataFilter::decodeHeaders,
+//	  writeHeaderToMetadata, applyKeyValue, addMetadata, decideNamespace;
+//	  filter_config.cc HeaderValueSelector::extract, Rule::Rule;
+//	  filter_config.h MAX_HEADER_VALUE_LEN
+//	  TestHeaderToMetadataRules, TestKgatewayShapeBuildsAndNACKs,
+//	  TestTrafficInTheKgatewayShape
+//
 // # Not reproduced
 //
 // Set in a configuration, these are NACKed: static secrets, and certificate
@@ -451,8 +507,8 @@
 // reset-before-request, retriable headers, rate-limited back-off and
 // include_attempt_count_in_response; hedging, redirects,
 // request_headers_to_add; query-parameter, grpc and metadata route
-// matches; grpc_timeout_offset; ring hash, maglev and subset load
-// balancing; transport_socket_matcher; TLS to model servers; certificate
+// matches; grpc_timeout_offset; ring hash and maglev load balancing, and
+// subset load balancing beyond the row above; transport_socket_matcher; TLS to model servers; certificate
 // validation (validation_context); TLS versions outside 1.2 to 1.3 and
 // cipher, curve and signature settings; more than one tls_certificates
 // entry (Envoy picks among them by the server's accepted algorithms),

@@ -158,7 +158,8 @@ func TestHostSourcesReadAsEnvoyDoes(t *testing.T) {
 		{LbEndpoints: xdstest.Assignment("x", a).Endpoints[0].LbEndpoints},
 		{Priority: 1, LbEndpoints: xdstest.Assignment("x", c).Endpoints[0].LbEndpoints},
 	}}
-	eps, members, _, err := clusterEndpoints(cla, &transportSelector{}, xbEnv(t, xbResolve), 0)
+	as, err := clusterEndpoints(cla, &transportSelector{}, xbEnv(t, xbResolve), 0)
+	eps, members := as.endpoints, as.members
 	if err != nil || len(eps) != 1 || eps[0] != a || !members[c] {
 		t.Fatalf("endpoints %v members %v: %v", eps, members, err)
 	}

@@ -787,7 +787,7 @@ func TestHostPicker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cl := &cluster{endpoints: []string{a, b, c}, members: members, override: override}
-			hp := newHostPicker(cl, tc.h, nil)
+			hp := newHostPicker(cl, tc.h, nil, nil)
 			var got []string
 			for i := range tc.want {
 				h, err := hp.pick(tc.rp, i > 0)
@@ -803,7 +803,7 @@ func TestHostPicker(t *testing.T) {
 	}
 	t.Run("all attempted: the last choice", func(t *testing.T) {
 		cl := &cluster{endpoints: []string{a, b}, members: members}
-		hp := newHostPicker(cl, xbHeaders("gw", "/"), nil)
+		hp := newHostPicker(cl, xbHeaders("gw", "/"), nil, nil)
 		var got []string
 		for i := range 3 {
 			h, _ := hp.pick(&retryPolicy{previousHosts: true, hostSelections: 1}, i > 0)

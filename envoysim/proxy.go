@@ -255,11 +255,21 @@ type request struct {
 	// router is the metadata the router writes (override_host's
 	// selected_host_key).
 	router map[string]*structpb.Struct
-	// md caches the stream's dynamic metadata: what the filters' servers
-	// set, merged by namespace in filter order, then the router's. stale
-	// marks it out of date after an exchange could have added to it.
+	// sources are the filters that set dynamic metadata, in filter order.
+	sources []metadataSource
+	// md caches the stream's dynamic metadata: what the filters set (an
+	// ext_proc filter: what its server sent), merged by namespace in filter
+	// order, then the router's. stale marks it out of date after a filter
+	// could have added to it.
 	md    map[string]*structpb.Struct
 	stale bool
+}
+
+// metadataSource is one filter's dynamic metadata: an ext_proc exchange's,
+// which grows as its server answers, or what a filter set once.
+type metadataSource struct {
+	ex  *exchange
+	set map[string]*structpb.Struct
 }
 
 // respStep is one filter on the response path: an ext_proc exchange, or
@@ -274,9 +284,13 @@ type respStep struct {
 // exchange may have changed it since.
 func (rq *request) metadata() map[string]*structpb.Struct {
 	if rq.md == nil || rq.stale {
-		md := make(map[string]*structpb.Struct, len(rq.exs)+len(rq.router))
-		for _, ex := range rq.exs {
-			mergeMetadata(md, ex.DynamicMetadata())
+		md := make(map[string]*structpb.Struct, len(rq.sources)+len(rq.router))
+		for _, src := range rq.sources {
+			if src.ex != nil {
+				mergeMetadata(md, src.ex.DynamicMetadata())
+			} else {
+				mergeMetadata(md, src.set)
+			}
 		}
 		mergeMetadata(md, rq.router)
 		rq.md, rq.stale = md, false
@@ -378,6 +392,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			continue
 		}
+		if f.headerRules != nil {
+			var md map[string]*structpb.Struct
+			hdrs, md = applyHeaderRules(f.headerRules, hdrs)
+			rq.sources = append(rq.sources, metadataSource{set: md})
+			rq.stale = true
+			continue
+		}
 		if f.peer != nil {
 			var pc peerCtx
 			name, c := t.routeCluster(rt, rv)
@@ -399,6 +420,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ex := exchange{Exchange: c.Open(exCtx), client: c}
 		rq.exs = append(rq.exs, ex)
+		rq.sources = append(rq.sources, metadataSource{ex: &ex})
 		rq.steps = append(rq.steps, respStep{ex: &ex})
 		var err error
 		if mo := c.Config().MetadataOptions; mo != nil {
@@ -513,7 +535,7 @@ func (p *Proxy) attempts(ctx context.Context, w http.ResponseWriter, t *table, r
 	// then chooseHost and createConnPool, since Envoy 1.35), so a header
 	// the route removes is gone for the load balancer too.
 	hdrs = rt.finalizeHeaders(hdrs)
-	hp := newHostPicker(cl, hdrs, rq.metadata())
+	hp := newHostPicker(cl, hdrs, rq.metadata(), rt.clusters[rt.pickCluster(rq.rv)].lbMatch)
 	host, err := hp.pick(rp, false)
 	if err != nil {
 		closeBody(body)

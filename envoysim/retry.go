@@ -214,9 +214,12 @@ const defaultBufferLimit = 1 << 20
 // consumed one host per attempt, as OverrideHostFilterState), and the hosts
 // attempted, for the previous_hosts predicate.
 type hostPicker struct {
-	c         *cluster
-	h         extprocfilter.Headers
-	md        map[string]*structpb.Struct
+	c  *cluster
+	h  extprocfilter.Headers
+	md map[string]*structpb.Struct
+	// criteria are the metadata match criteria (nil: none), for a subset
+	// load balancer.
+	criteria  map[string]*structpb.Value
 	list      []string
 	listed    bool
 	attempted map[string]bool
@@ -225,8 +228,29 @@ type hostPicker struct {
 	notMembers []string
 }
 
-func newHostPicker(c *cluster, h extprocfilter.Headers, md map[string]*structpb.Struct) *hostPicker {
-	return &hostPicker{c: c, h: h, md: md, attempted: map[string]bool{}}
+// newHostPicker chooses hosts of c for a request with headers h and
+// dynamic metadata md, on a route whose metadata_match gives routeMatch.
+func newHostPicker(c *cluster, h extprocfilter.Headers, md map[string]*structpb.Struct, routeMatch map[string]*structpb.Value) *hostPicker {
+	return &hostPicker{c: c, h: h, md: md, criteria: matchCriteria(routeMatch, md), attempted: map[string]bool{}}
+}
+
+// matchCriteria is the router's metadataMatchCriteria: the route's
+// envoy.lb criteria with the request's envoy.lb dynamic metadata merged
+// over them, key by key (router.h Filter::metadataMatchCriteria,
+// MetadataMatchCriteriaImpl::extractMetadataMatchCriteria).
+func matchCriteria(routeMatch map[string]*structpb.Value, md map[string]*structpb.Struct) map[string]*structpb.Value {
+	req := md[lbNamespace]
+	if req == nil {
+		return routeMatch
+	}
+	out := make(map[string]*structpb.Value, len(routeMatch)+len(req.GetFields()))
+	for k, v := range routeMatch {
+		out[k] = v
+	}
+	for k, v := range req.GetFields() {
+		out[k] = v
+	}
+	return out
 }
 
 // pick chooses the host of the next attempt. For override_host: the next
@@ -268,13 +292,17 @@ func (hp *hostPicker) choose(rp *retryPolicy, retry bool) (string, error) {
 			hp.notMembers = append(hp.notMembers, host)
 		}
 	}
+	next := c.roundRobin
+	if c.subsets != nil {
+		next = func() ([]string, error) { return c.subsets.choose(c, hp.criteria) }
+	}
 	tries := 1
 	if retry && rp != nil && rp.previousHosts {
 		tries = int(min(rp.hostSelections, 1<<20)) + 1
 	}
 	var host string
 	for range tries {
-		list, err := c.roundRobin()
+		list, err := next()
 		if err != nil {
 			return "", err
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/envoysim/extprocfilter"
 )
@@ -62,6 +63,9 @@ type httpFilter struct {
 	removeRequestHeaders []string
 	// peer, when set, makes this entry Istio's istio.metadata_exchange.
 	peer *peerMetadataFilter
+	// headerRules, when set, makes this entry
+	// envoy.filters.http.header_to_metadata.
+	headerRules []headerRule
 }
 
 // routeConfig is a RouteConfiguration.
@@ -130,6 +134,9 @@ type weightedCluster struct {
 	// perFilter is ClusterWeight.typed_per_filter_config, the most
 	// specific level of a request that takes this cluster.
 	perFilter map[string]*anypb.Any
+	// lbMatch is the route's metadata_match criteria (envoy.lb), the
+	// cluster's own merged over the route action's (nil: none).
+	lbMatch map[string]*structpb.Value
 }
 
 // directResponse is Route.direct_response.

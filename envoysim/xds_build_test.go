@@ -1452,7 +1452,8 @@ func TestClusterEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, _, err := clusterEndpoints(tc.cla, &transportSelector{}, env, 0)
+			a, err := clusterEndpoints(tc.cla, &transportSelector{}, env, 0)
+			got := a.endpoints
 			if tc.wantErr != nil {
 				if err == nil {
 					t.Fatalf("got %q, want an error", got)

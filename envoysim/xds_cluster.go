@@ -190,11 +190,28 @@ func buildCluster(c *clusterv3.Cluster, res *resources, env buildEnv) (*cluster,
 			dnsRefresh = d.AsDuration()
 		}
 	}
-	eps, members, transports, err := clusterEndpoints(cla, sel, env, dnsRefresh)
+	a, err := clusterEndpoints(cla, sel, env, dnsRefresh)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
 	}
-	out.endpoints, out.members, out.transports = eps, members, transports
+	eps := a.endpoints
+	out.endpoints, out.members, out.transports = eps, a.members, a.transports
+	if sc := c.GetLbSubsetConfig(); sc != nil {
+		switch {
+		case out.originalDst != nil:
+			// Envoy: "cluster: LB policy CLUSTER_PROVIDED cannot be
+			// combined with lb_subset_config".
+			return nil, tgt, edsRef{}, errors.New("lb_subset_config on an ORIGINAL_DST cluster")
+		case out.override != nil:
+			return nil, tgt, edsRef{}, errors.New("lb_subset_config with load_balancing_policy is not implemented by the stand-in")
+		}
+		if out.subsets, err = buildSubsetLB("lb_subset_config", sc); err != nil {
+			return nil, tgt, edsRef{}, err
+		}
+		for _, h := range a.hosts {
+			out.subsets.add(h.subsetHost, h.lb)
+		}
+	}
 	hc, err := parseHealthChecks(c)
 	if err != nil {
 		return nil, tgt, edsRef{}, err
@@ -594,34 +611,33 @@ func dataSource(where string, ds *corev3.DataSource) ([]byte, error) {
 // metadata). Host names are resolved: with dnsRefresh set (STRICT_DNS) to
 // a host per address, recorded to be resolved again that often; else to
 // the first address (LOGICAL_DNS).
-func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelector, env buildEnv, dnsRefresh time.Duration) ([]string, map[string]bool, map[string]hostTransport, error) {
+func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelector, env buildEnv, dnsRefresh time.Duration) (assignment, error) {
 	if cla == nil {
-		return nil, nil, nil, nil
+		return assignment{}, nil
 	}
 	if err := checkFields("load_assignment", cla); err != nil {
-		return nil, nil, nil, err
+		return assignment{}, err
 	}
 	if len(cla.GetPolicy().GetDropOverloads()) > 0 {
-		return nil, nil, nil, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
+		return assignment{}, errors.New("load_assignment.policy.drop_overloads is not implemented by the stand-in")
 	}
 	byPriority := map[uint32][]string{}
-	members := map[string]bool{}
-	transports := map[string]hostTransport{}
+	a := assignment{members: map[string]bool{}, transports: map[string]hostTransport{}}
 	best := ^uint32(0)
 	for i, lle := range cla.GetEndpoints() {
 		where := fmt.Sprintf("load_assignment.endpoints[%d]", i)
 		if err := checkFields(where, lle); err != nil {
-			return nil, nil, nil, err
+			return assignment{}, err
 		}
 		for j, le := range lle.GetLbEndpoints() {
 			ew := fmt.Sprintf("%s.lb_endpoints[%d]", where, j)
 			ep := le.GetEndpoint()
 			if err := checkAll(ew, le, ep, ep.GetAddress(), ep.GetAddress().GetSocketAddress()); err != nil {
-				return nil, nil, nil, err
+				return assignment{}, err
 			}
 			sa := ep.GetAddress().GetSocketAddress()
 			if sa == nil {
-				return nil, nil, nil, fmt.Errorf("%s: want a socket_address", ew)
+				return assignment{}, fmt.Errorf("%s: want a socket_address", ew)
 			}
 			ips, err := env.resolve(sa.GetAddress())
 			if dnsRefresh > 0 && net.ParseIP(sa.GetAddress()) == nil {
@@ -639,17 +655,24 @@ func clusterEndpoints(cla *endpointv3.ClusterLoadAssignment, sel *transportSelec
 			}
 			for _, ip := range ips {
 				hostPort := net.JoinHostPort(ip, strconv.Itoa(int(sa.GetPortValue())))
-				members[hostPort] = true
-				transports[hostPort] = sel.pick(le.GetMetadata(), lle.GetMetadata())
+				a.members[hostPort] = true
+				a.transports[hostPort] = sel.pick(le.GetMetadata(), lle.GetMetadata())
+				p := lle.GetPriority()
+				healthy := true
 				switch le.GetHealthStatus() {
 				case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_DRAINING, corev3.HealthStatus_TIMEOUT:
+					healthy = false
+				}
+				a.hosts = append(a.hosts, assignedHost{subsetHost: subsetHost{addr: hostPort, priority: p, healthy: healthy},
+					lb: le.GetMetadata().GetFilterMetadata()[lbNamespace]})
+				if !healthy {
 					continue
 				}
-				p := lle.GetPriority()
 				byPriority[p] = append(byPriority[p], hostPort)
 				best = min(best, p)
 			}
 		}
 	}
-	return byPriority[best], members, transports, nil
+	a.endpoints = byPriority[best]
+	return a, nil
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // extProcFilter is one ext_proc filter's listener-level config, or (proto
-// nil) a health check, header mutation or Istio metadata exchange filter.
+// nil) a health check, header mutation, header-to-metadata or Istio
+// metadata exchange filter.
 type extProcFilter struct {
 	name                 string
 	disabled             bool // HttpFilter.disabled
@@ -25,6 +26,7 @@ type extProcFilter struct {
 	healthCheck          []headerMatch
 	removeRequestHeaders []string
 	peer                 *peerMetadataFilter
+	headerRules          []headerRule
 }
 
 // headerMutationFilter reads envoy.filters.http.header_mutation when all

@@ -140,6 +140,12 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 				return nil, "", false, err
 			}
 			procs = append(procs, hm)
+		case url == headerToMetadataType:
+			hm, err := headerToMetadataFilter(where, hf)
+			if err != nil {
+				return nil, "", false, err
+			}
+			procs = append(procs, hm)
 		case url == healthCheckType:
 			hc, err := healthCheckFilter(where, hf)
 			if err != nil {
@@ -162,7 +168,7 @@ func buildHCM(hcm *hcmv3.HttpConnectionManager, res *resources, clusters map[str
 	for _, p := range procs {
 		if p.proto == nil {
 			t.filters = append(t.filters, &httpFilter{name: p.name, healthCheck: p.healthCheck, removeRequestHeaders: p.removeRequestHeaders,
-				peer: p.peer, disabled: p.disabled})
+				peer: p.peer, headerRules: p.headerRules, disabled: p.disabled})
 			continue
 		}
 		f := &httpFilter{name: p.name, rematch: true}

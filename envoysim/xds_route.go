@@ -8,10 +8,12 @@ import (
 	"strings"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // hcmBuild is what building one connection manager's routes needs.
@@ -292,6 +294,16 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 	default:
 		return fmt.Errorf("%s: cluster specifier %T is not implemented by the stand-in", where, cs)
 	}
+	// metadata_match: only its envoy.lb namespace is criteria; a weighted
+	// cluster's merge over the action's (RouteEntryImplBase,
+	// WeightedClusterEntry in config_impl.cc).
+	for i := range out.clusters {
+		var own *corev3.Metadata
+		if wc := a.GetWeightedClusters(); wc != nil {
+			own = wc.GetClusters()[i].GetMetadataMatch()
+		}
+		out.clusters[i].lbMatch = lbCriteria(a.GetMetadataMatch(), own)
+	}
 	for _, wc := range out.clusters {
 		if cl := t.clusters[wc.name]; cl != nil {
 			if host := cl.routedTLS(); host != "" {
@@ -332,4 +344,23 @@ func buildAction(where string, a *routev3.RouteAction, out *route, t *table) err
 	out.hostRewrite = a.GetHostRewriteLiteral()
 	out.prefixRewrite = a.GetPrefixRewrite()
 	return nil
+}
+
+// lbCriteria merges the envoy.lb filter metadata of route's and then
+// cluster's metadata_match into criteria, nil when neither has any.
+func lbCriteria(route, cluster *corev3.Metadata) map[string]*structpb.Value {
+	var out map[string]*structpb.Value
+	for _, md := range []*corev3.Metadata{route, cluster} {
+		lb, ok := md.GetFilterMetadata()[lbNamespace]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = map[string]*structpb.Value{}
+		}
+		for k, v := range lb.GetFields() {
+			out[k] = v
+		}
+	}
+	return out
 }

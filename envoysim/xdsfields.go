@@ -272,7 +272,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	},
 	"envoy.config.route.v3.RouteAction": {
 		reads: []string{"cluster", "weighted_clusters", "timeout", "host_rewrite_literal", "prefix_rewrite", "auto_host_rewrite", "include_vh_rate_limits",
-			"retry_policy", "cluster_not_found_response_code", "max_grpc_timeout", "idle_timeout"},
+			"retry_policy", "cluster_not_found_response_code", "max_grpc_timeout", "idle_timeout", "metadata_match"},
 		ignores: map[string]string{
 			"upgrade_configs": "WebSocket and other upgrades, which inference requests do not use",
 			"hash_policy":     "read only by ring_hash and maglev load balancers, which are NACKed",
@@ -298,7 +298,7 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		ignores: map[string]string{"total_weight": "deprecated; the weights' sum is used"},
 	},
 	"envoy.config.route.v3.WeightedCluster.ClusterWeight": {
-		reads: []string{"name", "weight", "typed_per_filter_config"},
+		reads: []string{"name", "weight", "typed_per_filter_config", "metadata_match"},
 	},
 	"envoy.config.route.v3.DirectResponseAction": {
 		reads: []string{"status", "body"},
@@ -318,7 +318,8 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 		// (peerMetadataFilter); the rest of it is opaque to routing.
 		reads: []string{"name", "type", "eds_cluster_config", "load_assignment", "connect_timeout", "lb_policy",
 			"load_balancing_policy", "original_dst_lb_config", "transport_socket", "transport_socket_matches", "filters",
-			"metadata", "health_checks", "common_lb_config", "dns_refresh_rate", "upstream_connection_options", "upstream_bind_config"},
+			"metadata", "health_checks", "common_lb_config", "dns_refresh_rate", "upstream_connection_options", "upstream_bind_config",
+			"lb_subset_config"},
 		ignores: map[string]string{
 			"circuit_breakers":                         "concurrency limits the tests stay under",
 			"per_connection_buffer_limit_bytes":        "buffer sizing",
@@ -336,6 +337,34 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 			"http2_protocol_options":                   "HTTP/2 options: the stand-in speaks HTTP/2 to gRPC clusters and HTTP/1.1 upstream",
 			"upstream_http_protocol_options":           "auto SNI and SAN checks for upstream TLS, which is NACKed on routed clusters",
 		},
+	},
+	"envoy.config.cluster.v3.Cluster.LbSubsetConfig": {
+		// fallback_policy DEFAULT_SUBSET, metadata_fallback_policy
+		// FALLBACK_LIST, list_as_any and panic_mode_any are not implemented
+		// (the first two are checked where read).
+		reads: []string{"fallback_policy", "subset_selectors", "metadata_fallback_policy"},
+		ignores: map[string]string{
+			"default_subset":        "read only by the DEFAULT_SUBSET fallbacks, which are NACKed",
+			"locality_weight_aware": "locality weights; all hosts are local to the stand-in",
+			"scale_locality_weight": "locality weights; all hosts are local to the stand-in",
+		},
+	},
+	"envoy.config.cluster.v3.Cluster.LbSubsetConfig.LbSubsetSelector": {
+		// single_host_per_subset and fallback_keys_subset (read only by
+		// the KEYS_SUBSET fallback, NACKed where read) are not implemented.
+		reads: []string{"keys", "fallback_policy"},
+	},
+	"envoy.extensions.filters.http.header_to_metadata.v3.Config": {
+		reads:   []string{"request_rules", "response_rules"},
+		ignores: map[string]string{"stat_prefix": "statistics"},
+	},
+	"envoy.extensions.filters.http.header_to_metadata.v3.Config.Rule": {
+		reads: []string{"header", "cookie", "on_header_present", "on_header_missing", "remove"},
+	},
+	"envoy.extensions.filters.http.header_to_metadata.v3.Config.KeyValuePair": {
+		// regex_value_rewrite, types but STRING and encodings but NONE are
+		// NACKed where read.
+		reads: []string{"metadata_namespace", "key", "value", "regex_value_rewrite", "type", "encode"},
 	},
 	"envoy.config.cluster.v3.UpstreamConnectionOptions": {
 		reads: []string{"tcp_keepalive"},
@@ -426,8 +455,9 @@ var xdsRules = map[protoreflect.FullName]fieldRules{
 	},
 	"envoy.config.endpoint.v3.LbEndpoint": {
 		// metadata: its envoy.transport_socket_match entry chooses the
-		// host's transport socket (transport_socket_matches); the rest is
-		// read only by subset load balancing, which is NACKed.
+		// host's transport socket (transport_socket_matches), its envoy.lb
+		// entry the host's subsets (lb_subset_config); the rest is opaque
+		// to routing.
 		reads: []string{"endpoint", "health_status", "metadata"},
 		ignores: map[string]string{
 			"load_balancing_weight": "host weights; the stand-in balances round robin",
