@@ -17,26 +17,8 @@ import (
 	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/extproc/payload"
 	"github.com/infergate/infergate/extproc/server"
-	"github.com/infergate/infergate/sim"
 	"github.com/infergate/infergate/test/gatewaytest"
-	"github.com/infergate/infergate/test/loopback"
 )
-
-// modelServers runs simulators as the pool's pods, on their pods'
-// addresses; it returns their names by ip:port.
-func modelServers(t *testing.T, n int) map[string]string {
-	t.Helper()
-	byAddr := map[string]string{}
-	for i := range n {
-		name := fmt.Sprintf("llama-%d", i)
-		s, err := sim.New(sim.Config{Name: name, TimeScale: 50})
-		if err != nil {
-			t.Fatal(err)
-		}
-		byAddr[loopback.ServeAt(t, fmt.Sprintf("%s:%d", podAddr(i), modelPort), s.Serve)] = name
-	}
-	return byAddr
-}
 
 // startPayload runs the payload processor at its pod's address over TLS,
 // with a guardrail that refuses one phrase.
@@ -115,7 +97,7 @@ func TestTrafficThroughIstio(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			c := startCluster(t)
 			c.startIstiod(t)
-			servers := modelServers(t, 2)
+			servers := gatewaytest.ModelServers(t, "llama", 2, modelPort)
 			stopPicker := gatewaytest.StartPicker(t, fmt.Sprintf("%s:%d", podAddr(pickerIndex), pickerPort), servers)
 			startPayload(t)
 			c.install(t, mode, 2)
