@@ -77,12 +77,7 @@ func checkTraffic(t *testing.T, mode inferencev1.EndpointPickerFailureMode) {
 	servers := gatewaytest.ModelServers(t, poolName, 2, modelPort)
 	stopPicker := gatewaytest.StartPicker(t, fmt.Sprintf("%s:%d", podAddr(pickerIndex), pickerPort), servers)
 	c.install(t, mode, 2)
-	n := gatewaytest.StandIn(t, envoysim.NodeConfig{
-		XDS: gatewaytest.KgatewayNode(gatewayPod, modelsNS, gatewayName), FreePorts: true,
-		Resolve: map[string]string{pickerHost: podAddr(pickerIndex)}, ResolveOnly: true,
-		Timeouts:      envoysim.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
-		DebugMetadata: true,
-	})
+	n := standIn(t)
 	base := gatewaytest.ListenerURL(t, n, kgatewayListener)
 	var r reply
 	gatewaytest.WaitFor(t, "a first answer from a model server", testTimeout, func() bool {

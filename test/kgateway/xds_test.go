@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -88,6 +89,7 @@ func TestKgatewayServesThePool(t *testing.T) {
 func checkPoolXDS(t *testing.T, mode inferencev1.EndpointPickerFailureMode) {
 	c := startCluster(t)
 	c.install(t, mode, 2)
+	n := standIn(t)
 	x := gatewaytest.CaptureXDS(t, gatewaytest.KgatewayNode(gatewayPod, modelsNS, gatewayName))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -106,16 +108,19 @@ func checkPoolXDS(t *testing.T, mode inferencev1.EndpointPickerFailureMode) {
 	checkHeaderToMetadata(t, hcm.GetHttpFilters()[1])
 
 	var pool, picker *clusterv3.Cluster
-	gatewaytest.WaitFor(t, "the pool's and the picker's clusters", testTimeout, func() bool {
+	gatewaytest.WaitFor(t, "the pool's and the picker's clusters, the pool's with its two pods", testTimeout, func() bool {
 		x.Mu.Lock()
 		defer x.Mu.Unlock()
 		pool, picker = x.Clusters[poolCluster], x.Clusters[pickerCluster]
-		return pool != nil && picker != nil && len(pool.GetLoadAssignment().GetEndpoints()) > 0
+		// kgateway sends the pool's cluster before it has the pods, with
+		// no hosts.
+		return pool != nil && picker != nil && len(pool.GetLoadAssignment().GetEndpoints()) > 0 &&
+			len(pool.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()) == 2
 	})
 	checkPoolCluster(t, pool, []string{podAddr(0), podAddr(1)})
 	checkPickerCluster(t, picker)
 	checkPoolRoute(t, x, mode)
-	if refused := standInRefusals(t); len(refused) > 0 {
+	if refused := standInRefusals(t, n); len(refused) > 0 {
 		t.Errorf("the stand-in refuses kgateway's configuration: %q", refused)
 	}
 }
@@ -212,12 +217,21 @@ func checkPoolRoute(t *testing.T, x *gatewaytest.XDS, mode inferencev1.EndpointP
 	t.Fatalf("no route to %s", poolCluster)
 }
 
-// standInRefusals connects the stand-in as the Gateway's node and returns
-// what it NACKed of clusters and listeners, once it has answered both.
-func standInRefusals(t *testing.T) []string {
+// standIn runs the stand-in as the Gateway's Envoy.
+func standIn(t *testing.T) *envoysim.Node {
 	t.Helper()
-	n := gatewaytest.StandIn(t, envoysim.NodeConfig{XDS: gatewaytest.KgatewayNode(gatewayPod, modelsNS, gatewayName), FreePorts: true,
-		Resolve: map[string]string{pickerHost: podAddr(pickerIndex)}, ResolveOnly: true})
+	return gatewaytest.StandIn(t, envoysim.NodeConfig{
+		XDS: gatewaytest.KgatewayNode(gatewayPod, modelsNS, gatewayName), FreePorts: true,
+		Resolve: map[string]string{pickerHost: podAddr(pickerIndex)}, ResolveOnly: true,
+		Timeouts:      envoysim.Timeouts{Route: 20 * time.Second, Connect: time.Second, Shutdown: time.Second},
+		DebugMetadata: true,
+	})
+}
+
+// standInRefusals returns what the stand-in NACKed of the clusters and
+// listeners kgateway sent it, once it has answered both.
+func standInRefusals(t *testing.T, n *envoysim.Node) []string {
+	t.Helper()
 	var out []string
 	gatewaytest.WaitFor(t, "the stand-in's answers to kgateway", testTimeout, func() bool {
 		out = out[:0]
