@@ -105,6 +105,16 @@ func (c *cluster) install(t *testing.T, failureMode inferencev1.EndpointPickerFa
 		},
 	)
 	c.EndpointSlice(t, modelsNS, pickerName, "grpc", pickerPort, podAddr(pickerIndex))
+	// The model servers' pods come once kgateway has the pool: it finds a
+	// pool's pods through an index of pods keyed by the pools that exist
+	// when each pod is indexed, and does not index a pod again when a pool
+	// comes (inferencepool/collections.go, podIdx), so a pod it indexed
+	// before the pool is never routed to. kgateway writes the pool's
+	// status once it has it.
+	gatewaytest.WaitFor(t, "kgateway's status on the pool", testTimeout, func() bool {
+		var p inferencev1.InferencePool
+		return c.Client.Get(gatewaytest.Ctx(t), client.ObjectKey{Namespace: modelsNS, Name: poolName}, &p) == nil && len(p.Status.Parents) > 0
+	})
 	for i := range n {
 		if _, err := controlplane.CreatePod(gatewaytest.Ctx(t), c.Client, modelsNS, fmt.Sprintf("%s-%d", poolName, i), map[string]string{"app": poolName}, podAddr(i), true); err != nil {
 			t.Fatal(err)
