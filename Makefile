@@ -48,17 +48,17 @@ test: lint
 	  $(GO) test -race -count=1 -timeout 30m $$pkgs; rest=$$?; \
 	  wait $$runs; runs=$$?; test $$rest -eq 0 && test $$runs -eq 0; }
 
-## conformance-reports: run the gateway profile against Envoy Gateway v1.9.1 with infergate's extension, plain Envoy Gateway v1.9.1 and Istio's pilot-discovery on the test control plane, and the epp and payload profiles against infergate's picker, payload processor and Wasm plugin (as make test does), keep their reports under conformance/reports/$(SUITE_VERSION)/<implementation>/ and write the table of results there (README.md).
+## conformance-reports: run the gateway profile against Envoy Gateway v1.9.1 with infergate's extension, plain Envoy Gateway v1.9.1, Istio's pilot-discovery and kgateway v2.2.0 on the test control plane, and the epp and payload profiles against infergate's picker, payload processor and Wasm plugin (as make test does), keep their reports under conformance/reports/$(SUITE_VERSION)/<implementation>/ and write the table of results there (README.md).
 SUITE_VERSION := v1.6.0
 REPORTS       := conformance/reports/$(SUITE_VERSION)
 conformance-reports:
 	rm -rf $(REPORTS)
 	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -run '^(TestConformance|TestConformanceWasmPlugin)$$' ./conformance/epp/ ./conformance/payload/
-	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" \
-	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -timeout 40m -v -run '^(TestEnvoyGatewayWithExtension|TestPlainEnvoyGateway|TestIstio)$$' ./test/gatewayconformance/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)' ; \
+	assets="$$(hack/controlplane.sh)" && eg="$$(hack/envoygateway.sh)" && istio="$$(hack/istio.sh)" && kgw="$$(hack/kgateway.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" INFERGATE_ENVOY_GATEWAY="$$eg/envoy-gateway" INFERGATE_ISTIO="$$istio" INFERGATE_KGATEWAY="$$kgw" \
+	INFERGATE_CONFORMANCE_REPORTS="$(CURDIR)/$(REPORTS)" $(GO) test -count=1 -timeout 60m -v -run '^(TestEnvoyGatewayWithExtension|TestPlainEnvoyGateway|TestIstio|TestKgateway)$$' ./test/gatewayconformance/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)' ; \
 	{ echo "# Conformance reports, suite $(SUITE_VERSION)"; echo; \
-	  echo "Written by \`make conformance-reports\` (upstream's report format) from the runs \`make test\` makes: the gateway profile in test/gatewayconformance (where \`make test\` runs three of the tests against plain Envoy Gateway, this target all but the four that would wait 300 s each), the epp and payload profiles in conformance/epp and conformance/payload."; echo; \
+	  echo "Written by \`make conformance-reports\` (upstream's report format) from the runs \`make test\` makes: the gateway profile in test/gatewayconformance (where \`make test\` runs three of the tests against plain Envoy Gateway, this target all but the four that would wait 300 s each; against kgateway \`make test\` leaves out InferencePoolAppProtocol, this target runs it), the epp and payload profiles in conformance/epp and conformance/payload."; echo; \
 	  $(GO) run ./conformance/internal/reporttable $(REPORTS); } > $(REPORTS)/README.md.partial && mv $(REPORTS)/README.md.partial $(REPORTS)/README.md
 	@cat $(REPORTS)/README.md
 

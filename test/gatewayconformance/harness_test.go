@@ -56,7 +56,14 @@ type run struct {
 // the node running infergate's binary.
 func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 	t.Helper()
-	c := gatewaytest.StartCluster(t, "conformance", crdDirs...)
+	return startLiveChannel(t, controlplane.StandardChannel, crdDirs...)
+}
+
+// startLiveChannel is startLive with the Gateway API CRDs of channel
+// (controlplane.StandardChannel or ExperimentalChannel).
+func startLiveChannel(t *testing.T, channel string, crdDirs ...string) *livecluster.Live {
+	t.Helper()
+	c := gatewaytest.StartClusterChannel(t, "conformance", channel, crdDirs...)
 	return livecluster.Start(t, c, livecluster.Config{
 		Images: map[string]string{image: childproc.Command(t, "infergate")},
 		Env:    []string{"KUBECONFIG=" + c.Kubeconfig},

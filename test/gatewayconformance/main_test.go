@@ -1,10 +1,11 @@
 // Package gatewayconformance runs the gateway profile of infergate's
 // conformance suite (conformance/gateway: the upstream InferencePool suite)
 // against real gateway control planes on a live test cluster
-// (test/livecluster): Envoy Gateway v1.9.1 with infergate's extension, and
-// plain Envoy Gateway v1.9.1, whose failures the report must show. The
-// Gateways' Envoy is the stand-in, configured over xDS by the control plane
-// and bound to the address of the Envoy Pod the control plane deployed.
+// (test/livecluster): Envoy Gateway v1.9.1 with infergate's extension,
+// plain Envoy Gateway v1.9.1, whose failures the report must show, Istio's
+// pilot-discovery and kgateway v2.2.0. The Gateways' Envoy is the stand-in,
+// configured over xDS by the control plane and bound to the address of the
+// Envoy Pod the control plane deployed.
 //
 // With $INFERGATE_CONFORMANCE_REPORTS set (make conformance-reports), each
 // run's report is written under that folder, as

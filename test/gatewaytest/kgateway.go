@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/infergate/infergate/envoysim/xdsclient"
 )
@@ -84,5 +87,16 @@ func KgatewayNode(podName, namespace, gateway string) xdsclient.Config {
 		NodeID:       podName + "." + namespace,
 		NodeCluster:  gateway + "." + namespace,
 		NodeMetadata: md,
+	}
+}
+
+// CreateKgatewayNamespace creates the namespace StartKgateway runs
+// kgateway in (POD_NAMESPACE), where kgateway keeps objects of its own
+// (its JWKS store's ConfigMaps, say); create it before StartKgateway.
+func CreateKgatewayNamespace(t *testing.T, c *Cluster) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: KgatewayNamespace}}
+	if err := c.Client.Create(Ctx(t), ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
 }
