@@ -88,7 +88,14 @@ func listenerURL(t *testing.T, n *Node, name string) string {
 
 func get(t *testing.T, url string, kv ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodPost, url, strings.NewReader(`{"model":"m"}`))
+	return send(t, http.MethodPost, url, strings.NewReader(`{"model":"m"}`), kv...)
+}
+
+// send makes one request with headers kv (name, value, ...) and returns
+// the response and its body.
+func send(t *testing.T, method, url string, body io.Reader, kv ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(fakeproc.Ctx(t), method, url, body)
 	if err != nil {
 		t.Fatal(err)
 	}

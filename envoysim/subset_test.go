@@ -2,7 +2,6 @@ package envoysim
 
 import (
 	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -384,11 +383,13 @@ func TestTrafficInTheKgatewayShape(t *testing.T) {
 			}
 			seen := map[string]bool{}
 			for range 6 {
-				send := get
+				var resp *http.Response
+				var body string
 				if tc.down {
-					send = getNoBody
+					resp, body = send(t, http.MethodGet, url, nil, kv...)
+				} else {
+					resp, body = get(t, url, kv...)
 				}
-				resp, body := send(t, url, kv...)
 				if resp.StatusCode != tc.status {
 					t.Fatalf("%d %q, want %d", resp.StatusCode, body, tc.status)
 				}
@@ -401,23 +402,4 @@ func TestTrafficInTheKgatewayShape(t *testing.T) {
 			}
 		})
 	}
-}
-
-// getNoBody is get without a request body.
-func getNoBody(t *testing.T, url string, kv ...string) (*http.Response, string) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(fakeproc.Ctx(t), http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Add(kv[i], kv[i+1])
-	}
-	resp, err := httpClient().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
 }
