@@ -74,7 +74,6 @@ func Kgateway(p Pool) []proto.Message {
 		},
 	}}}
 	_, eppPort, _ := net.SplitHostPort(p.EPP)
-	port, _ := strconv.Atoi(eppPort)
 	epp := grpc(KgwEPPCluster, KgwEPPHost+":"+eppPort)
 	epp.Timeout = durationpb.New(kgwGrpcTimeout)
 	override := Any(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
@@ -121,18 +120,7 @@ func Kgateway(p Pool) []proto.Message {
 		},
 		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: KgwPoolCluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbEndpoints}}},
 	}
-	eppCluster := &clusterv3.Cluster{
-		Name:                 KgwEPPCluster,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		LbPolicy:             clusterv3.Cluster_LEAST_REQUEST,
-		ConnectTimeout:       durationpb.New(kgwConnectTimeout),
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: KgwEPPCluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(KgwEPPHost, uint32(port))},
-		}}},
-	}
-	if p.EPPTLS {
-		eppCluster.TransportSocket = AcceptAnyTLS()
-	}
+	eppCluster := pickerCluster(KgwEPPCluster, KgwEPPHost, p, kgwConnectTimeout)
 	return []proto.Message{
 		Listener(KgwListener, p.ListenerPort, KgwRoutes, HTTPFilter(KgwFilter, filter, false), HTTPFilter(KgwHeaderFilter, toMetadata, false)),
 		routes, pool, eppCluster,

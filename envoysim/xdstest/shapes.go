@@ -206,20 +206,7 @@ func EnvoyGateway(p Pool, other string) []proto.Message {
 			HttpHeaderName: wire.DestinationEndpointKey,
 		}},
 	}
-	_, eppPort, _ := net.SplitHostPort(p.EPP)
-	port, _ := strconv.Atoi(eppPort)
-	eppCluster := &clusterv3.Cluster{
-		Name:                 EGEPPCluster,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		LbPolicy:             clusterv3.Cluster_LEAST_REQUEST,
-		ConnectTimeout:       durationpb.New(egConnectTimout),
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: EGEPPCluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(EGEPPHost, uint32(port))},
-		}}},
-	}
-	if p.EPPTLS {
-		eppCluster.TransportSocket = AcceptAnyTLS()
-	}
+	eppCluster := pickerCluster(EGEPPCluster, EGEPPHost, p, egConnectTimout)
 	otherCluster := &clusterv3.Cluster{
 		Name:                 EGOtherCluster,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
@@ -229,6 +216,27 @@ func EnvoyGateway(p Pool, other string) []proto.Message {
 		Listener(EGListener, p.ListenerPort, EGRoutes, HTTPFilter(EGFilter, filter, true)),
 		routes, routeCluster, eppCluster, otherCluster,
 	}
+}
+
+// pickerCluster is a pool's picker as Envoy Gateway and kgateway reach it:
+// STRICT_DNS on host at p.EPP's port, least request, with TLS that accepts
+// any certificate when p.EPPTLS.
+func pickerCluster(name, host string, p Pool, connectTimeout time.Duration) *clusterv3.Cluster {
+	_, eppPort, _ := net.SplitHostPort(p.EPP)
+	port, _ := strconv.Atoi(eppPort)
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
+		LbPolicy:             clusterv3.Cluster_LEAST_REQUEST,
+		ConnectTimeout:       durationpb.New(connectTimeout),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(host, uint32(port))},
+		}}},
+	}
+	if p.EPPTLS {
+		c.TransportSocket = AcceptAnyTLS()
+	}
+	return c
 }
 
 // DuplexMode is headers SEND, both bodies FULL_DUPLEX_STREAMED, trailers SEND.
