@@ -1,7 +1,6 @@
 package gatewayconformance
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -111,23 +110,14 @@ func TestKgateway(t *testing.T) {
 	const maxWait = 60 * time.Second
 	o := r.options(t, maxWait)
 	o.SkipTests = []string{kgatewayCrashes, kgatewayWeighted}
-	full := os.Getenv("INFERGATE_CONFORMANCE_REPORTS") != ""
-	if !full {
-		// make test leaves out InferencePoolAppProtocol, whose failure waits
-		// the run's limit nine times (about 9 minutes): what it finds,
-		// the served endpoint unreported and pods kgateway does not see,
-		// GatewayDestinationEndpointServed and InfergateFallbackListWalked
-		// find too. make conformance-reports runs it.
-		o.SkipTests = append(o.SkipTests, kgatewaySlow)
-	}
 	// The weighted run below uses them and deletes them.
 	o.CleanupBaseResources = false
 	report, out, passed := r.command(t, o, maxWait)
 	if passed {
-		t.Fatalf("kgateway passed every test; %v were expected to fail (update this test):\n%s", kgatewayFailures(true, full), tail(out, 60))
+		t.Fatalf("kgateway passed every test; %v were expected to fail (update this test):\n%s", kgatewayFailures(true), tail(out, 60))
 	}
 	for _, pr := range report.ProfileReports {
-		want := kgatewayFailures(pr.Name == string(gateway.StrictProfileName), full)
+		want := kgatewayFailures(pr.Name == string(gateway.StrictProfileName))
 		if !slices.Equal(pr.Core.FailedTests, want) {
 			t.Errorf("kgateway, profile %s: failed %v, want %v\n%s", pr.Name, pr.Core.FailedTests, want, failureOutput(out, pr.Core.FailedTests, want, 150))
 		}
@@ -145,22 +135,17 @@ func TestKgateway(t *testing.T) {
 	}
 }
 
-// Upstream's tests TestKgateway skips in its main run (kgatewaySlow in
-// make test only).
+// Upstream's tests TestKgateway skips in its main run.
 const (
 	kgatewayCrashes  = "InferencePoolMissingEPPRef"
 	kgatewayWeighted = "GatewayWeightedAcrossTwoInferencePools"
-	kgatewaySlow     = "InferencePoolAppProtocol"
 )
 
 // kgatewayFailures are the tests kgateway fails in upstream's profile, or
-// with strict in infergate's, sorted as the report lists them, with full
-// when InferencePoolAppProtocol runs; TestKgateway says why.
-func kgatewayFailures(strict, full bool) []string {
-	failed := []string{"GatewayDestinationEndpointServed", "GatewayFollowingEPPRoutingWithDataParallelism"}
-	if full {
-		failed = append(failed, kgatewaySlow)
-	}
+// with strict in infergate's, sorted as the report lists them; TestKgateway
+// says why.
+func kgatewayFailures(strict bool) []string {
+	failed := []string{"GatewayDestinationEndpointServed", "GatewayFollowingEPPRoutingWithDataParallelism", "InferencePoolAppProtocol"}
 	if strict {
 		failed = append(failed, gateway.TestFailOpenOwnPicker, gateway.TestFallback)
 	}
