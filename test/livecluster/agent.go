@@ -86,6 +86,8 @@ func (a *agent) sync(ctx context.Context) {
 		switch {
 		case p.DeletionTimestamp != nil:
 			a.terminate(ctx, p, rp)
+		case rp == nil && a.cfg.Hold != nil && a.cfg.Hold(ctx, a.c.Client, p):
+			// Pending until the next sync asks again.
 		case rp == nil:
 			a.start(ctx, p)
 		default:

@@ -37,6 +37,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/infergate/infergate/test/gatewaytest"
 )
@@ -77,6 +78,12 @@ type Config struct {
 	// Env is added to every process's environment (e.g. KUBECONFIG, as a
 	// Pod's service-account credentials).
 	Env []string
+	// Hold, when set, keeps a scheduled Pod Pending, with no address and
+	// no process, for as long as it returns true; the node asks again at
+	// each sync (every 200 ms, from one goroutine). A real node takes
+	// seconds to start a Pod (sandbox, image pull), this one 200 ms: a run
+	// whose control plane depends on that order says so here.
+	Hold func(ctx context.Context, c client.Client, p *corev1.Pod) bool
 }
 
 // Live is a running live cluster.

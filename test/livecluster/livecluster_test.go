@@ -1,11 +1,13 @@
 package livecluster_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,4 +120,43 @@ func TestDeploymentServesThroughItsService(t *testing.T) {
 			t.Fatalf("pod %s: %s %s", p.Name, p.Status.Phase, p.Status.PodIP)
 		}
 	}
+}
+
+// TestHoldKeepsAPodPending: a Pod the node's Hold holds stays Pending with
+// no address while a Pod beside it runs, and starts once released.
+func TestHoldKeepsAPodPending(t *testing.T) {
+	c := gatewaytest.StartCluster(t, "hold")
+	var released atomic.Bool
+	livecluster.Start(t, c, livecluster.Config{Hold: func(_ context.Context, _ client.Client, p *corev1.Pod) bool {
+		return p.Labels["held"] == "true" && !released.Load()
+	}})
+	ctx := gatewaytest.Ctx(t)
+	pod := func(name, held string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"held": held}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "none.test/none"}}}}
+	}
+	for _, p := range []*corev1.Pod{pod("held", "true"), pod("free", "false")} {
+		if err := c.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(name string) corev1.Pod {
+		var p corev1.Pod
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	gatewaytest.WaitFor(t, "the free Pod runs", 30*time.Second, func() bool { return get("free").Status.PodIP != "" })
+	// The free Pod was scheduled and started beside it: several syncs have
+	// asked about the held one since.
+	time.Sleep(time.Second)
+	if p := get("held"); p.Spec.NodeName != livecluster.NodeName || p.Status.PodIP != "" || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("held Pod: node %q, IP %q, phase %s; want scheduled, no IP, Pending", p.Spec.NodeName, p.Status.PodIP, p.Status.Phase)
+	}
+	released.Store(true)
+	gatewaytest.WaitFor(t, "the released Pod runs", 30*time.Second, func() bool {
+		p := get("held")
+		return p.Status.PodIP != "" && p.Status.Phase == corev1.PodRunning
+	})
 }
