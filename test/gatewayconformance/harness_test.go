@@ -56,17 +56,19 @@ type run struct {
 // the node running infergate's binary.
 func startLive(t *testing.T, crdDirs ...string) *livecluster.Live {
 	t.Helper()
-	return startLiveChannel(t, controlplane.StandardChannel, crdDirs...)
+	return startLiveChannel(t, controlplane.StandardChannel, nil, crdDirs...)
 }
 
 // startLiveChannel is startLive with the Gateway API CRDs of channel
-// (controlplane.StandardChannel or ExperimentalChannel).
-func startLiveChannel(t *testing.T, channel string, crdDirs ...string) *livecluster.Live {
+// (controlplane.StandardChannel or ExperimentalChannel) and the node's
+// hold (livecluster.Config.Hold; nil for none).
+func startLiveChannel(t *testing.T, channel string, hold func(context.Context, client.Client, *corev1.Pod) bool, crdDirs ...string) *livecluster.Live {
 	t.Helper()
 	c := gatewaytest.StartClusterChannel(t, "conformance", channel, crdDirs...)
 	return livecluster.Start(t, c, livecluster.Config{
 		Images: map[string]string{image: childproc.Command(t, "infergate")},
 		Env:    []string{"KUBECONFIG=" + c.Kubeconfig},
+		Hold:   hold,
 	})
 }
 

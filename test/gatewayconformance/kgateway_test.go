@@ -1,13 +1,17 @@
 package gatewayconformance
 
 import (
+	"context"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/infergate/infergate/conformance/gateway"
 	"github.com/infergate/infergate/envoysim"
@@ -54,16 +58,8 @@ import (
 //     v2.2.0 ships 1.36.4). The test picker answers "fail: missing envoy lb
 //     metadata".
 //   - InferencePoolAppProtocol: the same served-endpoint check, on every
-//     pool. Besides, the h2c and http pools' clusters may have no hosts
-//     (503; they had none in the runs here): the base manifests create
-//     their model servers' Deployment 0.4 to 0.7 s before the pools, the
-//     Pods may have addresses before kgateway sees the pools, and kgateway
-//     finds a pool's Pods in an index keyed by the pools that exist when
-//     each Pod is indexed, which it does not rebuild when a pool appears
-//     (collections.go initInferencePoolCollections, podIdx;
-//     docs/kgateway.md). kgateway also speaks HTTP/1.1 to every pool, h2c
-//     ones too (backends.go addHTTP1), which the test's echo servers
-//     accept.
+//     pool. kgateway also speaks HTTP/1.1 to every pool, h2c ones too
+//     (backends.go addHTTP1), which the test's echo servers accept.
 //   - GatewayFollowingEPPRoutingWithDataParallelism: only the pool's first
 //     target port is routed to (ir.go newInferencePool keeps TargetPorts[0];
 //     validation.go validatePool wants exactly one), so a pick of ip:3002 or
@@ -79,26 +75,27 @@ import (
 //     then no longer fail open (Envoy ext_proc processor_state.cc canFailOpen;
 //     docs/envoy.md).
 //   - InfergateFallbackListWalked: the test's pool is created over Pods
-//     that exist already, so kgateway sends its cluster with no hosts (the
-//     podIdx above: 503 "no healthy upstream"). Were it not, its second
-//     target port would be dropped (as above) and the picker's list a,b
-//     would match no subset (the subset key is the header's whole value)
-//     and go to any endpoint.
+//     that run already, so kgateway sends its cluster with no hosts (503
+//     "no healthy upstream"): kgateway finds a pool's Pods in an index keyed
+//     by the pools that exist when each Pod last changed, which it does not
+//     rebuild when a pool appears (collections.go
+//     initInferencePoolCollections, podIdx; poolsFirst below). Were it
+//     not, its second target port would be dropped (as above) and the
+//     picker's list a,b would match no subset (the subset key is the
+//     header's whole value) and go to any endpoint.
 //
 // Upstream's EppUnAvailableFailOpen passes: it breaks the primary pool's
-// picker while it sends to the secondary pool (docs/conformance.md). The
-// primary and secondary pools' Deployments come less than 0.25 s before
-// their pools, and their Pods have always been indexed here; were they
-// not, most tests would fail with 503s, and this test would say so.
+// picker while it sends to the secondary pool (docs/conformance.md).
+//
+// The node starts the base manifests' model servers only once kgateway has
+// their pools (poolsFirst says why): without that, on a busy machine, the
+// secondary pool's Pods were indexed before kgateway had the pool, and
+// EppUnAvailableFailOpen, InfergatePickerRefusalsReachTheClient and the
+// weighted test failed with 503s.
 //
 // The run goes through the command, which must fail with exactly those
 // tests failed; when kgateway or the stand-in changes, this test says so.
-//
-// make test does not run it (-skip), make conformance-reports does: beside
-// the rest of make test the pod-index race above went the other way for
-// the secondary pool too (its pods indexed before kgateway had the pool),
-// and EppUnAvailableFailOpen, InfergatePickerRefusalsReachTheClient and the
-// weighted test failed with 503s.
+// make test runs it in a process of its own, beside the other runs.
 func TestKgateway(t *testing.T) {
 	dir, l := startKgateway(t)
 	stop := kgatewayProxies(t, l)
@@ -160,7 +157,8 @@ func kgatewayFailures(strict bool) []string {
 func startKgateway(t *testing.T) (string, *livecluster.Live) {
 	t.Helper()
 	dir := gatewaytest.KgatewayDir(t)
-	l := startLiveChannel(t, controlplane.ExperimentalChannel, filepath.Join(dir, "crds"))
+	h := &poolsFirst{settle: 3 * time.Second, statusWait: 30 * time.Second, seen: map[types.UID]time.Time{}}
+	l := startLiveChannel(t, controlplane.ExperimentalChannel, h.hold, filepath.Join(dir, "crds"))
 	gatewaytest.CreateKgatewayNamespace(t, l.Cluster)
 	gatewaytest.StartKgateway(t, l.Cluster, dir)
 	return dir, l
@@ -184,4 +182,50 @@ func kgatewayProxies(t *testing.T, l *livecluster.Live) (stop func()) {
 			Timeouts: standInTimeouts,
 		})
 	})
+}
+
+// poolsFirst is the node's hold in kgateway's runs: it starts a Pod once
+// the node has seen it for settle, and once every InferencePool that
+// selects it has a status parent, written by kgateway, or has waited
+// statusWait for one (a pool no route uses gets none).
+//
+// kgateway routes a pool to the Pods its index keyed to that pool when each
+// Pod last changed (collections.go podIdx, keyed by the pools its
+// InferencePool collection lists then; docs/kgateway.md). A Pod that gets
+// its address before kgateway has its pool is never routed to until it
+// changes again. On a real node a Pod starts in seconds, its pool's status
+// comes in milliseconds; this node starts a Pod in 200 ms, and the base
+// manifests create the model servers' Deployments 0.25 to 0.7 s before
+// their pools, so without the hold a busy machine decides which pools have
+// endpoints. A pool created over Pods that run already
+// (InfergateFallbackListWalked) still gets none, as on a real cluster.
+type poolsFirst struct {
+	settle, statusWait time.Duration
+	seen               map[types.UID]time.Time // only the node's sync loop calls hold
+}
+
+func (h *poolsFirst) hold(ctx context.Context, c client.Client, p *corev1.Pod) bool {
+	first, ok := h.seen[p.UID]
+	if !ok {
+		first = time.Now()
+		h.seen[p.UID] = first
+	}
+	if time.Since(first) < h.settle {
+		return true
+	}
+	var pools inferencev1.InferencePoolList
+	if err := c.List(ctx, &pools, client.InNamespace(p.Namespace)); err != nil {
+		return true // the next sync asks again
+	}
+	for _, pool := range pools.Items {
+		sel := labels.Set{}
+		for k, v := range pool.Spec.Selector.MatchLabels {
+			sel[string(k)] = string(v)
+		}
+		waiting := len(pool.Status.Parents) == 0 && time.Since(pool.CreationTimestamp.Time) < h.statusWait
+		if waiting && labels.SelectorFromSet(sel).Matches(labels.Set(p.Labels)) {
+			return true
+		}
+	}
+	return false
 }
