@@ -106,11 +106,21 @@ func InNamespace() bool { return os.Getenv(NetnsEnv) != "" }
 // Reexec runs this program again, with its arguments, under unshare with
 // unshareArgs, behind wrapper if given (e.g. taskset -c 0), and returns
 // the re-run's exit code.
+//
+// The re-run is also the first process of a PID namespace of its own
+// (with its own /proc, so that the pids its processes see are the ones
+// /proc lists): when it ends, however it ends, the kernel kills every
+// process it left, and a killed parent takes it along (Pdeathsig on
+// unshare, unshare's --kill-child on the re-run). Without that, a test
+// binary that panics at its -timeout leaves behind what it started
+// without a Pdeathsig of its own: envtest's kube-apiserver and etcd.
 func Reexec(unshareArgs []string, wrapper ...string) int {
-	args := append(append(slices.Clone(unshareArgs), "--"), wrapper...)
+	args := append([]string{"--pid", "--fork", "--kill-child", "--mount-proc"}, unshareArgs...)
+	args = append(append(args, "--"), wrapper...)
 	cmd := exec.Command("unshare", append(append(args, os.Args[0]), os.Args[1:]...)...)
 	cmd.Env = append(os.Environ(), NetnsEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
 			return ee.ExitCode()
