@@ -205,7 +205,7 @@ func proxyStartsWithoutExtension(t *testing.T, mode inferencev1.EndpointPickerFa
 	var results []result
 	send := func() result {
 		r := post(t, base)
-		res := result{at: time.Since(start), status: r.status, picked: r.picked != "" && servers[r.upstream] != ""}
+		res := result{at: time.Since(start), status: r.Status, picked: r.Picked != "" && servers[r.Upstream] != ""}
 		results = append(results, res)
 		return res
 	}

@@ -198,16 +198,16 @@ func TestPoolsAndBadInputOnEnvoyGateway(t *testing.T) {
 		return ok
 	})
 	r := postPath(t, base, "/broken")
-	if r.status != 500 || !strings.Contains(r.body, "spec.endpointPickerRef is required") {
-		t.Fatalf("broken pool's route: %d %q", r.status, r.body)
+	if r.Status != 500 || !strings.Contains(r.Body, "spec.endpointPickerRef is required") {
+		t.Fatalf("broken pool's route: %d %q", r.Status, r.Body)
 	}
 	// No picker runs here: FailOpen llama falls back to its (empty) pool,
 	// FailClose qwen answers 500 — each route its own filter and mode.
-	if r := postPath(t, base, "/qwen"); r.status != 500 {
-		t.Fatalf("FailClose pool without its picker: %d %q", r.status, r.body)
+	if r := postPath(t, base, "/qwen"); r.Status != 500 {
+		t.Fatalf("FailClose pool without its picker: %d %q", r.Status, r.Body)
 	}
-	if r := postPath(t, base, "/llama"); r.status != 503 || !strings.Contains(r.body, "no healthy upstream") {
-		t.Fatalf("FailOpen pool without picker or pods: %d %q", r.status, r.body)
+	if r := postPath(t, base, "/llama"); r.Status != 503 || !strings.Contains(r.Body, "no healthy upstream") {
+		t.Fatalf("FailOpen pool without picker or pods: %d %q", r.Status, r.Body)
 	}
 	for typ, st := range n.XDS().Status() {
 		if st.NACKs > 0 {

@@ -2,13 +2,10 @@ package envoygateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,33 +87,16 @@ const (
 	pickerAddr = pickerIP + ":9002"
 )
 
-type reply struct {
-	status        int
-	upstream, pod string
-	picked, body  string
-}
-
-func post(t *testing.T, base string) reply {
+// post sends a completion to base's /v1/completions.
+func post(t *testing.T, base string) gatewaytest.Reply {
 	t.Helper()
 	return postPath(t, base, "/v1/completions")
 }
 
-func postPath(t *testing.T, base, path string) reply {
+// postPath sends a completion to base's path.
+func postPath(t *testing.T, base, path string) gatewaytest.Reply {
 	t.Helper()
-	c := &http.Client{Timeout: 20 * time.Second}
-	resp, err := c.Post(base+path, "application/json",
-		strings.NewReader(`{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var lb struct {
-		Dest string `json:"x-gateway-destination-endpoint"`
-	}
-	_ = json.Unmarshal([]byte(resp.Header.Get(envoysim.DebugMetadataHeader)), &lb)
-	return reply{status: resp.StatusCode, upstream: resp.Header.Get(envoysim.UpstreamHeader),
-		pod: resp.Header.Get("x-inference-pod"), picked: lb.Dest, body: string(b)}
+	return gatewaytest.Send(t, http.MethodPost, base+path, `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Say hello","max_tokens":4}`)
 }
 
 // TestTrafficThroughEnvoyGatewayXDS: the stand-in takes its configuration
@@ -152,14 +132,14 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 	})
 	for range 20 {
 		r := post(t, base)
-		if r.status != 200 || r.picked == "" || r.picked != r.upstream || servers[r.upstream] != r.pod {
-			t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.status, r.body, r.picked, r.upstream, r.pod)
+		if r.Status != 200 || r.Picked == "" || r.Picked != r.Upstream || servers[r.Upstream] != r.Pod {
+			t.Fatalf("%d %q: picker chose %q, went to %q, %q answered", r.Status, r.Body, r.Picked, r.Upstream, r.Pod)
 		}
 	}
 	stopPicker()
 	for range 6 {
-		if r := post(t, base); r.status != 200 || servers[r.upstream] == "" {
-			t.Fatalf("FailOpen, picker stopped: %d via %q: %s", r.status, r.upstream, r.body)
+		if r := post(t, base); r.Status != 200 || servers[r.Upstream] == "" {
+			t.Fatalf("FailOpen, picker stopped: %d via %q: %s", r.Status, r.Upstream, r.Body)
 		}
 	}
 	// Scale out while the picker is down: Envoy Gateway translates nothing
@@ -169,17 +149,17 @@ func TestTrafficThroughEnvoyGatewayXDS(t *testing.T) {
 		servers[addr] = name
 		gatewaytest.WaitFor(t, "the scaled-out pod "+name+" serves", 30*time.Second, func() bool {
 			r := post(t, base)
-			if r.status != 200 {
-				t.Fatalf("during the scale-out: %d %s", r.status, r.body)
+			if r.Status != 200 {
+				t.Fatalf("during the scale-out: %d %s", r.Status, r.Body)
 			}
-			return r.upstream == addr
+			return r.Upstream == addr
 		})
 	}
 	var pool inferencev1.InferencePool
 	c.change(t, client.ObjectKey{Namespace: ns, Name: "llama"}, &pool, func() {
 		pool.Spec.EndpointPickerRef.FailureMode = inferencev1.EndpointPickerFailClose
 	})
-	gatewaytest.WaitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+	gatewaytest.WaitFor(t, "FailClose reaches the xDS", 60*time.Second, func() bool { return post(t, base).Status == 500 })
 }
 
 // flakyEndpoints is the extension's endpoint source with a switch that
@@ -225,8 +205,8 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 		base = "http://" + addr
 		return ok
 	})
-	if r := post(t, base); r.status != 200 {
-		t.Fatalf("before: %d %s", r.status, r.body)
+	if r := post(t, base); r.Status != 200 {
+		t.Fatalf("before: %d %s", r.Status, r.Body)
 	}
 	before := n.XDS().Status()
 
@@ -237,8 +217,8 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	// must stay the FailOpen one.
 	time.Sleep(3 * time.Second)
 	for range 4 {
-		if r := post(t, base); r.status != 200 {
-			t.Fatalf("while the hook fails the last config must stay (FailOpen): %d %s", r.status, r.body)
+		if r := post(t, base); r.Status != 200 {
+			t.Fatalf("while the hook fails the last config must stay (FailOpen): %d %s", r.Status, r.Body)
 		}
 	}
 	if now := n.XDS().Status(); now[xdsclient.ClusterType].Version != before[xdsclient.ClusterType].Version {
@@ -254,7 +234,7 @@ func TestHookErrorKeepsTheLastConfig(t *testing.T) {
 	c.change(t, client.ObjectKey{Namespace: ns, Name: "llm-route"}, &route, func() {
 		route.Spec.Rules[0].Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: &timeout}
 	})
-	gatewaytest.WaitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).status == 500 })
+	gatewaytest.WaitFor(t, "the recovered translation (FailClose) reaches the xDS", 60*time.Second, func() bool { return post(t, base).Status == 500 })
 }
 
 func setFailureMode(t *testing.T, c *cluster, ns, name string, mode inferencev1.EndpointPickerFailureMode) {

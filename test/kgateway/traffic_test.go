@@ -1,54 +1,14 @@
 package kgateway
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
-	"time"
 
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
-	"github.com/infergate/infergate/envoysim"
 	"github.com/infergate/infergate/test/gatewaytest"
 )
-
-// reply is what a request through the Gateway came back with: the
-// status, the endpoint the stand-in sent it to, the model server that
-// answered, and the endpoint the request's envoy.lb metadata names.
-type reply struct {
-	status                int
-	upstream, pod, picked string
-	body                  string
-}
-
-func send(t *testing.T, method, url, path, body string) reply {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(gatewaytest.Ctx(t), method, url+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("content-type", "application/json")
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	r := reply{status: resp.StatusCode, upstream: resp.Header.Get(envoysim.UpstreamHeader), pod: resp.Header.Get("x-inference-pod"), body: string(b)}
-	var lb struct {
-		Dest string `json:"x-gateway-destination-endpoint"`
-	}
-	_ = json.Unmarshal([]byte(resp.Header.Get(envoysim.DebugMetadataHeader)), &lb)
-	r.picked = lb.Dest
-	return r
-}
 
 func completion(prompt string) string {
 	return fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":%q,"max_tokens":2}`, prompt)
@@ -79,35 +39,35 @@ func checkTraffic(t *testing.T, mode inferencev1.EndpointPickerFailureMode) {
 	c.install(t, mode, 2)
 	n := standIn(t)
 	base := gatewaytest.ListenerURL(t, n, kgatewayListener)
-	var r reply
+	var r gatewaytest.Reply
 	gatewaytest.WaitFor(t, "a first answer from a model server", testTimeout, func() bool {
-		r = send(t, http.MethodPost, base, "/v1/completions", completion("hello"))
-		return r.status == 200
+		r = gatewaytest.Send(t, http.MethodPost, base+"/v1/completions", completion("hello"))
+		return r.Status == 200
 	})
 	picks := map[string]int{}
 	for i := range 10 {
-		r = send(t, http.MethodPost, base, "/v1/completions", completion(fmt.Sprintf("hello %d", i)))
-		if r.status != 200 || r.picked == "" || r.picked != r.upstream || servers[r.upstream] != r.pod {
-			t.Fatalf("%d %q: picked %q, went to %q, %q answered", r.status, r.body, r.picked, r.upstream, r.pod)
+		r = gatewaytest.Send(t, http.MethodPost, base+"/v1/completions", completion(fmt.Sprintf("hello %d", i)))
+		if r.Status != 200 || r.Picked == "" || r.Picked != r.Upstream || servers[r.Upstream] != r.Pod {
+			t.Fatalf("%d %q: picked %q, went to %q, %q answered", r.Status, r.Body, r.Picked, r.Upstream, r.Pod)
 		}
-		picks[r.picked]++
+		picks[r.Picked]++
 	}
 	t.Logf("picks %v", picks)
 
 	stopPicker()
 	switch mode {
 	case inferencev1.EndpointPickerFailClose:
-		if r = send(t, http.MethodPost, base, "/v1/completions", completion("after")); r.status < 500 || r.pod != "" {
-			t.Fatalf("FailClose, picker down: %d from %q, want 5xx from the gateway", r.status, r.pod)
+		if r = gatewaytest.Send(t, http.MethodPost, base+"/v1/completions", completion("after")); r.Status < 500 || r.Pod != "" {
+			t.Fatalf("FailClose, picker down: %d from %q, want 5xx from the gateway", r.Status, r.Pod)
 		}
 	case inferencev1.EndpointPickerFailOpen:
 		for range 4 {
-			if r = send(t, http.MethodGet, base, "/v1/models", ""); r.status != 200 || servers[r.upstream] == "" || r.picked != "" {
-				t.Fatalf("FailOpen, picker down, no body: %d from %q (picked %q), want 200 from a pool endpoint", r.status, r.upstream, r.picked)
+			if r = gatewaytest.Send(t, http.MethodGet, base+"/v1/models", ""); r.Status != 200 || servers[r.Upstream] == "" || r.Picked != "" {
+				t.Fatalf("FailOpen, picker down, no body: %d from %q (picked %q), want 200 from a pool endpoint", r.Status, r.Upstream, r.Picked)
 			}
 		}
-		if r = send(t, http.MethodPost, base, "/v1/completions", completion("after")); r.status != 500 || r.pod != "" {
-			t.Fatalf("FailOpen, picker down, a body: %d from %q, want Envoy's 500", r.status, r.pod)
+		if r = gatewaytest.Send(t, http.MethodPost, base+"/v1/completions", completion("after")); r.Status != 500 || r.Pod != "" {
+			t.Fatalf("FailOpen, picker down, a body: %d from %q, want Envoy's 500", r.Status, r.Pod)
 		}
 	}
 }
