@@ -39,7 +39,7 @@ wasm:
 # ten goroutines at once, a race in code not ours that fails a run now and
 # then. What of infergate runs in that package (the extension, the stand-in,
 # the picker) is race-tested in its own packages. kgateway's run
-# (TestKgateway, about 12 minutes, most of them spent waiting out tests
+# (TestKgateway, about 17 minutes, most of them spent waiting out tests
 # kgateway fails) goes in a process of its own, in its own network
 # namespace, beside the other runs rather than after them.
 CONFORMANCE_RUNS := ./test/gatewayconformance
