@@ -159,7 +159,6 @@ func startKgateway(t *testing.T) (string, *livecluster.Live) {
 	dir := gatewaytest.KgatewayDir(t)
 	h := &poolsFirst{settle: 3 * time.Second, statusWait: 30 * time.Second, seen: map[types.UID]time.Time{}}
 	l := startLiveChannel(t, controlplane.ExperimentalChannel, h.hold, filepath.Join(dir, "crds"))
-	gatewaytest.CreateKgatewayNamespace(t, l.Cluster)
 	gatewaytest.StartKgateway(t, l.Cluster, dir)
 	return dir, l
 }

@@ -37,8 +37,10 @@ func KgatewayDir(t *testing.T) string {
 	return Built(t, "INFERGATE_KGATEWAY", "kgateway.sh")
 }
 
-// StartKgateway runs kgateway's controller with its Envoy InferencePool
-// support on until the test ends, and waits for it to be ready. Settings
+// StartKgateway creates kgateway's namespace (POD_NAMESPACE, where it keeps
+// objects of its own, its JWKS store's ConfigMaps say) and runs kgateway's
+// controller there with its Envoy InferencePool support on until the test
+// ends, and waits for it to be ready. Settings
 // come from its KGW_ environment (api/settings/settings.go):
 //   - KGW_ENABLE_INFER_EXT registers the InferencePool plugin;
 //   - KGW_ENABLE_AGENTGATEWAY=false, as kgateway's chart sets it, keeps
@@ -51,6 +53,10 @@ func KgatewayDir(t *testing.T) string {
 //     has no IPv6.
 func StartKgateway(t *testing.T, c *Cluster, dir string) {
 	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: KgatewayNamespace}}
+	if err := c.Client.Create(Ctx(t), ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	c.Run(t, "kgateway", []string{
 		"KUBECONFIG=" + c.Kubeconfig, "POD_NAMESPACE=" + KgatewayNamespace, "POD_NAME=kgateway-0",
 		"KGW_ENABLE_INFER_EXT=true", "KGW_ENABLE_AGENTGATEWAY=false", "KGW_XDS_AUTH=false",
@@ -87,16 +93,5 @@ func KgatewayNode(podName, namespace, gateway string) xdsclient.Config {
 		NodeID:       podName + "." + namespace,
 		NodeCluster:  gateway + "." + namespace,
 		NodeMetadata: md,
-	}
-}
-
-// CreateKgatewayNamespace creates the namespace StartKgateway runs
-// kgateway in (POD_NAMESPACE), where kgateway keeps objects of its own
-// (its JWKS store's ConfigMaps, say); create it before StartKgateway.
-func CreateKgatewayNamespace(t *testing.T, c *Cluster) {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: KgatewayNamespace}}
-	if err := c.Client.Create(Ctx(t), ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
 	}
 }

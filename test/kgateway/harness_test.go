@@ -49,7 +49,6 @@ func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	dir := gatewaytest.KgatewayDir(t)
 	c := &cluster{Cluster: gatewaytest.StartClusterChannel(t, "kgateway", controlplane.ExperimentalChannel, filepath.Join(dir, "crds"))}
-	c.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gatewaytest.KgatewayNamespace}})
 	gatewaytest.StartKgateway(t, c.Cluster, dir)
 	return c
 }
