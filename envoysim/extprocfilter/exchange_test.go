@@ -196,16 +196,22 @@ func TestStreamedBodyReassembly(t *testing.T) {
 	}
 }
 
-// blockingBody is a request body whose data only arrives when the test says.
+// blockingBody is a request body whose data only arrives when the test
+// says. Only the first release counts: a case can release the body before
+// the request and again when it fails open, and two writers on the pipe
+// could both land before either closed it (a body read twice).
 func blockingBody(t *testing.T) (Body, func(string)) {
 	t.Helper()
 	pr, pw := io.Pipe()
 	t.Cleanup(func() { _ = pw.Close() })
+	var once sync.Once
 	return BodyFromReader(pr, -1), func(s string) {
-		go func() {
-			_, _ = io.WriteString(pw, s)
-			_ = pw.Close()
-		}()
+		once.Do(func() {
+			go func() {
+				_, _ = io.WriteString(pw, s)
+				_ = pw.Close()
+			}()
+		})
 	}
 }
 
